@@ -1,0 +1,29 @@
+# Finds the foreign libraries. Each is imported as a target; nothing is set globally.
+find_package(Torch REQUIRED)
+find_package(Threads REQUIRED)
+find_package(ZLIB REQUIRED)
+find_package(fmt REQUIRED)
+find_package(spdlog REQUIRED)
+find_package(yaml-cpp REQUIRED)
+
+# Torch's config exports a flat variable list; wrap it in one imported target.
+if(NOT TARGET ddp::torch)
+  add_library(ddp_torch INTERFACE)
+  add_library(ddp::torch ALIAS ddp_torch)
+  target_link_libraries(ddp_torch INTERFACE ${TORCH_LIBRARIES})
+  target_include_directories(ddp_torch SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS})
+endif()
+
+# cxxopts is header-only; Debian ships a config, other installs may not.
+find_package(cxxopts QUIET)
+if(NOT TARGET cxxopts::cxxopts)
+  find_path(CXXOPTS_INCLUDE_DIR cxxopts.hpp REQUIRED)
+  add_library(cxxopts::cxxopts INTERFACE IMPORTED)
+  target_include_directories(cxxopts::cxxopts INTERFACE ${CXXOPTS_INCLUDE_DIR})
+endif()
+
+if(DDP_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+endif()
+
+message(STATUS "ddp: LibTorch ${Torch_VERSION} from ${TORCH_INSTALL_PREFIX}")

@@ -1,0 +1,71 @@
+#pragma once
+// The resolved settings of a training run, and the one table of keys behind the YAML file,
+// the command line and --help: every key is settable from both, the command line wins.
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace ddp::train {
+
+struct Config {
+  // What to train.
+  std::string model = "mlp";
+  std::string dataset = "fashion-mnist";
+  std::string data;  // empty: the dataset's default location
+  int64_t train_subset = 0;  // 0: all training samples
+  // How long, in what batches.
+  int64_t epochs = 1;
+  int64_t batch_size = 64;  // per rank
+  // Optimizer and learning rate.
+  std::string optimizer = "sgd";
+  double lr = 0.02;
+  double momentum = 0.9;
+  bool nesterov = false;
+  double weight_decay = 0.0;
+  std::string lr_schedule = "constant";
+  double warmup_epochs = 0.0;
+  int64_t lr_step_size = 30;
+  double lr_gamma = 0.1;
+  // Where and how it runs.
+  int64_t seed = 0;
+  std::string device = "auto";
+  int64_t threads = 0;  // 0: leave LibTorch's default
+  std::string output_dir = "runs/latest";
+  std::string log_level = "info";
+  int64_t eval_every = 1;  // epochs; 0: evaluate after the last epoch only
+};
+
+// One configurable key. `name` is the CLI and YAML name ("batch-size"); YAML also accepts
+// "batch_size". `set` parses and checks a value and throws InputError saying what was expected.
+struct ConfigKey {
+  std::string name;
+  std::string help;
+  std::string value_hint;  // "INT", "FLOAT", "BOOL", "PATH", "a|b|c"
+  bool is_flag = false;    // a bool: "--nesterov" alone means true
+  std::function<void(Config&, const std::string& value)> set;
+  std::function<std::string(const Config&)> get;
+};
+
+const std::vector<ConfigKey>& config_keys();
+
+// The key called `name` ('_' and '-' are the same), or nullptr.
+const ConfigKey* find_config_key(const std::string& name);
+
+// Sets one key. `origin` says where the value came from ("configs/a.yaml:3", "command line") and
+// starts every error message. Throws InputError on an unknown key or a bad value.
+void set_config_value(Config& config, const std::string& key, const std::string& value,
+                      const std::string& origin);
+
+// Applies a YAML file (a mapping of key: scalar) on top of `config`.
+// Throws InputError naming the file and line for syntax errors, unknown keys and bad values.
+void apply_config_file(Config& config, const std::string& path);
+
+// Checks that need several keys at once. Throws InputError.
+void validate(const Config& config);
+
+// The resolved configuration as YAML, one "key: value" line per key (loadable again).
+std::string to_yaml(const Config& config);
+
+}  // namespace ddp::train

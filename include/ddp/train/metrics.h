@@ -1,0 +1,39 @@
+#pragma once
+// Per-epoch metrics, written as JSON lines (one object per epoch) into the output directory.
+
+#include <cstdint>
+#include <fstream>
+#include <optional>
+#include <string>
+
+namespace ddp::train {
+
+struct EpochMetrics {
+  int64_t epoch = 0;  // 1-based
+  int64_t steps = 0;  // optimizer steps so far
+  double lr = 0.0;    // at the epoch's last step
+  double train_loss = 0.0;  // mean over the epoch's samples
+  std::optional<double> test_loss;      // when evaluated
+  std::optional<double> test_accuracy;  // classification only
+  double samples_per_s = 0.0;  // training samples (all ranks) per second of training time
+  double epoch_seconds = 0.0;  // training time, evaluation excluded
+};
+
+// One JSON object per line: {"epoch": 1, "steps": 938, "lr": 0.1, "train_loss": ..., ...};
+// an absent value is null.
+std::string to_json(const EpochMetrics& m);
+
+class MetricsWriter {
+ public:
+  // Truncates `path`. Throws InputError when it cannot be created.
+  explicit MetricsWriter(std::string path);
+  // Appends one line and flushes, so a crash keeps every finished epoch.
+  void write(const EpochMetrics& m);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+};
+
+}  // namespace ddp::train

@@ -1,0 +1,59 @@
+#pragma once
+// The training loop. Reads top to bottom: next batch, forward, loss, backward, step, then the
+// periodic blocks (log, evaluate).
+
+#include <torch/optim/optimizer.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddp/train/config.h"
+#include "ddp/train/lr_schedule.h"
+#include "ddp/train/metrics.h"
+#include "ddp/train/workload.h"
+
+namespace ddp::train {
+
+struct Evaluation {
+  double loss = 0.0;
+  std::optional<double> accuracy;  // classification only
+};
+
+struct TrainResult {
+  std::vector<EpochMetrics> epochs;
+  std::string metrics_path;
+};
+
+// The optimizer named by config.optimizer over `params`.
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Config& config,
+                                                        const std::vector<torch::Tensor>& params);
+
+class Trainer {
+ public:
+  // Validates the config, sets threads, builds the workload on the resolved device, creates the
+  // output directory. Throws InputError on bad input.
+  explicit Trainer(Config config);
+
+  // Trains config.epochs epochs, writing metrics after each; returns them.
+  TrainResult run();
+
+  // Loss (and accuracy) over the whole test set, in eval mode without gradients.
+  Evaluation evaluate();
+
+  torch::nn::Module& module() { return *workload_.module; }
+  const Config& config() const { return config_; }
+
+ private:
+  // One pass over this epoch's indices; fills the training fields of `metrics`.
+  void train_epoch(int64_t epoch, EpochMetrics& metrics);
+
+  Config config_;
+  torch::Device device_;
+  Workload workload_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  LrSchedule schedule_;
+  int64_t step_ = 0;  // optimizer steps taken
+};
+
+}  // namespace ddp::train

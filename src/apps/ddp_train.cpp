@@ -1,0 +1,99 @@
+// ddp_train: trains a built-in workload from a YAML config, every key also settable on the
+// command line (the command line wins). The only user of cxxopts; the only place that exits.
+
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+#include <torch/cuda.h>
+#include <torch/version.h>
+
+#include <cxxopts.hpp>
+#include <iostream>
+
+#include "ddp/common/error.h"
+#include "ddp/common/log.h"
+#include "ddp/train/config.h"
+#include "ddp/train/trainer.h"
+#include "ddp/version.h"
+
+namespace {
+
+cxxopts::Options make_options() {
+  cxxopts::Options options("ddp_train", "Distributed data-parallel training for LibTorch");
+  options.set_width(100);
+  options.add_options("General")
+      ("config", "YAML config file; command-line options override its keys",
+       cxxopts::value<std::string>(), "PATH")
+      ("h,help", "print this help and exit")
+      ("version", "print the version, the LibTorch version and the compiled backends");
+  // One option per config key, generated from the same table the YAML loader uses.
+  const ddp::train::Config defaults;
+  auto adder = options.add_options("Training");
+  for (const auto& key : ddp::train::config_keys()) {
+    auto value = cxxopts::value<std::string>()->default_value(key.get(defaults));
+    if (key.is_flag) value->implicit_value("true");
+    adder(key.name, key.help, value, key.value_hint);
+  }
+  return options;
+}
+
+std::string version_text() {
+  return fmt::format("ddp_train {}\nLibTorch {} ({})\nbackends: {}\n", DDP_VERSION, TORCH_VERSION,
+                     torch::cuda::is_available() ? "CUDA available" : "CPU", DDP_BACKENDS);
+}
+
+// Parses the command line into a Config: defaults, then the file, then the command line.
+// Returns false when the program should exit 0 (--help, --version).
+bool parse_command_line(int argc, char** argv, ddp::train::Config& config) {
+  auto options = make_options();
+  cxxopts::ParseResult result;
+  try {
+    result = options.parse(argc, argv);
+  } catch (const cxxopts::exceptions::exception& e) {
+    throw ddp::InputError(fmt::format("command line: {} (see --help)", e.what()));
+  }
+  if (result.count("help") != 0U) {
+    std::cout << options.help({"General", "Training"});
+    return false;
+  }
+  if (result.count("version") != 0U) {
+    std::cout << version_text();
+    return false;
+  }
+  if (!result.unmatched().empty()) {
+    throw ddp::InputError(
+        fmt::format("command line: unexpected argument '{}' (see --help)", result.unmatched()[0]));
+  }
+  if (result.count("config") != 0U) {
+    ddp::train::apply_config_file(config, result["config"].as<std::string>());
+  }
+  for (const auto& key : ddp::train::config_keys()) {
+    if (result.count(key.name) != 0U) {
+      ddp::train::set_config_value(config, key.name, result[key.name].as<std::string>(),
+                                   "command line");
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ddp::log::init(0, "info");
+  try {
+    ddp::train::Config config;
+    if (!parse_command_line(argc, argv, config)) return ddp::kExitOk;
+    ddp::log::init(0, config.log_level);
+    ddp::train::Trainer trainer(config);
+    trainer.run();
+    return ddp::kExitOk;
+  } catch (const ddp::Error& e) {
+    ddp::log::error("{}", e.what());
+    return e.exit_code();
+  } catch (const c10::Error& e) {
+    ddp::log::error("LibTorch: {}", e.what_without_backtrace());
+    return ddp::kExitFailure;
+  } catch (const std::exception& e) {
+    ddp::log::error("{}", e.what());
+    return ddp::kExitFailure;
+  }
+}

@@ -1,0 +1,94 @@
+#include "ddp/data/idx.h"
+
+#include <fmt/format.h>
+#include <zlib.h>
+
+#include <filesystem>
+
+#include "ddp/common/error.h"
+
+namespace ddp::data {
+namespace {
+
+constexpr uint8_t kTypeUnsignedByte = 0x08;
+// Larger dimensions are not an image data set but a corrupt header; refuse before allocating.
+constexpr int64_t kMaxElements = int64_t{1} << 33;
+
+uint32_t read_be32(const std::string& bytes, size_t offset) {
+  auto b = [&](size_t i) { return static_cast<uint32_t>(static_cast<uint8_t>(bytes[offset + i])); };
+  return (b(0) << 24) | (b(1) << 16) | (b(2) << 8) | b(3);
+}
+
+}  // namespace
+
+IdxArray parse_idx(const std::string& bytes, int expected_rank, const std::string& name) {
+  if (bytes.size() < 4) {
+    throw InputError(fmt::format("{}: not an IDX file: {} bytes, shorter than the 4-byte magic number",
+                                 name, bytes.size()));
+  }
+  const uint32_t magic = read_be32(bytes, 0);
+  const auto type = static_cast<uint8_t>(bytes[2]);
+  const int rank = static_cast<uint8_t>(bytes[3]);
+  if (bytes[0] != 0 || bytes[1] != 0 || type != kTypeUnsignedByte || rank != expected_rank) {
+    throw InputError(fmt::format(
+        "{}: wrong IDX magic number 0x{:08x}, expected 0x{:08x} (unsigned bytes, {} dimensions)",
+        name, magic, (uint32_t{kTypeUnsignedByte} << 8) | static_cast<uint32_t>(expected_rank),
+        expected_rank));
+  }
+  const size_t header = 4 + 4 * static_cast<size_t>(rank);
+  if (bytes.size() < header) {
+    throw InputError(fmt::format("{}: truncated IDX header: {} bytes, expected {}", name,
+                                 bytes.size(), header));
+  }
+  IdxArray out;
+  int64_t count = 1;
+  for (int d = 0; d < rank; ++d) {
+    const int64_t dim = read_be32(bytes, 4 + 4 * static_cast<size_t>(d));
+    if (dim <= 0 || count * dim > kMaxElements) {
+      throw InputError(fmt::format("{}: IDX dimension {} is {}, expected a positive size", name, d, dim));
+    }
+    count *= dim;
+    out.dims.push_back(dim);
+  }
+  const size_t payload = bytes.size() - header;
+  if (payload != static_cast<size_t>(count)) {
+    throw InputError(fmt::format("{}: IDX data has {} bytes, the header's dimensions need {}{}", name,
+                                 payload, count, payload < static_cast<size_t>(count) ? " (truncated)" : ""));
+  }
+  out.values.assign(bytes.begin() + static_cast<std::ptrdiff_t>(header), bytes.end());
+  return out;
+}
+
+std::string read_maybe_gzip(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    throw InputError(fmt::format("{}: no such file", path));
+  }
+  gzFile file = gzopen(path.c_str(), "rb");
+  if (file == nullptr) throw InputError(fmt::format("{}: cannot open for reading", path));
+  std::string out;
+  char buffer[1 << 16];
+  while (true) {
+    const int n = gzread(file, buffer, sizeof(buffer));
+    if (n > 0) out.append(buffer, static_cast<size_t>(n));
+    if (n < static_cast<int>(sizeof(buffer))) {
+      int errnum = Z_OK;
+      const char* message = gzerror(file, &errnum);
+      // zlib reports a gzip stream cut short as Z_BUF_ERROR ("unexpected end of file").
+      if (n < 0 || (errnum != Z_OK && errnum != Z_STREAM_END)) {
+        std::string why = message != nullptr ? message : "read error";
+        gzclose(file);
+        throw InputError(fmt::format("{}: corrupt or truncated gzip data: {}", path, why));
+      }
+      if (n == 0 || gzeof(file)) break;
+    }
+  }
+  gzclose(file);
+  return out;
+}
+
+IdxArray read_idx(const std::string& path, int expected_rank) {
+  return parse_idx(read_maybe_gzip(path), expected_rank, path);
+}
+
+}  // namespace ddp::data

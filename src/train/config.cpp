@@ -1,0 +1,235 @@
+#include "ddp/train/config.h"
+
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <sstream>
+
+#include "ddp/common/error.h"
+#include "ddp/common/log.h"
+
+namespace ddp::train {
+namespace {
+
+// A setter's complaint; set_config_value() adds where and which key.
+struct BadValue {
+  std::string expected;
+};
+
+int64_t parse_int(const std::string& text) {
+  int64_t value = 0;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (ec != std::errc() || ptr != end || text.empty()) throw BadValue{"an integer"};
+  return value;
+}
+
+double parse_float(const std::string& text) {
+  if (text.empty()) throw BadValue{"a number"};
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (end != text.c_str() + text.size() || !std::isfinite(value)) throw BadValue{"a finite number"};
+  return value;
+}
+
+bool parse_bool(const std::string& text) {
+  std::string t = text;
+  std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (t == "true" || t == "yes" || t == "on" || t == "1") return true;
+  if (t == "false" || t == "no" || t == "off" || t == "0") return false;
+  throw BadValue{"true or false"};
+}
+
+std::string format_float(double v) {
+  return fmt::format("{}", v);
+}
+
+ConfigKey int_key(std::string name, int64_t Config::*member, int64_t min, std::string help) {
+  ConfigKey key;
+  key.name = std::move(name);
+  key.help = std::move(help);
+  key.value_hint = "INT";
+  key.set = [member, min](Config& c, const std::string& v) {
+    const int64_t value = parse_int(v);
+    if (value < min) {
+      throw BadValue{min == 1 ? "a positive integer" : fmt::format("an integer >= {}", min)};
+    }
+    c.*member = value;
+  };
+  key.get = [member](const Config& c) { return std::to_string(c.*member); };
+  return key;
+}
+
+// A float key; the value must be > min (exclusive) or >= min.
+ConfigKey float_key(std::string name, double Config::*member, double min, bool exclusive,
+                    std::string help) {
+  ConfigKey key;
+  key.name = std::move(name);
+  key.help = std::move(help);
+  key.value_hint = "FLOAT";
+  key.set = [member, min, exclusive](Config& c, const std::string& v) {
+    const double value = parse_float(v);
+    if (exclusive ? !(value > min) : !(value >= min)) {
+      throw BadValue{fmt::format("a number {} {}", exclusive ? ">" : ">=", min)};
+    }
+    c.*member = value;
+  };
+  key.get = [member](const Config& c) { return format_float(c.*member); };
+  return key;
+}
+
+ConfigKey bool_key(std::string name, bool Config::*member, std::string help) {
+  ConfigKey key;
+  key.name = std::move(name);
+  key.help = std::move(help);
+  key.value_hint = "BOOL";
+  key.is_flag = true;
+  key.set = [member](Config& c, const std::string& v) { c.*member = parse_bool(v); };
+  key.get = [member](const Config& c) { return std::string(c.*member ? "true" : "false"); };
+  return key;
+}
+
+// A string key; with `choices`, the value must be one of them.
+ConfigKey string_key(std::string name, std::string Config::*member, std::vector<std::string> choices,
+                     std::string hint, std::string help) {
+  ConfigKey key;
+  key.name = std::move(name);
+  key.help = std::move(help);
+  std::string joined;
+  for (const auto& choice : choices) joined += (joined.empty() ? "" : "|") + choice;
+  key.value_hint = choices.empty() ? std::move(hint) : joined;
+  key.set = [member, choices, joined](Config& c, const std::string& v) {
+    if (!choices.empty() && std::find(choices.begin(), choices.end(), v) == choices.end()) {
+      throw BadValue{"one of " + joined};
+    }
+    c.*member = v;
+  };
+  key.get = [member](const Config& c) { return c.*member; };
+  return key;
+}
+
+std::vector<ConfigKey> make_keys() {
+  using C = Config;
+  return {
+      string_key("model", &C::model, {"mlp", "linear"}, "", "model to train"),
+      string_key("dataset", &C::dataset, {"fashion-mnist", "random"}, "", "dataset to train on"),
+      string_key("data", &C::data, {}, "PATH",
+                 "dataset location (empty: /usr/share/datasets/fashion-mnist)"),
+      int_key("train-subset", &C::train_subset, 0, "train on the first N samples only (0: all)"),
+      int_key("epochs", &C::epochs, 1, "number of epochs"),
+      int_key("batch-size", &C::batch_size, 1, "batch size per rank"),
+      string_key("optimizer", &C::optimizer, {"sgd", "adam", "adamw"}, "", "optimizer"),
+      float_key("lr", &C::lr, 0.0, true, "learning rate"),
+      float_key("momentum", &C::momentum, 0.0, false, "SGD momentum"),
+      bool_key("nesterov", &C::nesterov, "SGD with Nesterov momentum"),
+      float_key("weight-decay", &C::weight_decay, 0.0, false, "weight decay (L2; decoupled for adamw)"),
+      string_key("lr-schedule", &C::lr_schedule, {"constant", "step", "cosine"}, "",
+                 "learning-rate schedule after warm-up"),
+      float_key("warmup-epochs", &C::warmup_epochs, 0.0, false,
+                "linear learning-rate warm-up, in epochs (fractions allowed)"),
+      int_key("lr-step-size", &C::lr_step_size, 1, "step schedule: epochs between decays"),
+      float_key("lr-gamma", &C::lr_gamma, 0.0, true, "step schedule: decay factor"),
+      int_key("seed", &C::seed, 0, "random seed (model init, shuffling)"),
+      string_key("device", &C::device, {"auto", "cpu", "cuda"}, "", "device (auto: cuda if available)"),
+      int_key("threads", &C::threads, 0, "intra-op threads per process (0: LibTorch's default)"),
+      string_key("output-dir", &C::output_dir, {}, "PATH", "directory for metrics and checkpoints"),
+      string_key("log-level", &C::log_level, {"trace", "debug", "info", "warn", "error", "off"}, "",
+                 "log level of rank 0"),
+      int_key("eval-every", &C::eval_every, 0,
+              "evaluate every N epochs (0: after the last epoch only)"),
+  };
+}
+
+std::string canonical(std::string name) {
+  std::replace(name.begin(), name.end(), '_', '-');
+  return name;
+}
+
+}  // namespace
+
+const std::vector<ConfigKey>& config_keys() {
+  static const std::vector<ConfigKey> keys = make_keys();
+  return keys;
+}
+
+const ConfigKey* find_config_key(const std::string& name) {
+  const std::string wanted = canonical(name);
+  for (const auto& key : config_keys()) {
+    if (key.name == wanted) return &key;
+  }
+  return nullptr;
+}
+
+void set_config_value(Config& config, const std::string& key, const std::string& value,
+                      const std::string& origin) {
+  const ConfigKey* k = find_config_key(key);
+  if (k == nullptr) {
+    std::string known;
+    for (const auto& candidate : config_keys()) known += (known.empty() ? "" : ", ") + candidate.name;
+    throw InputError(fmt::format("{}: unknown key '{}' (known keys: {})", origin, key, known));
+  }
+  try {
+    k->set(config, value);
+  } catch (const BadValue& bad) {
+    throw InputError(fmt::format("{}: key '{}': expected {}, got '{}'", origin, k->name, bad.expected,
+                                 value));
+  }
+}
+
+void apply_config_file(Config& config, const std::string& path) {
+  if (!std::filesystem::is_regular_file(path)) {
+    throw InputError(fmt::format("{}: config file not found", path));
+  }
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::Exception& e) {
+    // yaml-cpp lines are 0-based.
+    throw InputError(fmt::format("{}:{}:{}: YAML syntax error: {}", path, e.mark.line + 1,
+                                 e.mark.column + 1, e.msg));
+  }
+  if (root.IsNull()) return;  // an empty file sets nothing
+  if (!root.IsMap()) {
+    throw InputError(fmt::format("{}:{}: expected a mapping of key: value", path, root.Mark().line + 1));
+  }
+  for (const auto& item : root) {
+    const std::string origin = fmt::format("{}:{}", path, item.first.Mark().line + 1);
+    const std::string key = item.first.as<std::string>();
+    if (!item.second.IsScalar()) {
+      if (find_config_key(key) == nullptr) set_config_value(config, key, "", origin);  // unknown key
+      throw InputError(fmt::format("{}: key '{}': expected a single value, got a {}", origin, key,
+                                   item.second.IsSequence() ? "list" : "mapping or null"));
+    }
+    set_config_value(config, key, item.second.Scalar(), origin);
+  }
+}
+
+void validate(const Config& config) {
+  if (config.model == "linear" && config.dataset != "random") {
+    throw InputError(fmt::format("model 'linear' trains on dataset 'random' (5 features), not '{}'",
+                                 config.dataset));
+  }
+  if (config.model == "mlp" && config.dataset != "fashion-mnist") {
+    throw InputError(fmt::format("model 'mlp' trains on dataset 'fashion-mnist', not '{}'",
+                                 config.dataset));
+  }
+  if (config.warmup_epochs > static_cast<double>(config.epochs)) {
+    throw InputError(fmt::format("key 'warmup-epochs': {} is longer than the {} epochs of the run",
+                                 config.warmup_epochs, config.epochs));
+  }
+}
+
+std::string to_yaml(const Config& config) {
+  std::ostringstream out;
+  for (const auto& key : config_keys()) {
+    out << key.name << ": " << YAML::Dump(YAML::Node(key.get(config))) << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace ddp::train

@@ -1,0 +1,84 @@
+// ddp_train as a user runs it: --help, --version, a run, and every bad input exits 2 with one line.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <regex>
+
+#include "ddp/train/config.h"
+#include "subprocess.h"
+
+namespace {
+
+using ddp::testing::run_process;
+using ddp::testing::TempDir;
+
+ddp::testing::ProcessResult ddp_train(std::vector<std::string> args) {
+  args.insert(args.begin(), DDP_TRAIN_BIN);
+  return run_process(args, {}, std::chrono::seconds(60));
+}
+
+// A bad input: exit code 2, one error line that contains `expected`, no stack dump.
+void expect_bad_input(const std::vector<std::string>& args, const std::string& expected) {
+  auto r = ddp_train(args);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(expected), std::string::npos) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  EXPECT_EQ(r.output.find("[error]"), r.output.rfind("[error]")) << r.output;
+}
+
+TEST(Cli, HelpListsEveryKeyWithItsDefault) {
+  auto r = ddp_train({"--help"});
+  EXPECT_EQ(r.exit_code, 0);
+  const ddp::train::Config defaults;
+  for (const auto& key : ddp::train::config_keys()) {
+    EXPECT_NE(r.output.find("--" + key.name + " "), std::string::npos) << key.name;
+  }
+  EXPECT_NE(r.output.find("(default: 64)"), std::string::npos);
+}
+
+TEST(Cli, VersionNamesLibTorchAndBackends) {
+  auto r = ddp_train({"--version"});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_TRUE(std::regex_search(r.output, std::regex("ddp_train [0-9]+\\.[0-9]+\\.[0-9]+")));
+  EXPECT_TRUE(std::regex_search(r.output, std::regex("LibTorch [0-9]+\\.[0-9]+")));
+  EXPECT_NE(r.output.find("backends: "), std::string::npos);
+}
+
+TEST(Cli, ConfigFileWithCommandLineOverride) {
+  TempDir dir;
+  auto r = ddp_train({"--config", std::string(DDP_SOURCE_DIR) + "/configs/random_linear.yaml",
+                      "--epochs", "2", "--output-dir", dir.path()});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("epoch 2/2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("done: 2 epochs"), std::string::npos) << r.output;
+  // The resolved config holds the file's model and the command line's epochs.
+  const auto resolved = ddp::testing::read_file(dir.file("config.yaml"));
+  EXPECT_NE(resolved.find("model: linear\n"), std::string::npos) << resolved;
+  EXPECT_NE(resolved.find("epochs: 2\n"), std::string::npos) << resolved;
+  const auto metrics = ddp::testing::read_file(dir.file("metrics.jsonl"));
+  EXPECT_EQ(std::count(metrics.begin(), metrics.end(), '\n'), 2) << metrics;
+}
+
+TEST(Cli, BadInputsExitTwoWithOneLine) {
+  TempDir dir;
+  expect_bad_input({"--batch-size", "0"}, "command line: key 'batch-size': expected a positive integer, got '0'");
+  expect_bad_input({"--lr", "0"}, "key 'lr': expected a number > 0, got '0'");
+  expect_bad_input({"--epochs", "x"}, "key 'epochs': expected an integer, got 'x'");
+  expect_bad_input({"--no-such-option"}, "command line: ");
+  expect_bad_input({"--config", dir.file("missing.yaml")}, dir.file("missing.yaml") + ": config file not found");
+  ddp::testing::write_file(dir.file("bad.yaml"), "epochs: 1\nbogus: 3\n");
+  expect_bad_input({"--config", dir.file("bad.yaml")}, dir.file("bad.yaml") + ":2: unknown key 'bogus'");
+  expect_bad_input({"--data", dir.path(), "--output-dir", dir.file("out")},
+                   dir.file("train-images-idx3-ubyte.gz") + ": no such file");
+  ddp::testing::write_file(dir.file("train-images-idx3-ubyte"), std::string("\0\0\x08\x01\0\0\0\x01x", 9));
+  expect_bad_input({"--data", dir.path(), "--output-dir", dir.file("out")}, "wrong IDX magic number");
+}
+
+TEST(Cli, UnwritableOutputDirIsBadInput) {
+  TempDir dir;
+  ddp::testing::write_file(dir.file("file"), "x");
+  expect_bad_input({"--model", "linear", "--dataset", "random", "--output-dir", dir.file("file") + "/sub"},
+                   "output dir '" + dir.file("file") + "/sub': cannot create it");
+}
+
+}  // namespace

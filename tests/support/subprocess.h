@@ -1,0 +1,41 @@
+#pragma once
+// Runs programs for tests: real processes, with a time limit, so a test can never hang.
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace ddp::testing {
+
+struct ProcessResult {
+  int exit_code = -1;    // exit status, or 128 + signal when killed by a signal
+  bool timed_out = false;
+  std::string output;    // stdout and stderr, interleaved
+};
+
+// Runs argv[0] with `argv`, extra `env` on top of this process's environment, in its own process
+// group. After `timeout` the whole group is killed (SIGKILL) and timed_out is set.
+ProcessResult run_process(const std::vector<std::string>& argv,
+                          const std::map<std::string, std::string>& env = {},
+                          std::chrono::milliseconds timeout = std::chrono::seconds(60));
+
+// A fresh empty directory under the system temp dir; removed by the destructor.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// Writes `contents` to `path` (binary).
+void write_file(const std::string& path, const std::string& contents);
+std::string read_file(const std::string& path);
+
+}  // namespace ddp::testing

@@ -1,0 +1,134 @@
+// Config: YAML files, command-line overrides through the same key table, and every bad input.
+#include <gtest/gtest.h>
+
+#include "ddp/common/error.h"
+#include "ddp/train/config.h"
+#include "subprocess.h"
+
+namespace {
+
+using ddp::InputError;
+using ddp::testing::TempDir;
+using ddp::train::Config;
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+Config load(const TempDir& dir, const std::string& yaml) {
+  ddp::testing::write_file(dir.file("c.yaml"), yaml);
+  Config c;
+  ddp::train::apply_config_file(c, dir.file("c.yaml"));
+  return c;
+}
+
+TEST(Config, LoadsEveryKindOfValue) {
+  TempDir dir;
+  Config c = load(dir,
+                  "model: linear\ndataset: random\nepochs: 3\nbatch_size: 15\nlr: 0.5\n"
+                  "nesterov: yes\nweight-decay: 1e-4\nlr-schedule: cosine\noutput-dir: /tmp/x\n");
+  EXPECT_EQ(c.model, "linear");
+  EXPECT_EQ(c.dataset, "random");
+  EXPECT_EQ(c.epochs, 3);
+  EXPECT_EQ(c.batch_size, 15);
+  EXPECT_DOUBLE_EQ(c.lr, 0.5);
+  EXPECT_TRUE(c.nesterov);
+  EXPECT_DOUBLE_EQ(c.weight_decay, 1e-4);
+  EXPECT_EQ(c.lr_schedule, "cosine");
+  EXPECT_EQ(c.output_dir, "/tmp/x");
+  EXPECT_EQ(c.momentum, Config().momentum);  // untouched keys keep their defaults
+}
+
+TEST(Config, CommandLineOverridesTheFile) {
+  TempDir dir;
+  Config c = load(dir, "epochs: 3\nlr: 0.5\n");
+  ddp::train::set_config_value(c, "epochs", "7", "command line");
+  EXPECT_EQ(c.epochs, 7);
+  EXPECT_DOUBLE_EQ(c.lr, 0.5);
+}
+
+TEST(Config, UnknownKeyNamesFileAndLine) {
+  TempDir dir;
+  const auto msg = error_of([&] { load(dir, "epochs: 3\n\nbatchsize: 4\n"); });
+  EXPECT_NE(msg.find(dir.file("c.yaml") + ":3: unknown key 'batchsize'"), std::string::npos) << msg;
+}
+
+TEST(Config, WrongTypeNamesKeyAndExpectation) {
+  TempDir dir;
+  auto msg = error_of([&] { load(dir, "epochs: three\n"); });
+  EXPECT_NE(msg.find(":1: key 'epochs': expected an integer, got 'three'"), std::string::npos) << msg;
+  msg = error_of([&] { load(dir, "nesterov: maybe\n"); });
+  EXPECT_NE(msg.find("key 'nesterov': expected true or false, got 'maybe'"), std::string::npos) << msg;
+  msg = error_of([&] { load(dir, "optimizer: rmsprop\n"); });
+  EXPECT_NE(msg.find("key 'optimizer': expected one of sgd|adam|adamw, got 'rmsprop'"), std::string::npos)
+      << msg;
+  msg = error_of([&] { load(dir, "lr: [1, 2]\n"); });
+  EXPECT_NE(msg.find("key 'lr': expected a single value, got a list"), std::string::npos) << msg;
+  msg = error_of([&] { load(dir, "epochs: 2.5\n"); });
+  EXPECT_NE(msg.find("expected an integer, got '2.5'"), std::string::npos) << msg;
+}
+
+TEST(Config, NonPositiveBatchSizeAndLr) {
+  Config c;
+  auto msg = error_of([&] { ddp::train::set_config_value(c, "batch-size", "0", "command line"); });
+  EXPECT_EQ(msg, "command line: key 'batch-size': expected a positive integer, got '0'");
+  msg = error_of([&] { ddp::train::set_config_value(c, "lr", "-0.1", "command line"); });
+  EXPECT_EQ(msg, "command line: key 'lr': expected a number > 0, got '-0.1'");
+  msg = error_of([&] { ddp::train::set_config_value(c, "lr", "nan", "command line"); });
+  EXPECT_EQ(msg, "command line: key 'lr': expected a finite number, got 'nan'");
+}
+
+TEST(Config, SyntaxErrorNamesLine) {
+  TempDir dir;
+  const auto msg = error_of([&] { load(dir, "epochs: 1\nlr: [0.1\n"); });
+  EXPECT_NE(msg.find(dir.file("c.yaml") + ":"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("YAML syntax error"), std::string::npos) << msg;
+}
+
+TEST(Config, MissingFileAndNonMapping) {
+  TempDir dir;
+  Config c;
+  EXPECT_EQ(error_of([&] { ddp::train::apply_config_file(c, dir.file("none.yaml")); }),
+            dir.file("none.yaml") + ": config file not found");
+  EXPECT_NE(error_of([&] { load(dir, "- a\n- b\n"); }).find("expected a mapping"), std::string::npos);
+}
+
+TEST(Config, CrossKeyValidation) {
+  Config c;
+  c.model = "linear";
+  EXPECT_NE(error_of([&] { ddp::train::validate(c); }).find("model 'linear' trains on dataset 'random'"),
+            std::string::npos);
+  c = Config();
+  c.warmup_epochs = 2;
+  EXPECT_NE(error_of([&] { ddp::train::validate(c); }).find("warmup-epochs"), std::string::npos);
+}
+
+TEST(Config, YamlRoundTripsEveryKey) {
+  TempDir dir;
+  Config c;
+  c.model = "linear";
+  c.dataset = "random";
+  c.lr = 0.125;
+  c.nesterov = true;
+  c.data = "";
+  c.output_dir = "out dir: with colon";
+  Config back = load(dir, ddp::train::to_yaml(c));
+  for (const auto& key : ddp::train::config_keys()) {
+    EXPECT_EQ(key.get(back), key.get(c)) << key.name;
+  }
+}
+
+TEST(Config, ShippedConfigsLoadAndValidate) {
+  for (const char* name : {"fashion_mnist_mlp.yaml", "random_linear.yaml"}) {
+    Config c;
+    ddp::train::apply_config_file(c, std::string(DDP_SOURCE_DIR) + "/configs/" + name);
+    EXPECT_NO_THROW(ddp::train::validate(c)) << name;
+  }
+}
+
+}  // namespace
