@@ -22,6 +22,19 @@ if(NOT TARGET cxxopts::cxxopts)
   target_include_directories(cxxopts::cxxopts INTERFACE ${CXXOPTS_INCLUDE_DIR})
 endif()
 
+# Communication backends: gloo where its headers are (c10d's ProcessGroupGloo is in LibTorch),
+# MPI where found. NCCL: cmake/DdpNccl.cmake.
+find_path(DDP_GLOO_INCLUDE_DIR gloo/algorithm.h HINTS ${TORCH_INCLUDE_DIRS})
+if(DDP_GLOO AND DDP_GLOO_INCLUDE_DIR)
+  set(DDP_HAVE_GLOO ON)
+endif()
+if(DDP_MPI)
+  find_package(MPI COMPONENTS C)
+  if(MPI_C_FOUND)
+    set(DDP_HAVE_MPI ON)
+  endif()
+endif()
+
 if(DDP_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()

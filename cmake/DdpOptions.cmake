@@ -6,3 +6,12 @@ set(DDP_PYTHON "/usr/bin/python3" CACHE FILEPATH
     "Python with PyTorch, used as the reference by tests and benchmarks (Debian's python3-torch)")
 set(DDP_FASHION_MNIST_DIR "/usr/share/datasets/fashion-mnist" CACHE PATH
     "Directory holding the Fashion-MNIST .gz IDX files (Debian's dataset-fashion-mnist)")
+option(DDP_GLOO "Build the gloo backend where gloo's headers are found" ON)
+option(DDP_MPI "Build the MPI backend where MPI is found" ON)
+set(DDP_NCCL "AUTO" CACHE STRING
+    "NCCL backend: AUTO (where LibTorch has CUDA and NCCL is found), ON (fail otherwise), OFF")
+set_property(CACHE DDP_NCCL PROPERTY STRINGS AUTO ON OFF)
+set(DDP_NCCL_ROOT "" CACHE PATH
+    "Prefix of the NCCL to use (include/nccl.h, lib/libnccl.so*). Default search: $ENV{NCCL_ROOT}, \
+the PyTorch wheel's site-packages/nvidia/nccl, the CUDA toolkit, /usr")
+

@@ -1,6 +1,9 @@
 #include "subprocess.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,16 +20,24 @@ extern char** environ;
 
 namespace ddp::testing {
 
-ProcessResult run_process(const std::vector<std::string>& argv,
-                          const std::map<std::string, std::string>& env,
-                          std::chrono::milliseconds timeout) {
-  TempDir dir;
-  const std::string log_path = dir.file("output.log");
+namespace {
+
+std::string child_log_path() {
+  static int counter = 0;
+  return (std::filesystem::temp_directory_path() /
+          ("ddp-child-" + std::to_string(getpid()) + "-" + std::to_string(counter++) + ".log"))
+      .string();
+}
+
+}  // namespace
+
+Child::Child(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env)
+    : log_path_(child_log_path()) {
   const pid_t pid = fork();
   if (pid < 0) throw std::runtime_error("fork failed");
   if (pid == 0) {
     setpgid(0, 0);
-    const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int fd = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(fd, STDOUT_FILENO);
     dup2(fd, STDERR_FILENO);
     const int null_fd = open("/dev/null", O_RDONLY);
@@ -39,27 +50,61 @@ ProcessResult run_process(const std::vector<std::string>& argv,
     std::fprintf(stderr, "exec %s: %s\n", args[0], std::strerror(errno));
     _exit(127);
   }
-  setpgid(pid, pid);  // also here, so the kill below cannot race the child's own setpgid
+  setpgid(pid, pid);  // also here, so a kill cannot race the child's own setpgid
+  pid_ = pid;
+}
+
+Child::~Child() {
+  if (!reaped_) {
+    kill_group();
+    waitpid(pid_, nullptr, 0);
+  }
+  std::error_code ec;
+  std::filesystem::remove(log_path_, ec);
+}
+
+void Child::kill_group() { kill(-pid_, SIGKILL); }
+
+ProcessResult Child::wait_until(std::chrono::steady_clock::time_point deadline) {
   ProcessResult result;
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
   int status = 0;
   while (true) {
-    const pid_t done = waitpid(pid, &status, WNOHANG);
-    if (done == pid) break;
+    const pid_t done = waitpid(pid_, &status, WNOHANG);
+    if (done == pid_) break;
     if (std::chrono::steady_clock::now() > deadline) {
-      kill(-pid, SIGKILL);
-      waitpid(pid, &status, 0);
+      kill_group();
+      waitpid(pid_, &status, 0);
       result.timed_out = true;
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  // Whatever the leader left behind in its group goes too.
-  kill(-pid, SIGKILL);
+  reaped_ = true;
+  kill(-pid_, SIGKILL);  // whatever the leader left behind in its group goes too
   if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
   if (WIFSIGNALED(status)) result.exit_code = 128 + WTERMSIG(status);
-  result.output = read_file(log_path);
+  result.output = read_file(log_path_);
   return result;
+}
+
+ProcessResult run_process(const std::vector<std::string>& argv,
+                          const std::map<std::string, std::string>& env,
+                          std::chrono::milliseconds timeout) {
+  Child child(argv, env);
+  return child.wait_until(std::chrono::steady_clock::now() + timeout);
+}
+
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
 }
 
 TempDir::TempDir() {

@@ -20,6 +20,26 @@ ProcessResult run_process(const std::vector<std::string>& argv,
                           const std::map<std::string, std::string>& env = {},
                           std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
+// A process started in the background, in its own process group, output to a file.
+class Child {
+ public:
+  Child(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env);
+  ~Child();  // kills the group if still running
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+  // Waits until `deadline`; past it the group is killed and timed_out set.
+  ProcessResult wait_until(std::chrono::steady_clock::time_point deadline);
+  void kill_group();
+
+ private:
+  int pid_ = -1;
+  bool reaped_ = false;
+  std::string log_path_;
+};
+
+// A TCP port on 127.0.0.1 that was free a moment ago.
+int free_port();
+
 // A fresh empty directory under the system temp dir; removed by the destructor.
 class TempDir {
  public:

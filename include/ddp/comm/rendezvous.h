@@ -1,0 +1,58 @@
+#pragma once
+// How this process was started, read from its environment (DESIGN.md launch matrix), and the
+// factory that turns that into a process group. The decisions are pure functions of the env.
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddp/comm/process_group.h"
+
+namespace ddp::comm {
+
+enum class Launcher {
+  kNone,    // a plain run: world size 1
+  kEnv,     // torchrun's env contract: our launcher, torchrun, Kubeflow PyTorchJob
+  kMpirun,  // Open MPI: OMPI_COMM_WORLD_*
+  kSlurm,   // srun: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID (+ MASTER_ADDR/PORT)
+};
+const char* to_string(Launcher launcher);
+
+struct LaunchInfo {
+  Launcher launcher = Launcher::kNone;
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string master_addr;  // empty when the launcher gives none
+  int master_port = 0;      // 0 when the launcher gives none
+};
+
+using Env = std::map<std::string, std::string>;
+Env current_env();
+
+// Reads the launch from `env`. The env contract (RANK and WORLD_SIZE set) wins over
+// OMPI_COMM_WORLD_* and SLURM_*, as torchrun's does. Throws InputError naming the variable for
+// a non-numeric value, RANK >= WORLD_SIZE, LOCAL_RANK >= LOCAL_WORLD_SIZE, or a missing
+// MASTER_ADDR / MASTER_PORT where a TCP store is needed (env contract and Slurm with world > 1).
+LaunchInfo detect_launch(const Env& env);
+
+// The backend for this launch and device: nccl on CUDA; on CPU mpi under mpirun, gloo under the
+// env contract or Slurm, local for world size 1.
+std::string default_backend(const LaunchInfo& launch, bool cuda_device);
+
+// The backends compiled into this build, e.g. {"local", "gloo", "mpi"}.
+std::vector<std::string> compiled_backends();
+
+// Creates the process group `backend` for `launch`. Throws InputError for a backend that is not
+// compiled in, does not fit the device (nccl on CPU, gloo/mpi on... CUDA tensors are copied by the
+// caller), or needs what the launch lacks (mpi outside mpirun, gloo without MASTER_ADDR/PORT).
+// Throws InputError when the rendezvous port is already in use, CommError when the rendezvous
+// does not complete within options.timeout.
+std::unique_ptr<ProcessGroup> create_process_group(const std::string& backend,
+                                                   const LaunchInfo& launch,
+                                                   const ProcessGroupOptions& options,
+                                                   bool cuda_device);
+
+}  // namespace ddp::comm

@@ -1,0 +1,42 @@
+#pragma once
+// Private: the constructors of the backends, one .cpp each, called only by the factory in
+// rendezvous.cpp. Each backend header (gloo/c10d, mpi.h, nccl.h) is included by its .cpp alone.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddp/comm/process_group.h"
+#include "ddp/comm/rendezvous.h"
+
+namespace ddp::comm {
+
+// Rank 0's bytes, on every rank: rank 0 passes its value, the others pass anything (ignored).
+// Built by the factory on the TCP store or on MPI; used to share the NCCL unique id.
+using BroadcastBytes = std::function<std::string(const std::string& root_value)>;
+
+std::unique_ptr<ProcessGroup> make_local_process_group(const ProcessGroupOptions& options);
+
+#ifdef DDP_HAVE_GLOO
+std::unique_ptr<ProcessGroup> make_gloo_process_group(const LaunchInfo& launch,
+                                                      const ProcessGroupOptions& options);
+#endif
+
+#ifdef DDP_HAVE_MPI
+// Initialises MPI (MPI_THREAD_MULTIPLE) if needed; finalised at exit.
+std::unique_ptr<ProcessGroup> make_mpi_process_group(const ProcessGroupOptions& options);
+// MPI_Bcast of rank 0's bytes over MPI_COMM_WORLD (initialising MPI if needed).
+std::string mpi_broadcast_bytes(const std::string& root_value);
+#endif
+
+#ifdef DDP_HAVE_NCCL
+// Tensors on cuda:launch.local_rank (after CUDA_VISIBLE_DEVICES). `exchange` shares the
+// ncclUniqueId created by rank 0.
+std::unique_ptr<ProcessGroup> make_nccl_process_group(const LaunchInfo& launch,
+                                                      const ProcessGroupOptions& options,
+                                                      const BroadcastBytes& exchange);
+#endif
+
+}  // namespace ddp::comm

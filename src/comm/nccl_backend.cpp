@@ -1,0 +1,492 @@
+// The NCCL backend: collectives on CUDA tensors of one device, cuda:LOCAL_RANK, through NCCL's C
+// API. The only file that includes <nccl.h> (DESIGN.md "Backend headers").
+//
+// Compiled for real only where LibTorch has CUDA; elsewhere cmake/DdpNccl.cmake compiles it as a
+// check against the CUDA toolkit's headers so that it cannot rot. It must therefore build against
+// LibTorch 1.13 (Debian) and 2.x (PyTorch wheels), so it uses only c10/cuda API present in both:
+//   c10::cuda::getStreamFromPool(bool, DeviceIndex)     (2.x adds an int-priority overload;
+//                                                        passing a bool picks the shared one)
+//   c10::cuda::getCurrentCUDAStream(DeviceIndex), CUDAStream::stream()
+//   c10::cuda::CUDAGuard / CUDAStreamGuard, c10::cuda::device_count()
+//   c10::cuda::CUDACachingAllocator::recordStream(const DataPtr&, CUDAStream)
+// Events are raw cudaEvent_t rather than at::cuda::CUDAEvent: that header drags in
+// ATen/cuda/CUDAContext.h (cuBLAS, cuSPARSE, cuSOLVER headers) and throws c10::Error, whereas
+// here every CUDA failure goes through DDP_CUDA_CHECK and becomes a CommError naming the rank
+// and the collective.
+//
+// Stream protocol (PyTorch's ProcessGroupNCCL, NOTES.md s.5): each collective
+//   1. records an event on the caller's current (compute) stream and makes the group's
+//      communication stream wait on it, so NCCL reads the inputs only once they are written;
+//   2. runs on the communication stream, so compute queued later overlaps with it;
+//   3. tells the caching allocator the tensors are in use on the communication stream
+//      (recordStream), so their memory is not handed out again before NCCL is done with it;
+//   4. records a done event, which Work::wait() makes the then-current stream wait on.
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "backends.h"
+
+// NCCL before 2.3 has no NCCL_VERSION; its version code used the old formula.
+#ifndef NCCL_VERSION
+#define NCCL_VERSION(X, Y, Z) ((X)*1000 + (Y)*100 + (Z))
+#endif
+#if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
+#define DDP_NCCL_HAS_AVG_AND_BF16 1  // ncclAvg and ncclBfloat16 arrived in NCCL 2.10
+#endif
+#if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 13, 0)
+#define DDP_NCCL_HAS_LAST_ERROR 1  // ncclGetLastError arrived in NCCL 2.13
+#endif
+
+namespace ddp::comm {
+namespace {
+
+// "file:line: rank r: op #seq: " : the common head of every error message of this backend.
+std::string error_head(const char* file, int line, const CollectiveInfo& info) {
+  return std::string(file) + ":" + std::to_string(line) + ": rank " + std::to_string(info.rank) +
+         ": " + info.op + " #" + std::to_string(info.seq) + ": ";
+}
+
+[[noreturn]] void throw_nccl_error(const char* file, int line, const char* expr,
+                                   ncclResult_t result, const CollectiveInfo& info) {
+  std::string what = error_head(file, line, info) + expr + " failed: " + ncclGetErrorString(result);
+#ifdef DDP_NCCL_HAS_LAST_ERROR
+  // The detail NCCL logged for the last failure (its argument is unused; NULL is documented).
+  const char* detail = ncclGetLastError(nullptr);
+  if (detail != nullptr && detail[0] != '\0') what += std::string(" (") + detail + ")";
+#endif
+  throw CommError(info, what);
+}
+
+[[noreturn]] void throw_cuda_error(const char* file, int line, const char* expr, cudaError_t err,
+                                   const CollectiveInfo& info) {
+  throw CommError(info, error_head(file, line, info) + expr + " failed: " + cudaGetErrorName(err) +
+                            ": " + cudaGetErrorString(err));
+}
+
+}  // namespace
+}  // namespace ddp::comm
+
+// One check macro per foreign library (DESIGN.md). Both take the CollectiveInfo of the operation
+// in progress, so the CommError they throw names the rank, the collective and its sequence number
+// besides file, line, the failed call and the library's own error string.
+#define DDP_NCCL_CHECK(expr, info)                                                        \
+  do {                                                                                    \
+    const ncclResult_t ddp_nccl_result_ = (expr);                                         \
+    if (ddp_nccl_result_ != ncclSuccess)                                                  \
+      ::ddp::comm::throw_nccl_error(__FILE__, __LINE__, #expr, ddp_nccl_result_, (info)); \
+  } while (0)
+
+#define DDP_CUDA_CHECK(expr, info)                                                       \
+  do {                                                                                   \
+    const cudaError_t ddp_cuda_error_ = (expr);                                          \
+    if (ddp_cuda_error_ != cudaSuccess)                                                  \
+      ::ddp::comm::throw_cuda_error(__FILE__, __LINE__, #expr, ddp_cuda_error_, (info)); \
+  } while (0)
+
+namespace ddp::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+#ifdef DDP_NCCL_HAS_AVG_AND_BF16
+constexpr bool kNcclHasAvg = true;
+#else
+constexpr bool kNcclHasAvg = false;  // kAvg is a sum followed by our own division
+#endif
+
+// A timeout of zero, negative or milliseconds::max() means "no timeout": wait() then never
+// blocks the host (and now + max would overflow).
+bool has_deadline(std::chrono::milliseconds timeout) {
+  return timeout.count() > 0 && timeout != std::chrono::milliseconds::max();
+}
+
+// The answer of cudaEventQuery: true when done, false when not yet. A "not ready" answer is not an
+// error; clear it so that a later cudaGetLastError (e.g. in ATen) does not report it.
+bool event_done(cudaEvent_t event, const CollectiveInfo& info) {
+  const cudaError_t answer = cudaEventQuery(event);
+  if (answer == cudaSuccess) return true;
+  if (answer == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  throw_cuda_error(__FILE__, __LINE__, "cudaEventQuery(done event)", answer, info);
+}
+
+// A cudaEvent_t that destroys itself. Created on the current device, without timing (cheaper).
+class CudaEvent {
+ public:
+  explicit CudaEvent(const CollectiveInfo& info) {
+    DDP_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), info);
+  }
+  // Destroying an event whose record is still pending is allowed: CUDA frees it once reached.
+  ~CudaEvent() { (void)cudaEventDestroy(event_); }
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+// The communicator, shared by the group and its pending Work so that neither outlives it.
+class NcclComm {
+ public:
+  NcclComm(ncclComm_t comm, cudaStream_t stream, std::chrono::milliseconds timeout)
+      : comm_(comm), stream_(stream), timeout_(timeout) {}
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+
+  // ncclCommDestroy flushes pending collectives, so it would hang forever on one whose peers are
+  // gone (we are often destroyed while unwinding from such a failure). Give the communication
+  // stream the group's timeout to drain, then destroy; if it does not drain, abort instead.
+  // A destructor cannot report errors: the return codes are deliberately ignored.
+  ~NcclComm() {
+    if (aborted_) return;
+    const bool bounded = has_deadline(timeout_);
+    const auto deadline = bounded ? Clock::now() + timeout_ : Clock::time_point::max();
+    cudaError_t answer = cudaStreamQuery(stream_);
+    while (answer == cudaErrorNotReady && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      answer = cudaStreamQuery(stream_);
+    }
+    (void)cudaGetLastError();
+    if (answer == cudaSuccess) {
+      (void)ncclCommDestroy(comm_);
+    } else {
+      (void)ncclCommAbort(comm_);
+    }
+  }
+
+  ncclComm_t get() const { return comm_; }
+  bool aborted() const { return aborted_; }
+
+  // Aborts every pending collective of the communicator (releasing peers stuck in them with an
+  // error) and frees it; the group is unusable afterwards.
+  void abort() {
+    if (!aborted_.exchange(true)) (void)ncclCommAbort(comm_);
+  }
+
+ private:
+  ncclComm_t comm_;
+  cudaStream_t stream_;
+  std::chrono::milliseconds timeout_;
+  std::atomic<bool> aborted_{false};
+};
+
+[[noreturn]] void throw_aborted(const CollectiveInfo& info) {
+  throw CommError(info, "rank " + std::to_string(info.rank) + ": " + info.op + " #" +
+                            std::to_string(info.seq) +
+                            ": the NCCL communicator was aborted after an earlier failure or "
+                            "timeout; create a new process group");
+}
+
+// A collective queued on the communication stream; its done event was recorded after it.
+class NcclWork : public Work {
+ public:
+  NcclWork(std::shared_ptr<NcclComm> comm, c10::DeviceIndex device, CollectiveInfo info,
+           std::string timeout_message, std::chrono::milliseconds timeout)
+      : comm_(std::move(comm)),
+        device_(device),
+        info_(std::move(info)),
+        timeout_message_(std::move(timeout_message)),
+        bounded_(has_deadline(timeout)),
+        deadline_(bounded_ ? Clock::now() + timeout : Clock::time_point::max()),
+        done_(info_) {}
+
+  cudaEvent_t done_event() const { return done_.get(); }
+
+  // Like PyTorch, the caller's current stream waits for the collective on the device: kernels
+  // queued after wait() see the result, and the host is not blocked. A hang in NCCL (a rank that
+  // never joins) would then surface only at the next host sync (e.g. .item()) with no timeout, so
+  // when the group has a timeout wait() also blocks the host, polling the done event until it
+  // completes or the deadline (timeout after the call) passes. That host sync costs overlap of
+  // the caller's CPU with the collective, but keeps the contract of Work::wait(): "throws
+  // CommError when the process group's timeout passes".
+  void wait() override {
+    if (comm_->aborted()) throw_aborted(info_);
+    c10::cuda::CUDAGuard guard(device_);
+    DDP_CUDA_CHECK(
+        cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream(device_).stream(), done_.get(), 0),
+        info_);
+    if (bounded_) wait_on_host();
+  }
+
+  bool is_completed() override {
+    const cudaError_t answer = cudaEventQuery(done_.get());
+    if (answer == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return true;  // done, or failed (wait() reports the failure)
+  }
+
+  // Blocks the host until the collective is done. On an asynchronous NCCL error (a peer died) or
+  // at the deadline, aborts the communicator, which also frees the peers stuck in it, and throws.
+  void wait_on_host() {
+    for (;;) {
+      if (event_done(done_.get(), info_)) return;
+      ncclResult_t async_error = ncclSuccess;
+      DDP_NCCL_CHECK(ncclCommGetAsyncError(comm_->get(), &async_error), info_);
+      if (async_error != ncclSuccess) {
+        comm_->abort();
+        throw_nccl_error(__FILE__, __LINE__, "the collective (ncclCommGetAsyncError)", async_error,
+                         info_);
+      }
+      if (Clock::now() >= deadline_) {
+        comm_->abort();
+        throw CommError(info_, timeout_message_);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+
+ private:
+  std::shared_ptr<NcclComm> comm_;
+  c10::DeviceIndex device_;
+  CollectiveInfo info_;
+  std::string timeout_message_;  // formatted at the call: Work cannot reach the group later
+  bool bounded_;
+  Clock::time_point deadline_;
+  CudaEvent done_;
+};
+
+ncclDataType_t to_nccl_dtype(at::ScalarType type, const CollectiveInfo& info) {
+  switch (type) {
+    case at::kFloat:
+      return ncclFloat32;
+    case at::kDouble:
+      return ncclFloat64;
+    case at::kHalf:
+      return ncclFloat16;
+#ifdef DDP_NCCL_HAS_AVG_AND_BF16
+    case at::kBFloat16:
+      return ncclBfloat16;
+#endif
+    case at::kInt:
+      return ncclInt32;
+    case at::kLong:
+      return ncclInt64;
+    case at::kByte:
+      return ncclUint8;
+    case at::kChar:
+      return ncclInt8;
+    default:
+      throw InputError("backend nccl does not support dtype " + std::string(c10::toString(type)) +
+                       " (in " + info.op +
+                       "); supported: float32, float64, float16, "
+#ifdef DDP_NCCL_HAS_AVG_AND_BF16
+                       "bfloat16, "
+#endif
+                       "int32, int64, uint8, int8");
+  }
+}
+
+// kAvg maps to ncclAvg only where NCCL has it (>= 2.10); the caller then divides itself.
+ncclRedOp_t to_nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kMin:
+      return ncclMin;
+    case ReduceOp::kMax:
+      return ncclMax;
+#ifdef DDP_NCCL_HAS_AVG_AND_BF16
+    case ReduceOp::kAvg:
+      return ncclAvg;
+#endif
+    default:
+      return ncclSum;  // kSum, and kAvg without ncclAvg (see kNcclHasAvg)
+  }
+}
+
+c10::DeviceIndex checked_device(const LaunchInfo& launch) {
+  const int visible = c10::cuda::device_count();
+  if (launch.local_rank < 0 || launch.local_rank >= visible) {
+    throw InputError("backend nccl: local rank " + std::to_string(launch.local_rank) +
+                     " needs cuda:" + std::to_string(launch.local_rank) +
+                     ", but this process sees " + std::to_string(visible) +
+                     " CUDA device(s) (check CUDA_VISIBLE_DEVICES and LOCAL_RANK)");
+  }
+  return static_cast<c10::DeviceIndex>(launch.local_rank);
+}
+
+class NcclProcessGroup : public ProcessGroup {
+ public:
+  NcclProcessGroup(const LaunchInfo& launch, const ProcessGroupOptions& options,
+                   const BroadcastBytes& exchange)
+      : ProcessGroup(launch.rank, launch.world_size, options),
+        device_(checked_device(launch)),
+        comm_stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device_)) {
+    CollectiveInfo info;
+    info.op = "init(ncclCommInitRank)";
+    info.rank = rank();
+    info.world_size = world_size();
+
+    c10::cuda::CUDAGuard guard(device_);
+    // Rank 0 creates the id; `exchange` (TCP store or MPI_Bcast) hands its bytes to every rank.
+    ncclUniqueId id;
+    std::memset(&id, 0, sizeof(id));
+    std::string bytes;
+    if (rank() == 0) {
+      DDP_NCCL_CHECK(ncclGetUniqueId(&id), info);
+      bytes.assign(reinterpret_cast<const char*>(&id), sizeof(id));
+    }
+    bytes = exchange(bytes);
+    if (bytes.size() != sizeof(id)) {
+      throw CommError(info, "rank " + std::to_string(rank()) + ": " + info.op +
+                                ": the NCCL id from rank 0 has " + std::to_string(bytes.size()) +
+                                " bytes, expected " + std::to_string(sizeof(id)));
+    }
+    std::memcpy(&id, bytes.data(), sizeof(id));
+    // Blocks until all world_size ranks have joined. NCCL's blocking init has no timeout of its
+    // own; the exchange above (bounded by options.timeout) is where a missing rank shows up.
+    ncclComm_t comm = nullptr;
+    DDP_NCCL_CHECK(ncclCommInitRank(&comm, world_size(), id, rank()), info);
+    comm_ = std::make_shared<NcclComm>(comm, comm_stream_.stream(), options.timeout);
+  }
+
+  std::string backend_name() const override { return "nccl"; }
+
+ protected:
+  WorkPtr do_all_reduce(at::Tensor& tensor, ReduceOp op, const CollectiveInfo& info) override {
+    check_tensor(tensor, "tensor");
+    const ncclDataType_t dtype = to_nccl_dtype(tensor.scalar_type(), info);
+    if (tensor.numel() == 0) return std::make_shared<CompletedWork>();
+    return enqueue({tensor}, info, [&](cudaStream_t stream) {
+      DDP_NCCL_CHECK(ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), count(tensor), dtype,
+                                   to_nccl_op(op), comm_->get(), stream),
+                     info);
+      // No ncclAvg: divide the sum on the communication stream, before the done event. A plain
+      // `if` rather than #if so that this branch is compiled (and checked) with every NCCL.
+      if (!kNcclHasAvg && op == ReduceOp::kAvg && world_size() > 1) {
+        c10::cuda::CUDAStreamGuard on_comm(comm_stream_);
+        if (at::isIntegralType(tensor.scalar_type(), /*includeBool=*/false)) {
+          tensor.div_(world_size(), "trunc");  // the contract: integers divide with truncation
+        } else {
+          tensor.div_(world_size());
+        }
+      }
+    });
+  }
+
+  WorkPtr do_broadcast(at::Tensor& tensor, int root, const CollectiveInfo& info) override {
+    check_tensor(tensor, "tensor");
+    const ncclDataType_t dtype = to_nccl_dtype(tensor.scalar_type(), info);
+    if (tensor.numel() == 0) return std::make_shared<CompletedWork>();
+    return enqueue({tensor}, info, [&](cudaStream_t stream) {
+      DDP_NCCL_CHECK(ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), count(tensor), dtype, root,
+                                   comm_->get(), stream),
+                     info);
+    });
+  }
+
+  WorkPtr do_all_gather(at::Tensor& output, const at::Tensor& input,
+                        const CollectiveInfo& info) override {
+    check_tensor(input, "input");
+    check_tensor(output, "output");
+    const ncclDataType_t dtype = to_nccl_dtype(input.scalar_type(), info);
+    if (output.scalar_type() != input.scalar_type() ||
+        output.numel() != input.numel() * world_size()) {
+      throw InputError("backend nccl: " + info.op + ": output must have the input's dtype and " +
+                       std::to_string(world_size()) + " x " + std::to_string(input.numel()) +
+                       " elements; got " + std::to_string(output.numel()) + " elements of " +
+                       c10::toString(output.scalar_type()));
+    }
+    if (input.numel() == 0) return std::make_shared<CompletedWork>();
+    return enqueue({output, input}, info, [&](cudaStream_t stream) {
+      // Rank r's input lands at offset r * input.numel() of the flat output.
+      DDP_NCCL_CHECK(ncclAllGather(input.data_ptr(), output.data_ptr(), count(input), dtype,
+                                   comm_->get(), stream),
+                     info);
+    });
+  }
+
+  // An all-reduce of one element, waited for on the host: a barrier is a host-side meeting point,
+  // so it blocks (with the group's timeout, if any) even where wait() would not.
+  WorkPtr do_barrier(const CollectiveInfo& info) override {
+    at::Tensor token = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(device()));
+    auto work = enqueue({token}, info, [&](cudaStream_t stream) {
+      DDP_NCCL_CHECK(ncclAllReduce(token.data_ptr(), token.data_ptr(), 1, ncclFloat32, ncclSum,
+                                   comm_->get(), stream),
+                     info);
+    });
+    work->wait_on_host();
+    return std::make_shared<CompletedWork>();
+  }
+
+ private:
+  at::Device device() const { return at::Device(at::kCUDA, device_); }
+  static size_t count(const at::Tensor& tensor) { return static_cast<size_t>(tensor.numel()); }
+
+  void check_tensor(const at::Tensor& tensor, const char* role) const {
+    const std::string head = "backend nccl needs CUDA tensors on cuda:" + std::to_string(device_);
+    if (!tensor.defined()) throw InputError(head + "; got an undefined " + role + " tensor");
+    if (!tensor.is_cuda()) {
+      throw InputError(head + "; got a " +
+                       c10::DeviceTypeName(tensor.device().type(), /*lower_case=*/true) + " " +
+                       role + " tensor");
+    }
+    if (tensor.device().index() != device_) {
+      throw InputError(head + "; got a " + role +
+                       " tensor on cuda:" + std::to_string(tensor.device().index()));
+    }
+    if (tensor.layout() != at::kStrided || !tensor.is_contiguous()) {
+      throw InputError("backend nccl needs dense contiguous tensors; the " + std::string(role) +
+                       " tensor is not (call .contiguous())");
+    }
+  }
+
+  // Runs `launch(comm stream)` under the stream protocol in the header comment.
+  template <typename Launch>
+  std::shared_ptr<NcclWork> enqueue(const std::vector<at::Tensor>& tensors,
+                                    const CollectiveInfo& info, Launch&& launch) {
+    if (comm_->aborted()) throw_aborted(info);
+    c10::cuda::CUDAGuard guard(device_);
+    const cudaStream_t compute = c10::cuda::getCurrentCUDAStream(device_).stream();
+    const cudaStream_t comm = comm_stream_.stream();
+
+    auto work =
+        std::make_shared<NcclWork>(comm_, device_, info, timeout_message(info), options().timeout);
+    // 1. NCCL reads the inputs only after the compute stream has written them.
+    CudaEvent inputs_ready(info);
+    DDP_CUDA_CHECK(cudaEventRecord(inputs_ready.get(), compute), info);
+    DDP_CUDA_CHECK(cudaStreamWaitEvent(comm, inputs_ready.get(), 0), info);
+    // 2. The collective itself, on the communication stream.
+    launch(comm);
+    // 3. The caller may drop the tensors before the collective ran: keep their memory from
+    //    being reused by another stream until the communication stream has passed this point.
+    for (const at::Tensor& tensor : tensors) {
+      c10::cuda::CUDACachingAllocator::recordStream(tensor.storage().data_ptr(), comm_stream_);
+    }
+    // 4. What wait() waits for.
+    DDP_CUDA_CHECK(cudaEventRecord(work->done_event(), comm), info);
+    return work;
+  }
+
+  c10::DeviceIndex device_;
+  c10::cuda::CUDAStream comm_stream_;
+  std::shared_ptr<NcclComm> comm_;
+};
+
+}  // namespace
+
+std::unique_ptr<ProcessGroup> make_nccl_process_group(const LaunchInfo& launch,
+                                                      const ProcessGroupOptions& options,
+                                                      const BroadcastBytes& exchange) {
+  return std::make_unique<NcclProcessGroup>(launch, options, exchange);
+}
+
+}  // namespace ddp::comm

@@ -1,0 +1,234 @@
+#include "ddp/comm/rendezvous.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+
+#include "backends.h"
+#include "tcp_store.h"
+
+extern char** environ;
+
+namespace ddp::comm {
+namespace {
+
+#ifdef DDP_HAVE_MPI
+constexpr bool kHaveMpi = true;
+#else
+constexpr bool kHaveMpi = false;
+#endif
+
+const std::string* find(const Env& env, const std::string& name) {
+  auto it = env.find(name);
+  return it == env.end() ? nullptr : &it->second;
+}
+
+int parse_env_int(const Env& env, const std::string& name, int min) {
+  const std::string& text = *find(env, name);
+  int value = 0;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (ec != std::errc() || ptr != end || text.empty() || value < min) {
+    throw InputError(fmt::format("environment variable {}='{}': expected an integer >= {}", name, text, min));
+  }
+  return value;
+}
+
+int env_int_or(const Env& env, const std::string& name, int min, int fallback) {
+  return find(env, name) != nullptr ? parse_env_int(env, name, min) : fallback;
+}
+
+int require_env_int(const Env& env, const std::string& name, int min, const char* why) {
+  if (find(env, name) == nullptr) {
+    throw InputError(fmt::format("environment variable {} is not set ({})", name, why));
+  }
+  return parse_env_int(env, name, min);
+}
+
+// Slurm's tasks per node look like "2(x3),1": the first node's count serves, as ranks are
+// placed node by node and a job that needs exact local sizes sets SLURM_NTASKS_PER_NODE.
+int leading_int(const std::string& text) {
+  int value = 0;
+  std::from_chars(text.data(), text.data() + text.size(), value);
+  return value;
+}
+
+void read_master(const Env& env, LaunchInfo& info, bool required, const char* launcher) {
+  const auto why = fmt::format("{} with WORLD_SIZE {} needs MASTER_ADDR and MASTER_PORT for the "
+                               "rendezvous store", launcher, info.world_size);
+  if (const auto* addr = find(env, "MASTER_ADDR"); addr != nullptr && !addr->empty()) {
+    info.master_addr = *addr;
+  } else if (required) {
+    throw InputError(fmt::format("environment variable MASTER_ADDR is not set ({})", why));
+  }
+  if (find(env, "MASTER_PORT") != nullptr) {
+    info.master_port = parse_env_int(env, "MASTER_PORT", 1);
+    if (info.master_port > 65535) {
+      throw InputError(fmt::format("environment variable MASTER_PORT='{}': expected a port in 1-65535",
+                                   *find(env, "MASTER_PORT")));
+    }
+  } else if (required) {
+    throw InputError(fmt::format("environment variable MASTER_PORT is not set ({})", why));
+  }
+}
+
+void check_ranks(const LaunchInfo& info, const char* rank_var, const char* size_var,
+                 const char* local_rank_var, const char* local_size_var) {
+  if (info.rank >= info.world_size) {
+    throw InputError(fmt::format("environment variable {}={} must be less than {}={}", rank_var,
+                                 info.rank, size_var, info.world_size));
+  }
+  if (info.local_rank >= info.local_world_size) {
+    throw InputError(fmt::format("environment variable {}={} must be less than {}={}", local_rank_var,
+                                 info.local_rank, local_size_var, info.local_world_size));
+  }
+}
+
+}  // namespace
+
+const char* to_string(Launcher launcher) {
+  switch (launcher) {
+    case Launcher::kNone: return "none";
+    case Launcher::kEnv: return "env";
+    case Launcher::kMpirun: return "mpirun";
+    case Launcher::kSlurm: return "slurm";
+  }
+  return "?";
+}
+
+Env current_env() {
+  Env env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const std::string entry(*e);
+    const auto eq = entry.find('=');
+    if (eq != std::string::npos) env.emplace(entry.substr(0, eq), entry.substr(eq + 1));
+  }
+  return env;
+}
+
+LaunchInfo detect_launch(const Env& env) {
+  LaunchInfo info;
+  if (find(env, "RANK") != nullptr || find(env, "WORLD_SIZE") != nullptr) {
+    info.launcher = Launcher::kEnv;
+    info.world_size = require_env_int(env, "WORLD_SIZE", 1, "RANK is set: the env contract needs both");
+    info.rank = require_env_int(env, "RANK", 0, "WORLD_SIZE is set: the env contract needs both");
+    info.local_rank = env_int_or(env, "LOCAL_RANK", 0, 0);
+    info.local_world_size = env_int_or(env, "LOCAL_WORLD_SIZE", 1, 1);
+    check_ranks(info, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE");
+    read_master(env, info, info.world_size > 1, "the env contract (RANK, WORLD_SIZE)");
+  } else if (find(env, "OMPI_COMM_WORLD_RANK") != nullptr) {
+    info.launcher = Launcher::kMpirun;
+    info.rank = parse_env_int(env, "OMPI_COMM_WORLD_RANK", 0);
+    info.world_size = require_env_int(env, "OMPI_COMM_WORLD_SIZE", 1, "set by mpirun");
+    info.local_rank = env_int_or(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0, 0);
+    info.local_world_size = env_int_or(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1, 1);
+    check_ranks(info, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                "OMPI_COMM_WORLD_LOCAL_SIZE");
+    read_master(env, info, /*required=*/false, "mpirun");  // only the gloo backend needs them
+  } else if (find(env, "SLURM_PROCID") != nullptr && find(env, "SLURM_NTASKS") != nullptr) {
+    info.launcher = Launcher::kSlurm;
+    info.rank = parse_env_int(env, "SLURM_PROCID", 0);
+    info.world_size = parse_env_int(env, "SLURM_NTASKS", 1);
+    info.local_rank = env_int_or(env, "SLURM_LOCALID", 0, 0);
+    if (find(env, "SLURM_NTASKS_PER_NODE") != nullptr) {
+      info.local_world_size = parse_env_int(env, "SLURM_NTASKS_PER_NODE", 1);
+    } else if (const auto* per_node = find(env, "SLURM_STEP_TASKS_PER_NODE"); per_node != nullptr) {
+      info.local_world_size = std::max(1, leading_int(*per_node));
+    } else {
+      info.local_world_size = info.world_size;
+    }
+    check_ranks(info, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE");
+    read_master(env, info, info.world_size > 1, "srun");
+  }
+  return info;
+}
+
+std::string default_backend(const LaunchInfo& launch, bool cuda_device) {
+  if (cuda_device) return "nccl";
+  if (launch.world_size == 1) return "local";
+  return launch.launcher == Launcher::kMpirun ? "mpi" : "gloo";
+}
+
+std::vector<std::string> compiled_backends() {
+  std::vector<std::string> out = {"local"};
+#ifdef DDP_HAVE_GLOO
+  out.push_back("gloo");
+#endif
+#ifdef DDP_HAVE_MPI
+  out.push_back("mpi");
+#endif
+#ifdef DDP_HAVE_NCCL
+  out.push_back("nccl");
+#endif
+  return out;
+}
+
+std::unique_ptr<ProcessGroup> create_process_group(const std::string& backend,
+                                                   const LaunchInfo& launch,
+                                                   const ProcessGroupOptions& options,
+                                                   bool cuda_device) {
+  const auto compiled = compiled_backends();
+  if (std::find(compiled.begin(), compiled.end(), backend) == compiled.end()) {
+    const bool known = backend == "gloo" || backend == "mpi" || backend == "nccl" || backend == "local";
+    throw InputError(fmt::format("backend '{}' {} (compiled backends: {})", backend,
+                                 known ? "was not compiled into this build" : "is unknown",
+                                 fmt::join(compiled, ", ")));
+  }
+  if (backend == "nccl" && !cuda_device) {
+    throw InputError("backend nccl needs CUDA tensors, but this rank's device is the CPU: use "
+                     "--backend gloo or mpi on CPU, or --device cuda");
+  }
+  if (backend == "local") {
+    if (launch.world_size != 1) {
+      throw InputError(fmt::format("backend local runs world size 1 only, but this launch has world "
+                                   "size {}", launch.world_size));
+    }
+    return make_local_process_group(options);
+  }
+  if (backend == "mpi" && launch.launcher != Launcher::kMpirun) {
+    throw InputError("backend mpi needs ranks started by mpirun (OMPI_COMM_WORLD_RANK is not set)");
+  }
+  // NCCL shares its id over MPI under mpirun when MPI is compiled in, else over the store.
+  const bool nccl_over_mpi = kHaveMpi && launch.launcher == Launcher::kMpirun;
+  const bool needs_store =
+      backend == "gloo" || (backend == "nccl" && launch.world_size > 1 && !nccl_over_mpi);
+  if (needs_store && (launch.master_addr.empty() || launch.master_port == 0)) {
+    throw InputError(fmt::format("backend {} needs MASTER_ADDR and MASTER_PORT for its rendezvous "
+                                 "(launched by {})", backend, to_string(launch.launcher)));
+  }
+#ifdef DDP_HAVE_GLOO
+  if (backend == "gloo") return make_gloo_process_group(launch, options);
+#endif
+#ifdef DDP_HAVE_MPI
+  if (backend == "mpi") {
+    auto pg = make_mpi_process_group(options);
+    DDP_CHECK(pg->world_size() == launch.world_size && pg->rank() == launch.rank,
+              "MPI_COMM_WORLD disagrees with OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE");
+    return pg;
+  }
+#endif
+#ifdef DDP_HAVE_NCCL
+  if (backend == "nccl") {
+    BroadcastBytes exchange = [](const std::string& root_value) { return root_value; };
+    if (launch.world_size > 1) {
+#ifdef DDP_HAVE_MPI
+      if (nccl_over_mpi) exchange = mpi_broadcast_bytes;
+#endif
+      if (needs_store) {
+        auto store = connect_store(launch, options.rendezvous_timeout);
+        exchange = [store, rank = launch.rank](const std::string& root_value) {
+          const std::string key = "ddp/nccl_unique_id";
+          if (rank == 0) store->set(key, std::vector<uint8_t>(root_value.begin(), root_value.end()));
+          const auto bytes = store->get(key);
+          return std::string(bytes.begin(), bytes.end());
+        };
+      }
+    }
+    return make_nccl_process_group(launch, options, exchange);
+  }
+#endif
+  throw InputError(fmt::format("backend '{}' cannot run this launch", backend));
+}
+
+}  // namespace ddp::comm

@@ -1,0 +1,275 @@
+// The comm layer with real processes: gloo ranks started with the env contract, mpi ranks
+// started by mpirun; closed-form collectives, timeouts, bad env. Plus the pure launch decisions.
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <fmt/format.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <regex>
+
+#include "ddp/comm/rendezvous.h"
+#include "subprocess.h"
+
+namespace {
+
+using ddp::comm::detect_launch;
+using ddp::comm::Env;
+using ddp::comm::Launcher;
+using ddp::testing::Child;
+using ddp::testing::ProcessResult;
+using Clock = std::chrono::steady_clock;
+
+bool compiled(const std::string& backend) {
+  const auto all = ddp::comm::compiled_backends();
+  return std::find(all.begin(), all.end(), backend) != all.end();
+}
+
+// Starts `world` workers with torchrun's env contract and waits for all of them.
+std::vector<ProcessResult> run_env_ranks(int world, const std::vector<std::string>& args,
+                                         std::chrono::seconds limit, std::map<std::string, std::string> extra = {}) {
+  const int port = ddp::testing::free_port();
+  std::vector<std::unique_ptr<Child>> children;
+  for (int r = 0; r < world; ++r) {
+    std::map<std::string, std::string> env = {
+        {"RANK", std::to_string(r)},        {"WORLD_SIZE", std::to_string(world)},
+        {"LOCAL_RANK", std::to_string(r)},  {"LOCAL_WORLD_SIZE", std::to_string(world)},
+        {"MASTER_ADDR", "127.0.0.1"},       {"MASTER_PORT", std::to_string(port)}};
+    for (const auto& [k, v] : extra) env[k] = v;
+    std::vector<std::string> argv = {DDP_COMM_WORKER_BIN};
+    argv.insert(argv.end(), args.begin(), args.end());
+    children.push_back(std::make_unique<Child>(argv, env));
+  }
+  const auto deadline = Clock::now() + limit;
+  std::vector<ProcessResult> results;
+  for (auto& child : children) results.push_back(child->wait_until(deadline));
+  return results;
+}
+
+ProcessResult run_mpirun(int np, const std::vector<std::string>& args, std::chrono::seconds limit) {
+  std::vector<std::string> argv = {DDP_MPIEXEC, "--allow-run-as-root", "--oversubscribe",
+                                   "--mca", "btl", "self,vader", "-np", std::to_string(np),
+                                   DDP_COMM_WORKER_BIN};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return ddp::testing::run_process(argv, {}, limit);
+}
+
+// ---- Pure decisions: the launch matrix from env alone ----
+
+TEST(Launch, NothingIsWorldOneLocal) {
+  const auto info = detect_launch({});
+  EXPECT_EQ(info.launcher, Launcher::kNone);
+  EXPECT_EQ(info.world_size, 1);
+  EXPECT_EQ(ddp::comm::default_backend(info, false), "local");
+  EXPECT_EQ(ddp::comm::default_backend(info, true), "nccl");
+}
+
+TEST(Launch, EnvContract) {
+  const auto info = detect_launch({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"},
+                                   {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "node0"},
+                                   {"MASTER_PORT", "29500"}, {"OMPI_COMM_WORLD_RANK", "0"}});
+  EXPECT_EQ(info.launcher, Launcher::kEnv);  // the env contract wins over mpirun's variables
+  EXPECT_EQ(info.rank, 3);
+  EXPECT_EQ(info.world_size, 4);
+  EXPECT_EQ(info.local_rank, 1);
+  EXPECT_EQ(info.local_world_size, 2);
+  EXPECT_EQ(info.master_addr, "node0");
+  EXPECT_EQ(info.master_port, 29500);
+  EXPECT_EQ(ddp::comm::default_backend(info, false), "gloo");
+  EXPECT_EQ(ddp::comm::default_backend(info, true), "nccl");
+}
+
+TEST(Launch, KubeflowStyleWithoutLocalRank) {
+  const auto info = detect_launch({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "master-0"},
+                                   {"MASTER_PORT", "23456"}});
+  EXPECT_EQ(info.local_rank, 0);
+  EXPECT_EQ(info.local_world_size, 1);
+}
+
+TEST(Launch, Mpirun) {
+  const auto info = detect_launch({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"},
+                                   {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                   {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
+  EXPECT_EQ(info.launcher, Launcher::kMpirun);
+  EXPECT_EQ(info.rank, 1);
+  EXPECT_EQ(info.world_size, 2);
+  EXPECT_EQ(ddp::comm::default_backend(info, false), "mpi");
+  EXPECT_EQ(ddp::comm::default_backend(info, true), "nccl");
+}
+
+TEST(Launch, Slurm) {
+  const auto info = detect_launch({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"},
+                                   {"SLURM_STEP_TASKS_PER_NODE", "4(x2)"}, {"MASTER_ADDR", "n1"},
+                                   {"MASTER_PORT", "29500"}});
+  EXPECT_EQ(info.launcher, Launcher::kSlurm);
+  EXPECT_EQ(info.rank, 5);
+  EXPECT_EQ(info.world_size, 8);
+  EXPECT_EQ(info.local_rank, 1);
+  EXPECT_EQ(info.local_world_size, 4);
+  EXPECT_EQ(ddp::comm::default_backend(info, false), "gloo");
+}
+
+std::string launch_error(const Env& env) {
+  try {
+    detect_launch(env);
+  } catch (const ddp::InputError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(Launch, InconsistentEnvNamesTheVariable) {
+  EXPECT_EQ(launch_error({{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}),
+            "environment variable RANK=2 must be less than WORLD_SIZE=2");
+  EXPECT_EQ(launch_error({{"RANK", "x"}, {"WORLD_SIZE", "2"}}),
+            "environment variable RANK='x': expected an integer >= 0");
+  EXPECT_NE(launch_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}})
+                .find("environment variable MASTER_PORT is not set"),
+            std::string::npos);
+  EXPECT_NE(launch_error({{"RANK", "0"}}).find("environment variable WORLD_SIZE is not set"), std::string::npos);
+  EXPECT_NE(launch_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "70000"}})
+                .find("MASTER_PORT='70000'"),
+            std::string::npos);
+  EXPECT_EQ(launch_error({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"},
+                          {"OMPI_COMM_WORLD_LOCAL_RANK", "2"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}),
+            "environment variable OMPI_COMM_WORLD_LOCAL_RANK=2 must be less than "
+            "OMPI_COMM_WORLD_LOCAL_SIZE=2");
+}
+
+std::string factory_error(const std::string& backend, const Env& env, bool cuda) {
+  try {
+    ddp::comm::create_process_group(backend, detect_launch(env), {}, cuda);
+  } catch (const ddp::InputError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(Factory, RefusesBackendsThatDoNotFit) {
+  EXPECT_NE(factory_error("nccl", {}, false).find(compiled("nccl") ? "backend nccl needs CUDA tensors"
+                                                                    : "was not compiled into this build"),
+            std::string::npos);
+  EXPECT_NE(factory_error("carrier-pigeon", {}, false).find("backend 'carrier-pigeon' is unknown"),
+            std::string::npos);
+  EXPECT_NE(factory_error("local", {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"},
+                                    {"MASTER_PORT", "1"}}, false)
+                .find("backend local runs world size 1 only"),
+            std::string::npos);
+  if (compiled("mpi")) {
+    EXPECT_NE(factory_error("mpi", {}, false).find("backend mpi needs ranks started by mpirun"),
+              std::string::npos);
+  }
+  if (compiled("gloo")) {
+    EXPECT_NE(factory_error("gloo", {{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}}, false)
+                  .find("backend gloo needs MASTER_ADDR and MASTER_PORT"),
+              std::string::npos);
+  }
+  auto local = ddp::comm::create_process_group("local", detect_launch({}), {}, false);
+  EXPECT_EQ(local->backend_name(), "local");
+}
+
+// ---- Real processes ----
+
+class GlooRanks : public ::testing::TestWithParam<int> {};
+
+TEST_P(GlooRanks, CollectivesMatchClosedForms) {
+  if (!compiled("gloo")) GTEST_FAIL() << "gloo backend not compiled in";
+  const int world = GetParam();
+  auto results = run_env_ranks(world, {"gloo", "collectives"}, std::chrono::seconds(240));
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
+    EXPECT_NE(results[r].output.find(fmt::format("rank {}/{}: ", r, world)), std::string::npos);
+    EXPECT_NE(results[r].output.find(" 0 failures"), std::string::npos) << results[r].output;
+  }
+}
+INSTANTIATE_TEST_SUITE_P(Worlds, GlooRanks, ::testing::Values(2, 3, 4));
+
+TEST(Gloo, RankThatNeverJoinsTimesOutTheOthers) {
+  const auto start = Clock::now();
+  auto results = run_env_ranks(3, {"gloo", "skip", "3000"}, std::chrono::seconds(60));
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(results[r].exit_code, 1) << results[r].output;
+    EXPECT_NE(results[r].output.find(fmt::format("rank {}: all_reduce(sum) #2 (1000 elements of float32) "
+                                                 "timed out after 3 s on backend gloo: expected ranks 0-2",
+                                                 r)),
+              std::string::npos)
+        << results[r].output;
+  }
+  EXPECT_NE(results[2].output.find("rank 2: not joining all_reduce #2"), std::string::npos);
+  // The sleeper sleeps 3 timeouts (9 s); the others must have ended long before the 60 s limit.
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(30));
+}
+
+TEST(Gloo, BadEnvFailsEveryRankFast) {
+  const auto start = Clock::now();
+  auto results = run_env_ranks(2, {"gloo", "setup"}, std::chrono::seconds(20), {{"WORLD_SIZE", "1"}});
+  // RANK=1 with WORLD_SIZE=1 on rank 1; rank 0 is consistent (world 1) and succeeds alone.
+  EXPECT_EQ(results[1].exit_code, 2) << results[1].output;
+  EXPECT_NE(results[1].output.find("environment variable RANK=1 must be less than WORLD_SIZE=1"),
+            std::string::npos);
+  auto missing = run_env_ranks(2, {"gloo", "setup"}, std::chrono::seconds(20), {{"MASTER_PORT", "abc"}});
+  for (const auto& r : missing) {
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("environment variable MASTER_PORT='abc'"), std::string::npos) << r.output;
+  }
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(15));
+}
+
+TEST(Gloo, PortInUseIsNamedByRankZero) {
+  // Hold the port with a listening socket of our own.
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = 0;
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 16), 0);
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const int port = ntohs(addr.sin_port);
+  const auto start = Clock::now();
+  Child rank0({DDP_COMM_WORKER_BIN, "gloo", "setup"},
+              {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
+               {"MASTER_PORT", std::to_string(port)}});
+  auto r = rank0.wait_until(Clock::now() + std::chrono::seconds(20));
+  close(fd);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(fmt::format("MASTER_PORT {} is already in use", port)), std::string::npos)
+      << r.output;
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(10));
+}
+
+TEST(Mpi, CollectivesMatchClosedFormsWithTwoRanks) {
+  if (!compiled("mpi")) GTEST_FAIL() << "mpi backend not compiled in";
+  auto r = run_mpirun(2, {"mpi", "collectives"}, std::chrono::seconds(240));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("rank 0/2: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank 1/2: "), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("MISMATCH"), std::string::npos) << r.output;
+}
+
+TEST(Mpi, CollectivesMatchClosedFormsWithFourRanksOversubscribed) {
+  if (!compiled("mpi")) GTEST_FAIL() << "mpi backend not compiled in";
+  auto r = run_mpirun(4, {"mpi", "collectives"}, std::chrono::seconds(280));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_NE(r.output.find(fmt::format("rank {}/4: ", rank)), std::string::npos) << r.output;
+  }
+  EXPECT_EQ(r.output.find("MISMATCH"), std::string::npos) << r.output;
+}
+
+TEST(Mpi, RankThatNeverJoinsTimesOutTheOthers) {
+  const auto start = Clock::now();
+  auto r = run_mpirun(2, {"mpi", "skip", "3000"}, std::chrono::seconds(60));
+  EXPECT_FALSE(r.timed_out) << r.output;
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("rank 0: all_reduce(sum) #2 (1000 elements of float32) timed out after 3 s on "
+                          "backend mpi: expected ranks 0-1"),
+            std::string::npos)
+      << r.output;
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(30));
+}
+
+}  // namespace
