@@ -10,6 +10,7 @@
 #include <iostream>
 
 #include "ddp/common/error.h"
+#include "ddp/comm/rendezvous.h"
 #include "ddp/common/log.h"
 #include "ddp/train/config.h"
 #include "ddp/train/trainer.h"
@@ -24,7 +25,8 @@ cxxopts::Options make_options() {
       ("config", "YAML config file; command-line options override its keys",
        cxxopts::value<std::string>(), "PATH")
       ("h,help", "print this help and exit")
-      ("version", "print the version, the LibTorch version and the compiled backends");
+      ("version", "print the version, the LibTorch version and the compiled backends")
+      ("list-devices", "print the visible CUDA devices (index, name, memory) and exit");
   // One option per config key, generated from the same table the YAML loader uses.
   const ddp::train::Config defaults;
   auto adder = options.add_options("Training");
@@ -39,6 +41,33 @@ cxxopts::Options make_options() {
 std::string version_text() {
   return fmt::format("ddp_train {}\nLibTorch {} ({})\nbackends: {}\n", DDP_VERSION, TORCH_VERSION,
                      torch::cuda::is_available() ? "CUDA available" : "CPU", DDP_BACKENDS);
+}
+
+// The tutorial's "print GPU status" step.
+std::string devices_text() {
+  const auto devices = ddp::comm::list_cuda_devices();
+  if (devices.empty()) {
+    return torch::cuda::is_available()
+               ? fmt::format("{} CUDA device(s) visible, but this build cannot name them\n",
+                             torch::cuda::device_count())
+               : "no CUDA devices: this is a CPU-only machine or a LibTorch without CUDA; "
+                 "training runs on the CPU (one process per CPU slot)\n";
+  }
+  std::string out;
+  for (const auto& d : devices) {
+    out += fmt::format("cuda:{}  {}  {:.1f} GiB\n", d.index, d.name,
+                       static_cast<double>(d.total_memory) / (1024.0 * 1024.0 * 1024.0));
+  }
+  return out;
+}
+
+// The rank for log lines before the process group exists: from the launcher's variables, as is.
+int rank_hint(const ddp::comm::Env& env) {
+  for (const char* name : {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"}) {
+    auto it = env.find(name);
+    if (it != env.end()) return std::atoi(it->second.c_str());
+  }
+  return 0;
 }
 
 // Parses the command line into a Config: defaults, then the file, then the command line.
@@ -57,6 +86,10 @@ bool parse_command_line(int argc, char** argv, ddp::train::Config& config) {
   }
   if (result.count("version") != 0U) {
     std::cout << version_text();
+    return false;
+  }
+  if (result.count("list-devices") != 0U) {
+    std::cout << devices_text();
     return false;
   }
   if (!result.unmatched().empty()) {
@@ -78,11 +111,12 @@ bool parse_command_line(int argc, char** argv, ddp::train::Config& config) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  ddp::log::init(0, "info");
+  const int rank = rank_hint(ddp::comm::current_env());
+  ddp::log::init(rank, "info");
   try {
     ddp::train::Config config;
     if (!parse_command_line(argc, argv, config)) return ddp::kExitOk;
-    ddp::log::init(0, config.log_level);
+    ddp::log::init(rank, config.log_level);
     ddp::train::Trainer trainer(config);
     trainer.run();
     return ddp::kExitOk;

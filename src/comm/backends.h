@@ -37,6 +37,8 @@ std::string mpi_broadcast_bytes(const std::string& root_value);
 std::unique_ptr<ProcessGroup> make_nccl_process_group(const LaunchInfo& launch,
                                                       const ProcessGroupOptions& options,
                                                       const BroadcastBytes& exchange);
+// The visible devices, from the CUDA runtime (in the same TU: it includes the CUDA headers).
+std::vector<CudaDevice> cuda_runtime_devices();
 #endif
 
 }  // namespace ddp::comm

@@ -79,7 +79,7 @@ class GlooProcessGroup : public ProcessGroup {
     auto store = connect_store(launch, options.rendezvous_timeout);
     auto opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
     opts->devices.push_back(make_device(launch));
-    opts->threads = 2;
+    opts->threads = 2;  // as torch.distributed does for one device
     try {
       pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store, launch.rank, launch.world_size, opts);
     } catch (const std::exception& e) {

@@ -489,4 +489,20 @@ std::unique_ptr<ProcessGroup> make_nccl_process_group(const LaunchInfo& launch,
   return std::make_unique<NcclProcessGroup>(launch, options, exchange);
 }
 
+std::vector<CudaDevice> cuda_runtime_devices() {
+  std::vector<CudaDevice> out;
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) return out;
+  for (int i = 0; i < count; ++i) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) continue;
+    CudaDevice device;
+    device.index = i;
+    device.name = prop.name;
+    device.total_memory = prop.totalGlobalMem;
+    out.push_back(device);
+  }
+  return out;
+}
+
 }  // namespace ddp::comm

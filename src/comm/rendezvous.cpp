@@ -164,20 +164,28 @@ std::vector<std::string> compiled_backends() {
   return out;
 }
 
+std::vector<CudaDevice> list_cuda_devices() {
+#ifdef DDP_HAVE_NCCL
+  return cuda_runtime_devices();
+#else
+  return {};
+#endif
+}
+
 std::unique_ptr<ProcessGroup> create_process_group(const std::string& backend,
                                                    const LaunchInfo& launch,
                                                    const ProcessGroupOptions& options,
                                                    bool cuda_device) {
+  if (backend == "nccl" && !cuda_device) {
+    throw InputError("backend nccl needs CUDA tensors, but this rank's device is the CPU: use "
+                     "--backend gloo or mpi on CPU, or --device cuda");
+  }
   const auto compiled = compiled_backends();
   if (std::find(compiled.begin(), compiled.end(), backend) == compiled.end()) {
     const bool known = backend == "gloo" || backend == "mpi" || backend == "nccl" || backend == "local";
     throw InputError(fmt::format("backend '{}' {} (compiled backends: {})", backend,
                                  known ? "was not compiled into this build" : "is unknown",
                                  fmt::join(compiled, ", ")));
-  }
-  if (backend == "nccl" && !cuda_device) {
-    throw InputError("backend nccl needs CUDA tensors, but this rank's device is the CPU: use "
-                     "--backend gloo or mpi on CPU, or --device cuda");
   }
   if (backend == "local") {
     if (launch.world_size != 1) {

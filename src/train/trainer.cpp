@@ -50,16 +50,23 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Config& c,
   throw InputError(fmt::format("key 'optimizer': unknown optimizer '{}'", c.optimizer));
 }
 
-Trainer::Trainer(Config config)
-    : config_(std::move(config)), device_(resolve_device(config_.device, torch::cuda::is_available())) {
-  validate(config_);
-  if (config_.nesterov && (config_.optimizer != "sgd" || config_.momentum <= 0.0)) {
+namespace {
+// Checks everything a user can get wrong before any rank waits for the others.
+Config prepared(Config config) {
+  validate(config);
+  if (config.nesterov && (config.optimizer != "sgd" || config.momentum <= 0.0)) {
     throw InputError("key 'nesterov': needs optimizer sgd with a momentum > 0");
   }
+  make_output_dir(config.output_dir);
+  return config;
+}
+}  // namespace
+
+Trainer::Trainer(Config config)
+    : config_(prepared(std::move(config))), dist_(init_distributed(config_, comm::current_env())) {
   if (config_.threads > 0) torch::set_num_threads(static_cast<int>(config_.threads));
-  make_output_dir(config_.output_dir);
   workload_ = make_workload(config_);
-  workload_.module->to(device_);
+  workload_.module->to(dist_.device);
   optimizer_ = make_optimizer(config_, workload_.module->parameters());
   schedule_.kind = config_.lr_schedule;
   schedule_.base_lr = config_.lr;
@@ -76,7 +83,7 @@ TrainResult Trainer::run() {
   result.metrics_path = metrics_file.path();
   log::info("training {} on {} ({} train / {} test samples) on {}, {} threads, batch {}",
             config_.model, config_.dataset, workload_.train_set.size(), workload_.test_set.size(),
-            device_.str(), torch::get_num_threads(), config_.batch_size);
+            dist_.device.str(), torch::get_num_threads(), config_.batch_size);
 
   for (int64_t epoch = 0; epoch < config_.epochs; ++epoch) {
     EpochMetrics m;
@@ -126,8 +133,8 @@ void Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
     // Next batch.
     const int64_t size = std::min(config_.batch_size, n - begin);
     data::Batch batch = train_set.gather(order.narrow(0, begin, size));
-    auto input = batch.input.to(device_);
-    auto target = batch.target.to(device_);
+    auto input = batch.input.to(dist_.device);
+    auto target = batch.target.to(dist_.device);
 
     // Forward, loss, backward, step.
     m.lr = lr_at(schedule_, step_, steps_per_epoch);
@@ -157,8 +164,8 @@ Evaluation Trainer::evaluate() {
   for (int64_t begin = 0; begin < n; begin += config_.batch_size) {
     const int64_t size = std::min(config_.batch_size, n - begin);
     data::Batch batch = test_set.gather(order.narrow(0, begin, size));
-    auto target = batch.target.to(device_);
-    auto output = workload_.forward(batch.input.to(device_));
+    auto target = batch.target.to(dist_.device);
+    auto output = workload_.forward(batch.input.to(dist_.device));
     loss_sum += compute_loss(test_set.task, output, target).item<double>() * static_cast<double>(size);
     if (test_set.task == data::Task::kClassification) {
       correct += output.argmax(1).eq(target).sum().item<int64_t>();

@@ -61,14 +61,4 @@ torch::Tensor compute_loss(data::Task task, const torch::Tensor& output, const t
   return torch::mse_loss(output, target);
 }
 
-torch::Device resolve_device(const std::string& name, bool cuda_available) {
-  if (name == "cpu") return torch::kCPU;
-  if (name == "cuda" && !cuda_available) {
-    throw InputError("key 'device': 'cuda' requested, but this LibTorch sees no CUDA device");
-  }
-  if (name == "cuda" || (name == "auto" && cuda_available)) return torch::Device(torch::kCUDA, 0);
-  if (name == "auto") return torch::kCPU;
-  throw InputError(fmt::format("key 'device': expected auto, cpu or cuda, got '{}'", name));
-}
-
 }  // namespace ddp::train

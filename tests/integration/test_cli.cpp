@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <regex>
 
+#include "ddp/comm/rendezvous.h"
 #include "ddp/train/config.h"
 #include "subprocess.h"
 
@@ -21,9 +22,16 @@ ddp::testing::ProcessResult ddp_train(std::vector<std::string> args) {
 void expect_bad_input(const std::vector<std::string>& args, const std::string& expected) {
   auto r = ddp_train(args);
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find(expected), std::string::npos) << r.output;
-  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
-  EXPECT_EQ(r.output.find("[error]"), r.output.rfind("[error]")) << r.output;
+  const auto error_line = r.output.find("[error] ");
+  ASSERT_NE(error_line, std::string::npos) << r.output;
+  EXPECT_EQ(error_line, r.output.rfind("[error] ")) << r.output;  // exactly one
+  const auto line_end = r.output.find('\n', error_line);
+  EXPECT_NE(r.output.substr(error_line, line_end - error_line).find(expected), std::string::npos)
+      << r.output;
+  EXPECT_EQ(line_end + 1, r.output.size()) << "the error is the last line:\n" << r.output;
+  for (const char* dump : {"terminate called", "Exception raised from", "frame #"}) {
+    EXPECT_EQ(r.output.find(dump), std::string::npos) << r.output;
+  }
 }
 
 TEST(Cli, HelpListsEveryKeyWithItsDefault) {
@@ -72,6 +80,29 @@ TEST(Cli, BadInputsExitTwoWithOneLine) {
                    dir.file("train-images-idx3-ubyte.gz") + ": no such file");
   ddp::testing::write_file(dir.file("train-images-idx3-ubyte"), std::string("\0\0\x08\x01\0\0\0\x01x", 9));
   expect_bad_input({"--data", dir.path(), "--output-dir", dir.file("out")}, "wrong IDX magic number");
+}
+
+TEST(Cli, ListDevicesOnACpuMachineSaysSo) {
+  auto r = ddp_train({"--list-devices"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  if (ddp::comm::list_cuda_devices().empty()) {
+    EXPECT_NE(r.output.find("no CUDA devices"), std::string::npos) << r.output;
+  } else {
+    EXPECT_NE(r.output.find("cuda:0"), std::string::npos) << r.output;
+  }
+}
+
+TEST(Cli, BackendsThatDoNotFitAreBadInput) {
+  TempDir dir;
+  const std::vector<std::string> job = {"--config", std::string(DDP_SOURCE_DIR) + "/configs/random_linear.yaml",
+                                        "--output-dir", dir.path()};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), job.begin(), job.end());
+    return extra;
+  };
+  expect_bad_input(with({"--backend", "nccl", "--device", "cpu"}), "backend nccl needs CUDA tensors");
+  expect_bad_input(with({"--backend", "mpi"}), "backend mpi needs ranks started by mpirun");
+  expect_bad_input(with({"--backend", "tcp"}), "key 'backend': expected one of auto|local|gloo|mpi|nccl");
 }
 
 TEST(Cli, UnwritableOutputDirIsBadInput) {

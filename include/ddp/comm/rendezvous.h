@@ -45,6 +45,15 @@ std::string default_backend(const LaunchInfo& launch, bool cuda_device);
 // The backends compiled into this build, e.g. {"local", "gloo", "mpi"}.
 std::vector<std::string> compiled_backends();
 
+struct CudaDevice {
+  int index = 0;
+  std::string name;
+  size_t total_memory = 0;  // bytes
+};
+// The CUDA devices this process sees (after CUDA_VISIBLE_DEVICES); empty on a machine without
+// GPUs or in a build whose LibTorch has no CUDA.
+std::vector<CudaDevice> list_cuda_devices();
+
 // Creates the process group `backend` for `launch`. Throws InputError for a backend that is not
 // compiled in, does not fit the device (nccl on CPU, gloo/mpi on... CUDA tensors are copied by the
 // caller), or needs what the launch lacks (mpi outside mpirun, gloo without MASTER_ADDR/PORT).

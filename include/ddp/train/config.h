@@ -31,6 +31,9 @@ struct Config {
   // Where and how it runs.
   int64_t seed = 0;
   std::string device = "auto";
+  std::string backend = "auto";      // auto: nccl on CUDA, mpi under mpirun, gloo, local
+  double comm_timeout = 600.0;       // seconds a collective may wait for the other ranks
+  double rendezvous_timeout = 300.0; // seconds ranks wait for each other at start-up
   int64_t threads = 0;  // 0: leave LibTorch's default
   std::string output_dir = "runs/latest";
   std::string log_level = "info";

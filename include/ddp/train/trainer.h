@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ddp/train/config.h"
+#include "ddp/train/distributed.h"
 #include "ddp/train/lr_schedule.h"
 #include "ddp/train/metrics.h"
 #include "ddp/train/workload.h"
@@ -31,8 +32,9 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Config& config,
 
 class Trainer {
  public:
-  // Validates the config, sets threads, builds the workload on the resolved device, creates the
-  // output directory. Throws InputError on bad input.
+  // Validates the config, joins the process group of this launch (init_distributed), sets
+  // threads, builds the workload on this rank's device, creates the output directory.
+  // Throws InputError on bad input.
   explicit Trainer(Config config);
 
   // Trains config.epochs epochs, writing metrics after each; returns them.
@@ -49,7 +51,7 @@ class Trainer {
   void train_epoch(int64_t epoch, EpochMetrics& metrics);
 
   Config config_;
-  torch::Device device_;
+  Distributed dist_;
   Workload workload_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   LrSchedule schedule_;

@@ -27,7 +27,4 @@ Workload make_workload(const Config& config);
 // Mean loss of a batch: cross-entropy for classification, MSE for regression.
 torch::Tensor compute_loss(data::Task task, const torch::Tensor& output, const torch::Tensor& target);
 
-// "auto" picks CUDA when available. Throws InputError for "cuda" without CUDA.
-torch::Device resolve_device(const std::string& name, bool cuda_available);
-
 }  // namespace ddp::train

@@ -1,0 +1,90 @@
+// ddp_bench_allreduce: all-reduce time and bandwidth per message size, like nccl-tests'
+// all_reduce_perf. Start it as the ranks of a job (mpirun, the launcher, or the env contract):
+//   mpirun -np 2 build/ddp_bench_allreduce --backend mpi
+// Prints, on rank 0, one row per size: bytes, elements, time (us), algbw and busbw (GB/s),
+// where busbw = algbw * 2 (n - 1) / n is comparable across world sizes.
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cxxopts.hpp>
+#include <iostream>
+
+#include "ddp/comm/rendezvous.h"
+
+namespace {
+
+struct Row {
+  int64_t bytes;
+  int64_t count;
+  double seconds;
+};
+
+double time_all_reduce(ddp::comm::ProcessGroup& pg, at::Tensor& t, int warmup, int iters) {
+  for (int i = 0; i < warmup; ++i) pg.all_reduce(t)->wait();
+  pg.barrier()->wait();
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) pg.all_reduce(t)->wait();
+  const double local = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters;
+  // The slowest rank's time is the collective's time.
+  auto slowest = at::full({1}, local, at::kDouble).to(t.device());
+  pg.all_reduce(slowest, ddp::comm::ReduceOp::kMax)->wait();
+  return slowest.cpu().item<double>();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  cxxopts::Options options("ddp_bench_allreduce", "All-reduce bandwidth of a ddp backend");
+  options.add_options()
+      ("backend", "gloo, mpi, nccl, local (default: the launch's default)", cxxopts::value<std::string>()->default_value("auto"))
+      ("min-bytes", "smallest message", cxxopts::value<int64_t>()->default_value("4096"))
+      ("max-bytes", "largest message", cxxopts::value<int64_t>()->default_value("67108864"))
+      ("factor", "size multiplier between rows", cxxopts::value<int64_t>()->default_value("4"))
+      ("warmup", "untimed iterations per size", cxxopts::value<int>()->default_value("3"))
+      ("iters", "timed iterations per size", cxxopts::value<int>()->default_value("20"))
+      ("device", "cpu or cuda", cxxopts::value<std::string>()->default_value("cpu"))
+      ("threads", "intra-op threads", cxxopts::value<int>()->default_value("1"))
+      ("h,help", "print this help");
+  try {
+    auto args = options.parse(argc, argv);
+    if (args.count("help") != 0U) {
+      std::cout << options.help();
+      return 0;
+    }
+    at::set_num_threads(args["threads"].as<int>());
+    const auto launch = ddp::comm::detect_launch(ddp::comm::current_env());
+    const bool cuda = args["device"].as<std::string>() == "cuda";
+    std::string backend = args["backend"].as<std::string>();
+    if (backend == "auto") backend = ddp::comm::default_backend(launch, cuda);
+    auto pg = ddp::comm::create_process_group(backend, launch, {}, cuda);
+    const auto device = cuda ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(launch.local_rank))
+                             : at::Device(at::kCPU);
+    const int n = pg->world_size();
+    if (pg->rank() == 0) {
+      std::cout << fmt::format("# ddp_bench_allreduce: backend {}, {} ranks, float32 sum, {} iterations\n",
+                               pg->backend_name(), n, args["iters"].as<int>());
+      std::cout << fmt::format("{:>12} {:>12} {:>12} {:>10} {:>10}\n", "bytes", "elements", "time(us)",
+                               "algbw", "busbw");
+    }
+    for (int64_t bytes = args["min-bytes"].as<int64_t>(); bytes <= args["max-bytes"].as<int64_t>();
+         bytes *= args["factor"].as<int64_t>()) {
+      const int64_t count = bytes / 4;
+      auto t = at::ones({count}, at::TensorOptions(at::kFloat).device(device));
+      const double seconds = time_all_reduce(*pg, t, args["warmup"].as<int>(), args["iters"].as<int>());
+      const double algbw = static_cast<double>(bytes) / seconds / 1e9;
+      const double busbw = algbw * 2.0 * (n - 1) / n;
+      if (pg->rank() == 0) {
+        std::cout << fmt::format("{:>12} {:>12} {:>12.1f} {:>10.3f} {:>10.3f}\n", bytes, count,
+                                 seconds * 1e6, algbw, busbw);
+      }
+    }
+    return 0;
+  } catch (const ddp::Error& e) {
+    std::cerr << "ddp_bench_allreduce: " << e.what() << "\n";
+    return e.exit_code();
+  } catch (const std::exception& e) {
+    std::cerr << "ddp_bench_allreduce: " << e.what() << "\n";
+    return 2;
+  }
+}

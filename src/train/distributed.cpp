@@ -1,0 +1,99 @@
+#include "ddp/train/distributed.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include "ddp/common/error.h"
+#include "ddp/common/log.h"
+
+namespace ddp::train {
+namespace {
+
+constexpr int64_t kTopologyBytes = 256;  // per rank: "host|local_rank|device", zero-padded
+
+std::string host_name() {
+  char name[256] = {};
+  gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
+std::chrono::milliseconds to_ms(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
+}
+
+// Every rank's topology on every rank, through one all_gather of fixed-size byte records.
+std::vector<RankTopology> gather_topology(comm::ProcessGroup& group, const torch::Device& device,
+                                          const RankTopology& mine) {
+  std::string record = fmt::format("{}|{}|{}", mine.host, mine.local_rank, mine.device);
+  record.resize(static_cast<size_t>(kTopologyBytes), '\0');
+  auto input = torch::from_blob(record.data(), {kTopologyBytes}, torch::kUInt8).to(device);
+  auto output = torch::empty({kTopologyBytes * group.world_size()}, input.options());
+  group.all_gather(output, input)->wait();
+  output = output.cpu();
+  std::vector<RankTopology> out;
+  for (int r = 0; r < group.world_size(); ++r) {
+    const auto* bytes = output.data_ptr<uint8_t>() + r * kTopologyBytes;
+    std::string text(reinterpret_cast<const char*>(bytes), static_cast<size_t>(kTopologyBytes));
+    text.resize(text.find('\0') == std::string::npos ? text.size() : text.find('\0'));
+    const auto a = text.find('|');
+    const auto b = text.rfind('|');
+    RankTopology t;
+    t.rank = r;
+    t.host = text.substr(0, a);
+    t.local_rank = std::atoi(text.substr(a + 1, b - a - 1).c_str());
+    t.device = text.substr(b + 1);
+    out.push_back(t);
+  }
+  return out;
+}
+
+}  // namespace
+
+torch::Device resolve_device(const std::string& name, int cuda_device_count, int local_rank) {
+  if (name == "cpu") return torch::kCPU;
+  if (name == "cuda" && cuda_device_count == 0) {
+    throw InputError("key 'device': 'cuda' requested, but this process sees no CUDA device");
+  }
+  if (name == "cuda" || (name == "auto" && cuda_device_count > 0)) {
+    if (local_rank >= cuda_device_count) {
+      throw InputError(fmt::format("local rank {} has no GPU of its own: {} visible (one process per "
+                                   "GPU; check --nproc and CUDA_VISIBLE_DEVICES)",
+                                   local_rank, cuda_device_count));
+    }
+    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
+  }
+  if (name == "auto") return torch::kCPU;
+  throw InputError(fmt::format("key 'device': expected auto, cpu or cuda, got '{}'", name));
+}
+
+std::string format_topology(const std::vector<RankTopology>& ranks, const std::string& backend) {
+  std::string out = fmt::format("{} rank(s), backend {}:\n  rank  host                  local  device",
+                                ranks.size(), backend);
+  for (const auto& r : ranks) {
+    out += fmt::format("\n  {:>4}  {:<20}  {:>5}  {}", r.rank, r.host, r.local_rank, r.device);
+  }
+  return out;
+}
+
+Distributed init_distributed(const Config& config, const comm::Env& env) {
+  Distributed d;
+  d.launch = comm::detect_launch(env);
+  const int gpus = torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
+  d.device = resolve_device(config.device, gpus, d.launch.local_rank);
+  const std::string backend =
+      config.backend == "auto" ? comm::default_backend(d.launch, d.device.is_cuda()) : config.backend;
+  comm::ProcessGroupOptions options;
+  options.timeout = to_ms(config.comm_timeout);
+  options.rendezvous_timeout = to_ms(config.rendezvous_timeout);
+  d.group = comm::create_process_group(backend, d.launch, options, d.device.is_cuda());
+
+  // Every rank joins the gather; rank 0 alone logs (Note [Collective order is identical on all ranks]).
+  RankTopology mine{d.launch.rank, host_name(), d.launch.local_rank, d.device.str()};
+  const auto all = gather_topology(*d.group, d.device, mine);
+  log::info("launched by {}: {}", comm::to_string(d.launch.launcher),
+            format_topology(all, d.group->backend_name()));
+  return d;
+}
+
+}  // namespace ddp::train
