@@ -20,17 +20,12 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, int64_t world_size,
     throw InputError(fmt::format("DistributedSampler: rank {} is outside [0, world size {})", rank,
                                  world_size));
   }
-  if (dataset_size <= 0) throw InputError("DistributedSampler: the dataset is empty");
+  if (dataset_size < 0) throw InputError("DistributedSampler: negative dataset size");
   // As torch.utils.data.DistributedSampler.__init__.
   if (drop_last && dataset_size % world_size != 0) {
     num_samples_ = (dataset_size - world_size + world_size - 1) / world_size;  // ceil
   } else {
     num_samples_ = (dataset_size + world_size - 1) / world_size;
-  }
-  if (num_samples_ <= 0) {
-    throw InputError(fmt::format("DistributedSampler: {} samples with drop_last leave none for each "
-                                 "of {} ranks",
-                                 dataset_size, world_size));
   }
 }
 
@@ -43,7 +38,7 @@ torch::Tensor DistributedSampler::indices() const {
     all = torch::arange(dataset_size_, torch::kInt64);
   }
   const int64_t total = total_size();
-  if (total > dataset_size_) {
+  if (total > dataset_size_ && dataset_size_ > 0) {
     // Pad with the head of the list, repeated as often as needed (only when world > size).
     const int64_t repeats = (total + dataset_size_ - 1) / dataset_size_;
     all = all.repeat({repeats}).narrow(0, 0, total);
@@ -58,6 +53,7 @@ torch::Tensor evaluation_indices(int64_t dataset_size, int64_t world_size, int64
     throw InputError(fmt::format("evaluation_indices: rank {} is outside [0, world size {})", rank,
                                  world_size));
   }
+  if (rank >= dataset_size) return torch::empty({0}, torch::kInt64);  // more ranks than samples
   return torch::arange(rank, dataset_size, world_size, torch::kInt64);
 }
 

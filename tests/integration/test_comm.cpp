@@ -11,6 +11,7 @@
 #include <regex>
 
 #include "ddp/comm/rendezvous.h"
+#include "ranks.h"
 #include "subprocess.h"
 
 namespace {
@@ -27,33 +28,18 @@ bool compiled(const std::string& backend) {
   return std::find(all.begin(), all.end(), backend) != all.end();
 }
 
-// Starts `world` workers with torchrun's env contract and waits for all of them.
 std::vector<ProcessResult> run_env_ranks(int world, const std::vector<std::string>& args,
-                                         std::chrono::seconds limit, std::map<std::string, std::string> extra = {}) {
-  const int port = ddp::testing::free_port();
-  std::vector<std::unique_ptr<Child>> children;
-  for (int r = 0; r < world; ++r) {
-    std::map<std::string, std::string> env = {
-        {"RANK", std::to_string(r)},        {"WORLD_SIZE", std::to_string(world)},
-        {"LOCAL_RANK", std::to_string(r)},  {"LOCAL_WORLD_SIZE", std::to_string(world)},
-        {"MASTER_ADDR", "127.0.0.1"},       {"MASTER_PORT", std::to_string(port)}};
-    for (const auto& [k, v] : extra) env[k] = v;
-    std::vector<std::string> argv = {DDP_COMM_WORKER_BIN};
-    argv.insert(argv.end(), args.begin(), args.end());
-    children.push_back(std::make_unique<Child>(argv, env));
-  }
-  const auto deadline = Clock::now() + limit;
-  std::vector<ProcessResult> results;
-  for (auto& child : children) results.push_back(child->wait_until(deadline));
-  return results;
+                                         std::chrono::seconds limit,
+                                         const std::map<std::string, std::string>& extra = {}) {
+  std::vector<std::string> argv = {DDP_COMM_WORKER_BIN};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return ddp::testing::run_env_ranks(world, argv, limit, extra);
 }
 
 ProcessResult run_mpirun(int np, const std::vector<std::string>& args, std::chrono::seconds limit) {
-  std::vector<std::string> argv = {DDP_MPIEXEC, "--allow-run-as-root", "--oversubscribe",
-                                   "--mca", "btl", "self,vader", "-np", std::to_string(np),
-                                   DDP_COMM_WORKER_BIN};
+  std::vector<std::string> argv = {DDP_COMM_WORKER_BIN};
   argv.insert(argv.end(), args.begin(), args.end());
-  return ddp::testing::run_process(argv, {}, limit);
+  return ddp::testing::run_mpirun(np, argv, limit);
 }
 
 // ---- Pure decisions: the launch matrix from env alone ----

@@ -24,7 +24,8 @@ class DistributedSampler {
   // every world-th index starting at rank.
   torch::Tensor indices() const;
 
-  // Samples per rank per epoch; the same on every rank.
+  // Samples per rank per epoch; the same on every rank. 0 where drop_last leaves none (as in
+  // PyTorch); the trainer refuses such a run.
   int64_t num_samples() const { return num_samples_; }
   int64_t total_size() const { return num_samples_ * world_size_; }
 

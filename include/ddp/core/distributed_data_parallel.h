@@ -1,0 +1,108 @@
+#pragma once
+// DistributedDataParallel for LibTorch: wraps any torch::nn::Module, as PyTorch's wraps an
+// nn.Module. The wrapped module is registered as "module", so the wrapper's state_dict has
+// DataParallel's key names ("module.fc.weight").
+//
+//   auto net = MyNet();
+//   auto group = ...;  // a std::shared_ptr<ddp::comm::ProcessGroup>
+//   ddp::DistributedDataParallel model(net, group, ddp::DistributedDataParallelOptions().bucket_cap_mb(25));
+//   auto loss = loss_fn(model->forward(x), y);
+//   loss.backward();      // gradients averaged across ranks when this returns
+//   optimizer.step();
+//
+// Construction is collective: every rank checks that all ranks hold the same parameters
+// (names, shapes, dtypes), then rank 0's parameters and buffers are broadcast.
+
+#include <torch/arg.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <functional>
+#include <memory>
+
+#include "ddp/comm/process_group.h"
+#include "ddp/core/reducer.h"
+
+namespace ddp {
+
+using core::CommHook;
+
+struct DistributedDataParallelOptions {
+  TORCH_ARG(double, bucket_cap_mb) = 25.0;    // MiB per bucket after the first
+  TORCH_ARG(double, first_bucket_mb) = 1.0;   // MiB of the first bucket (the last gradients)
+  TORCH_ARG(bool, broadcast_buffers) = true;  // rank 0's buffers to all ranks before each forward
+  TORCH_ARG(bool, find_unused_parameters) = false;
+  TORCH_ARG(bool, gradient_as_bucket_view) = false;
+  TORCH_ARG(CommHook, comm_hook) = CommHook::kAllReduce;
+};
+
+class DistributedDataParallelImpl : public torch::nn::Module {
+ public:
+  DistributedDataParallelImpl(std::shared_ptr<torch::nn::Module> module,
+                              std::shared_ptr<comm::ProcessGroup> group,
+                              DistributedDataParallelOptions options = {});
+
+  // From a module holder (torch::nn::Linear, a TORCH_MODULE of yours): forward(x) then calls
+  // the module's forward(x).
+  template <class Holder, class = decltype(std::declval<Holder>().ptr())>
+  DistributedDataParallelImpl(Holder holder, std::shared_ptr<comm::ProcessGroup> group,
+                              DistributedDataParallelOptions options = {})
+      : DistributedDataParallelImpl(holder.ptr(), std::move(group), options) {
+    forward_ = [holder](const torch::Tensor& x) mutable { return holder->forward(x); };
+  }
+
+  // The wrapped module's forward(x), after the buffer broadcast.
+  torch::Tensor forward(const torch::Tensor& input);
+
+  // Any other forward: `run` calls the wrapped module however it wants, after the buffer
+  // broadcast: model->forward_with([&] { return net->forward(a, b); }).
+  template <class F>
+  auto forward_with(F&& run) {
+    pre_forward();
+    return run();
+  }
+
+  // Broadcasts rank 0's buffers if broadcast_buffers (a collective: every rank calls it once per
+  // forward). forward() and forward_with() call it.
+  void pre_forward();
+
+  // Inside the guard's lifetime, backward accumulates gradients locally and reduces nothing; the
+  // first backward after it reduces the accumulated sum. As PyTorch's `with model.no_sync():`.
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(core::Reducer& reducer);
+    ~NoSyncGuard();
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+   private:
+    core::Reducer& reducer_;
+    bool previous_;
+  };
+  NoSyncGuard no_sync() { return NoSyncGuard(*reducer_); }
+
+  torch::nn::Module& module() { return *module_; }
+  std::shared_ptr<torch::nn::Module> module_ptr() { return module_; }
+  core::Reducer& reducer() { return *reducer_; }
+  comm::ProcessGroup& group() { return *group_; }
+  const DistributedDataParallelOptions& options() const { return options_; }
+
+ private:
+  std::shared_ptr<torch::nn::Module> module_;
+  std::shared_ptr<comm::ProcessGroup> group_;
+  DistributedDataParallelOptions options_;
+  std::unique_ptr<core::Reducer> reducer_;
+  std::function<torch::Tensor(const torch::Tensor&)> forward_;
+};
+TORCH_MODULE(DistributedDataParallel);
+
+// Every rank's tensors become rank 0's: one broadcast per (dtype, device) group of up to
+// 25 MiB, flattened. A collective.
+void broadcast_coalesced(comm::ProcessGroup& group, const std::vector<torch::Tensor>& tensors);
+
+// Checks that every rank holds the same named tensors (names, shapes, dtypes, in order).
+// A collective. Throws InputError naming the first difference from rank 0's, on every rank.
+void verify_same_across_ranks(comm::ProcessGroup& group, const std::vector<std::string>& names,
+                              const std::vector<torch::Tensor>& tensors);
+
+}  // namespace ddp

@@ -1,0 +1,123 @@
+#pragma once
+// The reducer: all-reduces gradients in buckets while backward still runs.
+//
+// How an iteration goes (all on the thread that runs backward):
+//   1. The first grad-accumulator hook of a backward starts the iteration and queues finalize()
+//      as the end-of-backward callback.
+//   2. Each hook copies its parameter's accumulated .grad into the parameter's slot of its
+//      bucket (with gradient_as_bucket_view, .grad *is* that slot). A bucket whose slots are all
+//      filled is ready; ready buckets are launched (all-reduce average, or a compression hook)
+//      strictly in bucket order, so every rank issues the same collectives in the same order
+//      (Note [Collective order is identical on all ranks]).
+//   3. finalize() marks unused parameters (find_unused_parameters) or reports them, waits for
+//      every bucket, and writes the averages back into .grad. finalize must run before the
+//      optimizer reads .grad; autograd guarantees that by running it before backward() returns.
+//   4. After the first synchronised iteration the buckets are rebuilt once from the order in
+//      which gradients arrived (rank 0's order, broadcast), as PyTorch does.
+// Under no_sync (require_sync false) hooks do nothing: .grad accumulates locally, and the next
+// synchronised backward reduces the accumulated sum.
+
+#include <torch/types.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddp/comm/process_group.h"
+#include "ddp/core/bucketing.h"
+
+namespace ddp::core {
+
+enum class CommHook {
+  kAllReduce,      // all-reduce average in the gradient's dtype
+  kFp16Compress,   // cast to float16, all-reduce, cast back (halves the bytes)
+  kBf16Compress,   // cast to bfloat16, all-reduce, cast back
+};
+
+struct ReducerOptions {
+  size_t bucket_cap_bytes = kDefaultBucketCapBytes;
+  size_t first_bucket_bytes = kDefaultFirstBucketBytes;
+  bool find_unused_parameters = false;
+  bool gradient_as_bucket_view = false;
+  CommHook comm_hook = CommHook::kAllReduce;
+};
+
+using Clock = std::chrono::steady_clock;
+
+// Timestamps of the last synchronised iteration, for tests and the timeline.
+struct IterationStats {
+  Clock::time_point first_grad;               // the first hook of the backward
+  Clock::time_point last_grad;                // the last hook of the backward
+  std::vector<Clock::time_point> bucket_launch;  // per bucket, when its collective was issued
+  Clock::time_point finalize_end;             // all averages are in .grad
+};
+
+class Reducer {
+ public:
+  // `params` are the parameters that require gradients, in registration order, with their
+  // names for error messages. The group must outlive the reducer.
+  Reducer(std::vector<torch::Tensor> params, std::vector<std::string> names,
+          std::shared_ptr<comm::ProcessGroup> group, ReducerOptions options);
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // false inside no_sync(): backward accumulates locally and reduces nothing.
+  void set_require_sync(bool require_sync) { require_sync_ = require_sync; }
+  bool require_sync() const { return require_sync_; }
+
+  const std::vector<std::vector<size_t>>& buckets() const { return bucket_indices_; }
+  bool rebuilt() const { return rebuilt_; }
+  const IterationStats& last_iteration() const { return stats_; }
+
+  // Called by the grad-accumulator hook of parameter `index` (after accumulation).
+  void on_grad_ready(size_t index);
+
+ private:
+  struct Bucket {
+    torch::Tensor flat;            // the gradients of its parameters, back to back
+    torch::Tensor wire;            // what goes over the wire (flat, or its compressed copy)
+    std::vector<size_t> params;
+    std::vector<torch::Tensor> views;  // per parameter: its slice of flat, shaped like it
+    size_t pending = 0;            // parameters not ready yet in this iteration
+    comm::WorkPtr work;
+  };
+  enum class Phase { kIdle, kBackward };
+
+  void build_buckets(const std::vector<std::vector<size_t>>& assignment);
+  torch::Tensor& slot(size_t param);  // the parameter's view into its bucket
+  void launch(size_t bucket);
+  void begin_iteration();                  // the one place per-iteration state is reset
+  void mark_ready(size_t index);
+  void launch_ready_buckets();
+  void finalize();
+  void report_unready() const;
+  void rebuild_from_observed_order();
+
+  std::vector<torch::Tensor> params_;
+  std::vector<std::string> names_;
+  std::shared_ptr<comm::ProcessGroup> group_;
+  ReducerOptions options_;
+
+  std::vector<std::vector<size_t>> bucket_indices_;
+  std::vector<Bucket> buckets_;
+  std::vector<std::pair<size_t, size_t>> locator_;  // param -> (bucket, position in bucket)
+
+  // The hooks on the parameters' grad accumulators (defined in reducer.cpp: the accumulator's
+  // pointer type differs between LibTorch versions).
+  struct Hooks;
+  std::unique_ptr<Hooks> hooks_;
+
+  // Per-iteration state, reset by begin_iteration().
+  Phase phase_ = Phase::kIdle;
+  std::vector<bool> ready_;
+  std::vector<int64_t> ready_order_;
+  size_t next_launch_ = 0;
+  IterationStats stats_;
+
+  bool require_sync_ = true;
+  bool rebuilt_ = false;
+};
+
+}  // namespace ddp::core

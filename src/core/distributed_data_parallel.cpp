@@ -1,0 +1,161 @@
+#include "ddp/core/distributed_data_parallel.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <functional>
+#include <cstring>
+#include <sstream>
+
+#include "ddp/common/error.h"
+
+namespace ddp {
+namespace {
+
+std::string describe(const std::string& name, const torch::Tensor& t) {
+  return fmt::format("'{}' [{}] {}", name, fmt::join(t.sizes().begin(), t.sizes().end(), ", "),
+                     comm::dtype_name(t.scalar_type()));
+}
+
+std::vector<std::string> split_lines(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+torch::Device device_of(const std::vector<torch::Tensor>& tensors) {
+  return tensors.empty() ? torch::Device(torch::kCPU) : tensors.front().device();
+}
+
+// Rank 0's string on every rank (two broadcasts: its length, then its bytes).
+std::string broadcast_string(comm::ProcessGroup& group, const std::string& mine, const torch::Device& device) {
+  auto length = torch::tensor({static_cast<int64_t>(mine.size())}, torch::kLong).to(device);
+  group.broadcast(length, 0)->wait();
+  const int64_t n = length.cpu().item<int64_t>();
+  std::string out = mine;
+  out.resize(static_cast<size_t>(n));
+  auto bytes = torch::from_blob(out.data(), {n}, torch::kUInt8).clone().to(device);
+  group.broadcast(bytes, 0)->wait();
+  bytes = bytes.cpu();
+  std::memcpy(out.data(), bytes.data_ptr<uint8_t>(), static_cast<size_t>(n));
+  return out;
+}
+
+}  // namespace
+
+void broadcast_coalesced(comm::ProcessGroup& group, const std::vector<torch::Tensor>& tensors) {
+  if (tensors.empty() || group.world_size() == 1) return;
+  const auto groups = core::assign_buckets(core::slots_of(tensors), {core::kDefaultBucketCapBytes});
+  for (const auto& indices : groups.buckets) {
+    std::vector<torch::Tensor> flat_parts;
+    for (size_t i : indices) flat_parts.push_back(tensors[i].detach().reshape({-1}));
+    auto flat = torch::cat(flat_parts);
+    group.broadcast(flat, 0)->wait();
+    int64_t offset = 0;
+    torch::NoGradGuard no_grad;
+    for (size_t i : indices) {
+      const auto n = tensors[i].numel();
+      tensors[i].copy_(flat.narrow(0, offset, n).view_as(tensors[i]));
+      offset += n;
+    }
+  }
+}
+
+void verify_same_across_ranks(comm::ProcessGroup& group, const std::vector<std::string>& names,
+                              const std::vector<torch::Tensor>& tensors) {
+  std::string description;
+  for (size_t i = 0; i < tensors.size(); ++i) description += describe(names[i], tensors[i]) + "\n";
+  const auto device = device_of(tensors);
+  // A fingerprint per rank: count and hash. All ranks see all fingerprints, so all ranks agree
+  // on whether to go on, and issue the same collectives below.
+  const auto hash = static_cast<int64_t>(std::hash<std::string>{}(description));
+  auto mine = torch::tensor({static_cast<int64_t>(tensors.size()), hash}, torch::kLong).to(device);
+  auto all = torch::empty({2 * group.world_size()}, mine.options());
+  group.all_gather(all, mine)->wait();
+  all = all.cpu();
+  const auto* f = all.data_ptr<int64_t>();
+  std::vector<int> differing;
+  for (int r = 1; r < group.world_size(); ++r) {
+    if (f[2 * r] != f[0] || f[2 * r + 1] != f[1]) differing.push_back(r);
+  }
+  if (differing.empty()) return;
+
+  const auto reference = split_lines(broadcast_string(group, description, device));
+  const auto here = split_lines(description);
+  std::string first_difference;
+  for (size_t i = 0; i < std::max(reference.size(), here.size()); ++i) {
+    const std::string theirs = i < reference.size() ? reference[i] : "nothing";
+    const std::string ours = i < here.size() ? here[i] : "nothing";
+    if (theirs != ours) {
+      first_difference = fmt::format("parameter {} is {} here but {} on rank 0", i, ours, theirs);
+      break;
+    }
+  }
+  if (first_difference.empty()) {
+    throw InputError(fmt::format("rank {}: the model differs across ranks: rank(s) {} hold other "
+                                 "parameters than rank 0 (they name the first difference)",
+                                 group.rank(), fmt::join(differing, ", ")));
+  }
+  throw InputError(fmt::format("rank {}: the model differs from rank 0's ({} parameters here, {} "
+                               "there): {}",
+                               group.rank(), here.size(), reference.size(), first_difference));
+}
+
+DistributedDataParallelImpl::DistributedDataParallelImpl(std::shared_ptr<torch::nn::Module> module,
+                                                         std::shared_ptr<comm::ProcessGroup> group,
+                                                         DistributedDataParallelOptions options)
+    : module_(std::move(module)), group_(std::move(group)), options_(options) {
+  register_module("module", module_);
+  std::vector<torch::Tensor> params;
+  std::vector<std::string> names;
+  std::vector<torch::Tensor> state;  // parameters and buffers, for the initial broadcast
+  std::vector<std::string> state_names;
+  for (const auto& item : module_->named_parameters()) {
+    state.push_back(item.value());
+    state_names.push_back(item.key());
+    if (item.value().requires_grad()) {
+      params.push_back(item.value());
+      names.push_back(item.key());
+    }
+  }
+  for (const auto& item : module_->named_buffers()) {
+    state.push_back(item.value());
+    state_names.push_back(item.key());
+  }
+  verify_same_across_ranks(*group_, state_names, state);
+  broadcast_coalesced(*group_, state);
+  core::ReducerOptions reducer_options;
+  reducer_options.bucket_cap_bytes = static_cast<size_t>(options_.bucket_cap_mb() * 1024 * 1024);
+  reducer_options.first_bucket_bytes = static_cast<size_t>(options_.first_bucket_mb() * 1024 * 1024);
+  reducer_options.find_unused_parameters = options_.find_unused_parameters();
+  reducer_options.gradient_as_bucket_view = options_.gradient_as_bucket_view();
+  reducer_options.comm_hook = options_.comm_hook();
+  if (!params.empty()) {
+    reducer_ = std::make_unique<core::Reducer>(params, names, group_, reducer_options);
+  }
+}
+
+void DistributedDataParallelImpl::pre_forward() {
+  if (!options_.broadcast_buffers()) return;
+  const auto buffers = module_->buffers();
+  broadcast_coalesced(*group_, buffers);
+}
+
+torch::Tensor DistributedDataParallelImpl::forward(const torch::Tensor& input) {
+  if (!forward_) {
+    throw Error("DistributedDataParallel::forward(x) needs the wrapper built from a module holder; "
+                "use forward_with([&] { return net->forward(...); })");
+  }
+  pre_forward();
+  return forward_(input);
+}
+
+DistributedDataParallelImpl::NoSyncGuard::NoSyncGuard(core::Reducer& reducer)
+    : reducer_(reducer), previous_(reducer.require_sync()) {
+  reducer_.set_require_sync(false);
+}
+
+DistributedDataParallelImpl::NoSyncGuard::~NoSyncGuard() { reducer_.set_require_sync(previous_); }
+
+}  // namespace ddp

@@ -1,0 +1,239 @@
+#include "ddp/core/reducer.h"
+
+#include <fmt/format.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/torch.h>
+
+#include "ddp/common/error.h"
+
+namespace ddp::core {
+namespace {
+
+// Runs after the parameter's gradient has been accumulated into .grad (a post hook on its
+// AccumulateGrad node; a Tensor hook would run before accumulation, NOTES.md s.3).
+class GradReadyHook : public torch::autograd::FunctionPostHook {
+ public:
+  GradReadyHook(Reducer* reducer, size_t index) : reducer_(reducer), index_(index) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    reducer_->on_grad_ready(index_);
+    return outputs;
+  }
+
+ private:
+  Reducer* reducer_;
+  size_t index_;
+};
+
+using Accumulator = decltype(torch::autograd::impl::grad_accumulator(std::declval<const torch::Tensor&>()));
+
+}  // namespace
+
+struct Reducer::Hooks {
+  std::vector<Accumulator> accumulators;  // kept alive: autograd holds them only weakly
+  std::vector<uintptr_t> keys;
+};
+
+Reducer::Reducer(std::vector<torch::Tensor> params, std::vector<std::string> names,
+                 std::shared_ptr<comm::ProcessGroup> group, ReducerOptions options)
+    : params_(std::move(params)),
+      names_(std::move(names)),
+      group_(std::move(group)),
+      options_(options),
+      hooks_(std::make_unique<Hooks>()) {
+  DDP_CHECK(params_.size() == names_.size(), "one name per parameter");
+  // Gradients arrive roughly in reverse registration order: bucket that way until the first
+  // iteration shows the real order.
+  const auto assignment = assign_buckets(slots_of(params_), {options_.first_bucket_bytes,
+                                         options_.bucket_cap_bytes}, reverse_order(params_.size()));
+  build_buckets(assignment.buckets);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto accumulator = torch::autograd::impl::grad_accumulator(params_[i]);
+    DDP_CHECK(accumulator != nullptr, "a parameter that requires grad has a grad accumulator");
+    hooks_->keys.push_back(accumulator->add_post_hook(std::make_unique<GradReadyHook>(this, i)));
+    hooks_->accumulators.push_back(std::move(accumulator));
+  }
+}
+
+Reducer::~Reducer() {
+  // The hooks point at this reducer; the parameters may outlive it.
+  for (size_t i = 0; i < hooks_->accumulators.size(); ++i) {
+    hooks_->accumulators[i]->del_post_hook(hooks_->keys[i]);
+  }
+}
+
+void Reducer::build_buckets(const std::vector<std::vector<size_t>>& assignment) {
+  bucket_indices_ = assignment;
+  buckets_.clear();
+  locator_.assign(params_.size(), {0, 0});
+  for (size_t b = 0; b < assignment.size(); ++b) {
+    Bucket bucket;
+    bucket.params = assignment[b];
+    int64_t total = 0;
+    for (size_t i : bucket.params) total += params_[i].numel();
+    const auto& first = params_[bucket.params.front()];
+    bucket.flat = torch::zeros({total}, first.options().requires_grad(false));
+    int64_t offset = 0;
+    for (size_t k = 0; k < bucket.params.size(); ++k) {
+      const auto& p = params_[bucket.params[k]];
+      bucket.views.push_back(bucket.flat.narrow(0, offset, p.numel()).view(p.sizes()));
+      locator_[bucket.params[k]] = {b, k};
+      offset += p.numel();
+      // With gradient_as_bucket_view an existing .grad moves into its slot and stays there.
+      if (options_.gradient_as_bucket_view && p.grad().defined()) {
+        bucket.views.back().copy_(p.grad());
+        params_[bucket.params[k]].mutable_grad() = bucket.views.back();
+      }
+    }
+    buckets_.push_back(std::move(bucket));
+  }
+}
+
+torch::Tensor& Reducer::slot(size_t param) {
+  const auto [b, k] = locator_[param];
+  return buckets_[b].views[k];
+}
+
+void Reducer::begin_iteration() {
+  phase_ = Phase::kBackward;
+  ready_.assign(params_.size(), false);
+  ready_order_.clear();
+  next_launch_ = 0;
+  for (auto& bucket : buckets_) {
+    bucket.pending = bucket.params.size();
+    bucket.work.reset();
+  }
+  stats_ = IterationStats();
+  stats_.first_grad = Clock::now();
+  stats_.bucket_launch.assign(buckets_.size(), Clock::time_point());
+  // Valid only during backward, hence queued from the first hook.
+  torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize(); });
+}
+
+void Reducer::on_grad_ready(size_t index) {
+  if (!require_sync_) return;  // no_sync: accumulate locally
+  if (phase_ == Phase::kIdle) begin_iteration();
+  mark_ready(index);
+  launch_ready_buckets();
+}
+
+void Reducer::mark_ready(size_t index) {
+  if (ready_[index]) {
+    throw Error(fmt::format("rank {}: parameter '{}' got its gradient twice in one backward; "
+                            "DistributedDataParallel supports one backward per forward",
+                            group_->rank(), names_[index]));
+  }
+  ready_[index] = true;
+  ready_order_.push_back(static_cast<int64_t>(index));
+  stats_.last_grad = Clock::now();
+  auto& grad = params_[index].mutable_grad();
+  auto& view = slot(index);
+  if (!grad.defined()) {
+    view.zero_();  // an unused parameter contributes zeros, as in PyTorch
+  } else if (options_.gradient_as_bucket_view) {
+    if (!grad.is_alias_of(view)) {  // autograd made a fresh .grad (first use, or set to none)
+      view.copy_(grad);
+      grad = view;
+    }
+  } else {
+    view.copy_(grad);
+  }
+  --buckets_[locator_[index].first].pending;
+}
+
+void Reducer::launch_ready_buckets() {
+  while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) launch(next_launch_++);
+}
+
+void Reducer::launch(size_t b) {
+  auto& bucket = buckets_[b];
+  stats_.bucket_launch[b] = Clock::now();
+  switch (options_.comm_hook) {
+    case CommHook::kAllReduce:
+      bucket.wire = bucket.flat;
+      bucket.work = group_->all_reduce(bucket.wire, comm::ReduceOp::kAvg);
+      return;
+    case CommHook::kFp16Compress:
+    case CommHook::kBf16Compress: {
+      // Divide before the cast, as PyTorch's compression hooks do: a sum of world_size
+      // gradients may overflow float16 where their average does not.
+      const auto dtype = options_.comm_hook == CommHook::kFp16Compress ? torch::kHalf : torch::kBFloat16;
+      bucket.wire = bucket.flat.div(group_->world_size()).to(dtype);
+      bucket.work = group_->all_reduce(bucket.wire, comm::ReduceOp::kSum);
+      return;
+    }
+  }
+}
+
+void Reducer::report_unready() const {
+  std::vector<std::string> missing;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!ready_[i]) missing.push_back(fmt::format("'{}'", names_[i]));
+  }
+  const size_t shown = std::min<size_t>(missing.size(), 10);
+  throw InputError(fmt::format(
+      "rank {}: {} parameter(s) got no gradient in this iteration: {}{}. Their buckets cannot be "
+      "reduced. If the model has parameters that take no part in the loss, enable "
+      "find_unused_parameters (ddp_train: --find-unused-parameters)",
+      group_->rank(), missing.size(),
+      fmt::join(missing.begin(), missing.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
+      missing.size() > shown ? ", ..." : ""));
+}
+
+void Reducer::finalize() {
+  if (phase_ != Phase::kBackward) return;
+  phase_ = Phase::kIdle;  // first: a failure below must not leave the reducer mid-iteration
+  std::vector<int32_t> used;  // find_unused_parameters: how many ranks used each parameter
+  if (options_.find_unused_parameters) {
+    const auto device = params_.front().device();
+    auto used_map = torch::tensor(std::vector<int32_t>(ready_.begin(), ready_.end()), torch::kInt).to(device);
+    for (const auto& bucket_params : bucket_indices_) {
+      for (size_t i : bucket_params) {
+        if (!ready_[i]) mark_ready(i);
+      }
+    }
+    launch_ready_buckets();
+    group_->all_reduce(used_map, comm::ReduceOp::kSum)->wait();  // after the buckets: same order everywhere
+    used_map = used_map.cpu();
+    used.assign(used_map.data_ptr<int32_t>(), used_map.data_ptr<int32_t>() + used_map.numel());
+  } else if (next_launch_ < buckets_.size()) {
+    report_unready();
+  }
+
+  for (auto& bucket : buckets_) {
+    bucket.work->wait();
+    if (!bucket.wire.is_same(bucket.flat)) bucket.flat.copy_(bucket.wire);  // decompress
+    bucket.wire = torch::Tensor();
+    for (size_t k = 0; k < bucket.params.size(); ++k) {
+      const size_t i = bucket.params[k];
+      // A parameter no rank used keeps its .grad as it was, as in PyTorch.
+      if (!used.empty() && used[i] == 0) continue;
+      auto& grad = params_[i].mutable_grad();
+      if (options_.gradient_as_bucket_view) {
+        grad = bucket.views[k];
+      } else if (grad.defined()) {
+        grad.copy_(bucket.views[k]);
+      } else {
+        grad = bucket.views[k].clone();
+      }
+    }
+  }
+  stats_.finalize_end = Clock::now();
+  if (!rebuilt_ && !options_.find_unused_parameters) rebuild_from_observed_order();
+}
+
+void Reducer::rebuild_from_observed_order() {
+  rebuilt_ = true;
+  // Ranks agree on rank 0's order (one broadcast, on every rank, once).
+  auto order = torch::tensor(ready_order_, torch::kLong).to(params_.front().device());
+  group_->broadcast(order, 0)->wait();
+  order = order.cpu();
+  std::vector<int64_t> observed(order.data_ptr<int64_t>(), order.data_ptr<int64_t>() + order.numel());
+  const auto assignment = assign_buckets(
+      slots_of(params_), {options_.first_bucket_bytes, options_.bucket_cap_bytes}, observed);
+  if (assignment.buckets != bucket_indices_) build_buckets(assignment.buckets);
+}
+
+}  // namespace ddp::core

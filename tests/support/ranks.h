@@ -1,0 +1,23 @@
+#pragma once
+// Starts the ranks of a job for tests, with torchrun's env contract or with mpirun, each with a
+// time limit.
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "subprocess.h"
+
+namespace ddp::testing {
+
+// `world` processes of `argv` with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+// MASTER_ADDR=127.0.0.1 and a free MASTER_PORT (plus `extra`); waits for all until `limit`.
+std::vector<ProcessResult> run_env_ranks(int world, const std::vector<std::string>& argv,
+                                         std::chrono::seconds limit,
+                                         const std::map<std::string, std::string>& extra = {});
+
+// mpirun -np `np` as root on one host (NOTES.md s.2), until `limit`.
+ProcessResult run_mpirun(int np, const std::vector<std::string>& argv, std::chrono::seconds limit);
+
+}  // namespace ddp::testing
