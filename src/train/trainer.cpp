@@ -6,6 +6,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "ddp/common/error.h"
 #include "ddp/common/log.h"
@@ -62,11 +63,29 @@ Config prepared(Config config) {
 }
 }  // namespace
 
+core::CommHook comm_hook_of(const std::string& name) {
+  if (name == "fp16") return core::CommHook::kFp16Compress;
+  if (name == "bf16") return core::CommHook::kBf16Compress;
+  return core::CommHook::kAllReduce;
+}
+
 Trainer::Trainer(Config config)
     : config_(prepared(std::move(config))), dist_(init_distributed(config_, comm::current_env())) {
   if (config_.threads > 0) torch::set_num_threads(static_cast<int>(config_.threads));
   workload_ = make_workload(config_);
+  if (workload_.train_set.size() < dist_.world_size()) {
+    throw InputError(fmt::format("{} training samples cannot be shared by {} ranks",
+                                 workload_.train_set.size(), dist_.world_size()));
+  }
   workload_.module->to(dist_.device);
+  // Collective: checks the model is the same everywhere, broadcasts rank 0's weights.
+  model_ = DistributedDataParallel(workload_.module, dist_.group,
+                                   DistributedDataParallelOptions()
+                                       .bucket_cap_mb(config_.bucket_cap_mb)
+                                       .broadcast_buffers(config_.broadcast_buffers)
+                                       .find_unused_parameters(config_.find_unused_parameters)
+                                       .gradient_as_bucket_view(config_.gradient_as_bucket_view)
+                                       .comm_hook(comm_hook_of(config_.comm_hook)));
   optimizer_ = make_optimizer(config_, workload_.module->parameters());
   schedule_.kind = config_.lr_schedule;
   schedule_.base_lr = config_.lr;
@@ -74,23 +93,28 @@ Trainer::Trainer(Config config)
   schedule_.step_size = config_.lr_step_size;
   schedule_.gamma = config_.lr_gamma;
   schedule_.total_epochs = config_.epochs;
-  std::ofstream(std::filesystem::path(config_.output_dir) / "config.yaml") << to_yaml(config_);
+  if (dist_.is_main()) {
+    std::ofstream(std::filesystem::path(config_.output_dir) / "config.yaml") << to_yaml(config_);
+  }
 }
 
 TrainResult Trainer::run() {
   TrainResult result;
-  MetricsWriter metrics_file((std::filesystem::path(config_.output_dir) / "metrics.jsonl").string());
-  result.metrics_path = metrics_file.path();
-  log::info("training {} on {} ({} train / {} test samples) on {}, {} threads, batch {}",
+  result.metrics_path = (std::filesystem::path(config_.output_dir) / "metrics.jsonl").string();
+  std::optional<MetricsWriter> metrics_file;  // rank 0 owns the files
+  if (dist_.is_main()) metrics_file.emplace(result.metrics_path);
+  log::info("training {} on {} ({} train / {} test samples) on {} rank(s), {} threads each, batch {} "
+            "per rank ({} global)",
             config_.model, config_.dataset, workload_.train_set.size(), workload_.test_set.size(),
-            dist_.device.str(), torch::get_num_threads(), config_.batch_size);
+            dist_.world_size(), torch::get_num_threads(), config_.batch_size,
+            config_.batch_size * dist_.world_size());
 
   for (int64_t epoch = 0; epoch < config_.epochs; ++epoch) {
     EpochMetrics m;
     m.epoch = epoch + 1;
     train_epoch(epoch, m);
 
-    // Evaluate every eval_every epochs, and always after the last one.
+    // Evaluate every eval_every epochs, and always after the last one (all ranks).
     const bool last = epoch + 1 == config_.epochs;
     if (last || (config_.eval_every > 0 && (epoch + 1) % config_.eval_every == 0)) {
       const Evaluation eval = evaluate();
@@ -98,14 +122,14 @@ TrainResult Trainer::run() {
       m.test_accuracy = eval.accuracy;
     }
 
-    // Log and record the epoch.
+    // Log and record the epoch (rank 0).
     log::info("epoch {}/{}: train loss {:.4f}, test loss {}, test accuracy {}, {:.0f} samples/s, "
               "{:.2f} s, lr {:.4g}",
               m.epoch, config_.epochs, m.train_loss,
               m.test_loss ? fmt::format("{:.4f}", *m.test_loss) : "-",
               m.test_accuracy ? fmt::format("{:.4f}", *m.test_accuracy) : "-", m.samples_per_s,
               m.epoch_seconds, m.lr);
-    metrics_file.write(m);
+    if (metrics_file) metrics_file->write(m);
     result.epochs.push_back(m);
   }
 
@@ -119,15 +143,16 @@ TrainResult Trainer::run() {
 
 void Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
   const auto& train_set = workload_.train_set;
-  data::DistributedSampler sampler(train_set.size(), /*world_size=*/1, /*rank=*/0, /*shuffle=*/true,
+  data::DistributedSampler sampler(train_set.size(), dist_.world_size(), dist_.rank(), /*shuffle=*/true,
                                    static_cast<uint64_t>(config_.seed));
-  sampler.set_epoch(epoch);
+  sampler.set_epoch(epoch);  // here, so nobody can forget it
   const torch::Tensor order = sampler.indices();
-  const int64_t n = order.size(0);
+  const int64_t n = order.size(0);  // the same on every rank: same number of steps
   const int64_t steps_per_epoch = (n + config_.batch_size - 1) / config_.batch_size;
 
   workload_.module->train();
-  double loss_sum = 0.0;
+  // On the device, so the loop never waits for it.
+  auto loss_sum = torch::zeros({}, torch::TensorOptions(torch::kDouble).device(dist_.device));
   const auto start = Clock::now();
   for (int64_t begin = 0; begin < n; begin += config_.batch_size) {
     // Next batch.
@@ -136,46 +161,58 @@ void Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
     auto input = batch.input.to(dist_.device);
     auto target = batch.target.to(dist_.device);
 
-    // Forward, loss, backward, step.
+    // Forward, loss, backward (buckets all-reduced as their gradients arrive), step.
     m.lr = lr_at(schedule_, step_, steps_per_epoch);
     set_lr(*optimizer_, m.lr);
     optimizer_->zero_grad();
-    auto loss = compute_loss(train_set.task, workload_.forward(input), target);
+    auto output = model_->forward_with([&] { return workload_.forward(input); });
+    auto loss = compute_loss(train_set.task, output, target);
     loss.backward();
     optimizer_->step();
     ++step_;
 
-    loss_sum += loss.item<double>() * static_cast<double>(size);
+    loss_sum += loss.detach().to(torch::kDouble) * static_cast<double>(size);
   }
-  m.epoch_seconds = seconds_since(start);
+  const double seconds = seconds_since(start);
+
+  // Global figures: loss over all ranks' samples; throughput bounded by the slowest rank.
+  auto sums = torch::stack({loss_sum, torch::full({}, static_cast<double>(n), loss_sum.options())});
+  dist_.group->all_reduce(sums, comm::ReduceOp::kSum)->wait();
+  auto slowest = torch::full({1}, seconds, loss_sum.options());
+  dist_.group->all_reduce(slowest, comm::ReduceOp::kMax)->wait();
+  sums = sums.cpu();
+  m.epoch_seconds = slowest.cpu().item<double>();
   m.steps = step_;
-  m.train_loss = loss_sum / static_cast<double>(n);
-  m.samples_per_s = static_cast<double>(n) / m.epoch_seconds;
+  m.train_loss = sums[0].item<double>() / sums[1].item<double>();
+  m.samples_per_s = sums[1].item<double>() / m.epoch_seconds;
 }
 
 Evaluation Trainer::evaluate() {
+  model_->pre_forward();  // rank 0's buffers, as a forward through DDP would use
   torch::NoGradGuard no_grad;
   workload_.module->eval();
   const auto& test_set = workload_.test_set;
-  const int64_t n = test_set.size();
-  const torch::Tensor order = data::evaluation_indices(n, /*world_size=*/1, /*rank=*/0);
-  double loss_sum = 0.0;
-  int64_t correct = 0;
+  // Unpadded shards: every test sample counted once over all ranks. Ranks may run different
+  // numbers of batches, so no collective inside this loop.
+  const torch::Tensor order = data::evaluation_indices(test_set.size(), dist_.world_size(), dist_.rank());
+  const int64_t n = order.size(0);
+  auto sums = torch::zeros({3}, torch::TensorOptions(torch::kDouble).device(dist_.device));  // loss, correct, count
   for (int64_t begin = 0; begin < n; begin += config_.batch_size) {
     const int64_t size = std::min(config_.batch_size, n - begin);
     data::Batch batch = test_set.gather(order.narrow(0, begin, size));
     auto target = batch.target.to(dist_.device);
     auto output = workload_.forward(batch.input.to(dist_.device));
-    loss_sum += compute_loss(test_set.task, output, target).item<double>() * static_cast<double>(size);
+    sums[0] += compute_loss(test_set.task, output, target).to(torch::kDouble) * static_cast<double>(size);
     if (test_set.task == data::Task::kClassification) {
-      correct += output.argmax(1).eq(target).sum().item<int64_t>();
+      sums[1] += output.argmax(1).eq(target).sum().to(torch::kDouble);
     }
   }
+  sums[2] += static_cast<double>(n);
+  dist_.group->all_reduce(sums, comm::ReduceOp::kSum)->wait();
+  sums = sums.cpu();
   Evaluation out;
-  out.loss = loss_sum / static_cast<double>(n);
-  if (test_set.task == data::Task::kClassification) {
-    out.accuracy = static_cast<double>(correct) / static_cast<double>(n);
-  }
+  out.loss = sums[0].item<double>() / sums[2].item<double>();
+  if (test_set.task == data::Task::kClassification) out.accuracy = sums[1].item<double>() / sums[2].item<double>();
   workload_.module->train();
   return out;
 }

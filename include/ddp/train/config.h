@@ -34,6 +34,12 @@ struct Config {
   std::string backend = "auto";      // auto: nccl on CUDA, mpi under mpirun, gloo, local
   double comm_timeout = 600.0;       // seconds a collective may wait for the other ranks
   double rendezvous_timeout = 300.0; // seconds ranks wait for each other at start-up
+  // DistributedDataParallel, with PyTorch's names and defaults.
+  double bucket_cap_mb = 25.0;
+  bool broadcast_buffers = true;
+  bool find_unused_parameters = false;
+  bool gradient_as_bucket_view = false;
+  std::string comm_hook = "allreduce";  // allreduce | fp16 | bf16
   int64_t threads = 0;  // 0: leave LibTorch's default
   std::string output_dir = "runs/latest";
   std::string log_level = "info";

@@ -15,7 +15,7 @@ namespace ddp::train {
 struct Distributed {
   comm::LaunchInfo launch;
   torch::Device device = torch::kCPU;
-  std::unique_ptr<comm::ProcessGroup> group;
+  std::shared_ptr<comm::ProcessGroup> group;
 
   int rank() const { return group->rank(); }
   int world_size() const { return group->world_size(); }

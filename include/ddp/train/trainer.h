@@ -1,6 +1,7 @@
 #pragma once
-// The training loop. Reads top to bottom: next batch, forward, loss, backward, step, then the
-// periodic blocks (log, evaluate).
+// The training loop. Reads top to bottom: next batch, forward, loss, backward (buckets are
+// all-reduced while it runs), step, then the periodic blocks (log and metrics on rank 0,
+// evaluation on every rank).
 
 #include <torch/optim/optimizer.h>
 
@@ -8,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "ddp/core/distributed_data_parallel.h"
 #include "ddp/train/config.h"
 #include "ddp/train/distributed.h"
 #include "ddp/train/lr_schedule.h"
@@ -40,10 +42,13 @@ class Trainer {
   // Trains config.epochs epochs, writing metrics after each; returns them.
   TrainResult run();
 
-  // Loss (and accuracy) over the whole test set, in eval mode without gradients.
+  // Loss (and accuracy) over the whole test set, in eval mode without gradients: each rank
+  // evaluates its unpadded shard, the sums are all-reduced (every sample counted once).
   Evaluation evaluate();
 
+  // The model without the DDP wrapper.
   torch::nn::Module& module() { return *workload_.module; }
+  const Distributed& distributed() const { return dist_; }
   const Config& config() const { return config_; }
 
  private:
@@ -53,6 +58,7 @@ class Trainer {
   Config config_;
   Distributed dist_;
   Workload workload_;
+  DistributedDataParallel model_{nullptr};
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   LrSchedule schedule_;
   int64_t step_ = 0;  // optimizer steps taken

@@ -1,0 +1,77 @@
+// ddp_train with several ranks: 2 ranks with batch B train exactly as 1 process with batch 2B
+// (the sampler's shards of a global batch are that batch), under mpirun and the env contract.
+#include <gtest/gtest.h>
+
+#include <regex>
+
+#include "ranks.h"
+#include "subprocess.h"
+
+namespace {
+
+using ddp::testing::TempDir;
+
+// The last line of a metrics file.
+std::string last_metrics(const std::string& dir) {
+  auto text = ddp::testing::read_file(dir + "/metrics.jsonl");
+  text.pop_back();
+  return text.substr(text.rfind('\n') + 1);
+}
+
+double field(const std::string& json, const std::string& name) {
+  std::smatch m;
+  EXPECT_TRUE(std::regex_search(json, m, std::regex("\"" + name + "\": ([-0-9.e+]+)"))) << json;
+  return std::stod(m[1]);
+}
+
+std::vector<std::string> job(const std::string& out, int64_t batch, std::vector<std::string> extra = {}) {
+  std::vector<std::string> argv = {DDP_TRAIN_BIN, "--config", std::string(DDP_SOURCE_DIR) + "/configs/random_linear.yaml",
+                                   "--epochs", "3", "--batch-size", std::to_string(batch), "--output-dir", out};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
+
+void expect_same_training(const std::string& a, const std::string& b) {
+  const auto ma = last_metrics(a);
+  const auto mb = last_metrics(b);
+  EXPECT_EQ(field(ma, "steps"), field(mb, "steps"));
+  for (const char* name : {"train_loss", "test_loss"}) {
+    EXPECT_NEAR(field(ma, name), field(mb, name), 1e-5 * std::abs(field(mb, name))) << name << "\n" << ma << "\n" << mb;
+  }
+}
+
+TEST(DdpTrain, TwoRanksUnderMpirunEqualOneProcessWithTwiceTheBatch) {
+  TempDir one, two;
+  auto single = ddp::testing::run_process(job(one.path(), 30), {}, std::chrono::seconds(60));
+  ASSERT_EQ(single.exit_code, 0) << single.output;
+  auto pair = ddp::testing::run_mpirun(2, job(two.path(), 15), std::chrono::seconds(120));
+  ASSERT_EQ(pair.exit_code, 0) << pair.output;
+  EXPECT_NE(pair.output.find("2 rank(s), backend mpi"), std::string::npos) << pair.output;
+  EXPECT_NE(pair.output.find("batch 15 per rank (30 global)"), std::string::npos) << pair.output;
+  // Rank 0 alone logs.
+  EXPECT_EQ(pair.output.find("[rank 1] [info]"), std::string::npos) << pair.output;
+  expect_same_training(two.path(), one.path());
+}
+
+TEST(DdpTrain, TwoRanksWithTheEnvContractEqualOneProcessWithTwiceTheBatch) {
+  TempDir one, two;
+  auto single = ddp::testing::run_process(job(one.path(), 30), {}, std::chrono::seconds(60));
+  ASSERT_EQ(single.exit_code, 0) << single.output;
+  auto ranks = ddp::testing::run_env_ranks(2, job(two.path(), 15), std::chrono::seconds(120));
+  for (const auto& r : ranks) ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(ranks[0].output.find("2 rank(s), backend gloo"), std::string::npos) << ranks[0].output;
+  EXPECT_EQ(ranks[1].output.find("[info]"), std::string::npos) << ranks[1].output;
+  expect_same_training(two.path(), one.path());
+}
+
+TEST(DdpTrain, FashionMnistOnTwoRanksLearns) {
+  TempDir out;
+  auto r = ddp::testing::run_mpirun(
+      2, {DDP_TRAIN_BIN, "--config", std::string(DDP_SOURCE_DIR) + "/configs/fashion_mnist_mlp.yaml", "--epochs", "1",
+          "--output-dir", out.path()},
+      std::chrono::seconds(200));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_GE(field(last_metrics(out.path()), "test_accuracy"), 0.80);
+}
+
+}  // namespace
