@@ -151,6 +151,18 @@ torch::Tensor DistributedDataParallelImpl::forward(const torch::Tensor& input) {
   return forward_(input);
 }
 
+void DistributedDataParallelImpl::zero_grad(bool set_to_none) {
+  for (auto& p : module_->parameters()) {
+    auto& grad = p.mutable_grad();
+    if (!grad.defined()) continue;
+    if (set_to_none) {
+      grad = torch::Tensor();
+    } else {
+      grad.zero_();  // in place: a bucket view stays a view
+    }
+  }
+}
+
 DistributedDataParallelImpl::NoSyncGuard::NoSyncGuard(core::Reducer& reducer)
     : reducer_(reducer), previous_(reducer.require_sync()) {
   reducer_.set_require_sync(false);

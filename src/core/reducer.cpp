@@ -42,7 +42,9 @@ Reducer::Reducer(std::vector<torch::Tensor> params, std::vector<std::string> nam
       names_(std::move(names)),
       group_(std::move(group)),
       options_(options),
-      hooks_(std::make_unique<Hooks>()) {
+      hooks_(std::make_unique<Hooks>()),
+      passthrough_(group_->world_size() == 1 && options_.comm_hook == CommHook::kAllReduce &&
+                   !options_.gradient_as_bucket_view) {
   DDP_CHECK(params_.size() == names_.size(), "one name per parameter");
   // Gradients arrive roughly in reverse registration order: bucket that way until the first
   // iteration shows the real order.
@@ -130,7 +132,9 @@ void Reducer::mark_ready(size_t index) {
   stats_.last_grad = Clock::now();
   auto& grad = params_[index].mutable_grad();
   auto& view = slot(index);
-  if (!grad.defined()) {
+  if (passthrough_) {
+    // One rank: the average is the gradient itself, already in .grad.
+  } else if (!grad.defined()) {
     view.zero_();  // an unused parameter contributes zeros, as in PyTorch
   } else if (options_.gradient_as_bucket_view) {
     if (!grad.is_alias_of(view)) {  // autograd made a fresh .grad (first use, or set to none)
@@ -150,6 +154,11 @@ void Reducer::launch_ready_buckets() {
 void Reducer::launch(size_t b) {
   auto& bucket = buckets_[b];
   stats_.bucket_launch[b] = Clock::now();
+  if (passthrough_) {
+    bucket.wire = bucket.flat;
+    bucket.work = std::make_shared<comm::CompletedWork>();
+    return;
+  }
   switch (options_.comm_hook) {
     case CommHook::kAllReduce:
       bucket.wire = bucket.flat;
@@ -206,6 +215,7 @@ void Reducer::finalize() {
     bucket.work->wait();
     if (!bucket.wire.is_same(bucket.flat)) bucket.flat.copy_(bucket.wire);  // decompress
     bucket.wire = torch::Tensor();
+    if (passthrough_) continue;
     for (size_t k = 0; k < bucket.params.size(); ++k) {
       const size_t i = bucket.params[k];
       // A parameter no rank used keeps its .grad as it was, as in PyTorch.

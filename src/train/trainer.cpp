@@ -164,7 +164,7 @@ void Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
     // Forward, loss, backward (buckets all-reduced as their gradients arrive), step.
     m.lr = lr_at(schedule_, step_, steps_per_epoch);
     set_lr(*optimizer_, m.lr);
-    optimizer_->zero_grad();
+    model_->zero_grad();  // in place, so gradient_as_bucket_view keeps its views
     auto output = model_->forward_with([&] { return workload_.forward(input); });
     auto loss = compute_loss(train_set.task, output, target);
     loss.backward();

@@ -2,7 +2,7 @@
 // model for 5 steps with DDP, per-rank batch B, and, in the same process, the same model without
 // DDP on the global batch of world * B samples; exits 0 only if the parameters agree.
 //   ddp_worker BACKEND SCENARIO
-// SCENARIO: sgd | nosync | adam | fp16 | unused | unused-find | mismatch | overlap
+// SCENARIO: sgd | nosync | adam | fp16 | bucket-view | unused | unused-find | mismatch | overlap
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -80,6 +80,7 @@ int main(int argc, char** argv) {
                        .bucket_cap_mb(1024.0 / (1 << 20))  // ~1 KB buckets: several per model
                        .first_bucket_mb(256.0 / (1 << 20))
                        .find_unused_parameters(scenario == "unused-find")
+                       .gradient_as_bucket_view(scenario == "bucket-view")
                        .comm_hook(scenario == "fp16" ? ddp::CommHook::kFp16Compress : ddp::CommHook::kAllReduce);
     ddp::DistributedDataParallel model(net, group, options);
     auto optimizer = make_optimizer(scenario, model->parameters());
@@ -92,7 +93,7 @@ int main(int argc, char** argv) {
     for (int64_t step = 0; step < kSteps; ++step) {
       const int64_t global = step * world * kBatch;
       // DDP: this rank's slice of the global batch, in `micro` micro-batches.
-      optimizer->zero_grad();
+      model->zero_grad();
       for (int m = 0; m < micro; ++m) {
         const int64_t size = kBatch / micro;
         const auto rows = torch::arange(global + rank * kBatch + m * size, global + rank * kBatch + (m + 1) * size);

@@ -118,6 +118,9 @@ class Reducer {
 
   bool require_sync_ = true;
   bool rebuilt_ = false;
+  // World size 1 with the plain all-reduce: the average of one gradient is itself, so the
+  // hooks keep their bookkeeping (unused-parameter checks, stats) but copy nothing.
+  const bool passthrough_;
 };
 
 }  // namespace ddp::core

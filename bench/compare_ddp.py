@@ -1,0 +1,92 @@
+#!/usr/bin/python3
+"""ddp_train against PyTorch's Python DDP (gloo): the MLP on Fashion-MNIST, one epoch, batch 64
+per rank, one thread per rank, worlds 1 and 2, interleaved rounds, ratios within a round.
+
+Ours runs as ddp_train (world 1: the local backend, as a plain run; world 2: ranks started with
+the env contract on gloo, and also under mpirun on mpi); Python's as bench/ddp_reference.py with
+the env contract. Prints a Markdown table for docs/benchmarks.md.
+"""
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def env_job(cmd, world):
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=900)[0] for p in procs]
+    if any(p.returncode for p in procs):
+        raise SystemExit(f"{cmd} failed")
+    return outs[0]
+
+
+def ours(binary, world, launcher, out_dir):
+    cmd = [binary, "--config", os.path.join(ROOT, "configs", "fashion_mnist_mlp.yaml"), "--epochs", "1",
+           "--threads", "1", "--output-dir", out_dir, "--log-level", "warn", "--eval-every", "0"]
+    if world == 1:
+        subprocess.run(cmd, check=True)
+    elif launcher == "env":
+        env_job(cmd + ["--backend", "gloo"], world)
+    else:
+        subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "self,vader",
+                        "-np", str(world)] + cmd, check=True)
+    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+        return json.loads(f.readline())["samples_per_s"]
+
+
+def python(world):
+    out = env_job(["/usr/bin/python3", os.path.join(HERE, "ddp_reference.py"), "--threads", "1"], world)
+    return json.loads(out.splitlines()[-1])["samples_per_s"]
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--binary", default=os.path.join(ROOT, "build", "ddp_train"))
+    p.add_argument("--rounds", type=int, default=5)
+    args = p.parse_args()
+    configs = [(1, "plain"), (2, "env"), (2, "mpirun")]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for world, launcher in configs:
+            a, b, ratios = [], [], []
+            for r in range(args.rounds):
+                if r % 2 == 0:
+                    x = ours(args.binary, world, launcher, tmp)
+                    y = python(world)
+                else:
+                    y = python(world)
+                    x = ours(args.binary, world, launcher, tmp)
+                a.append(x)
+                b.append(y)
+                ratios.append(x / y)
+                print(f"world {world} {launcher} round {r}: ours {x:.0f} python {y:.0f} ratio {x / y:.2f}",
+                      file=sys.stderr)
+            rows.append((world, launcher, statistics.median(a), statistics.median(b), statistics.median(ratios),
+                         min(ratios), max(ratios)))
+    print("| world | ddp_train (backend) | ddp_train samples/s | PyTorch DDP gloo samples/s | ratio (median) | min-max |")
+    print("|---|---|---|---|---|---|")
+    names = {"plain": "local", "env": "gloo", "mpirun": "mpi"}
+    for world, launcher, x, y, m, lo, hi in rows:
+        print(f"| {world} | {names[launcher]} | {x:.0f} | {y:.0f} | {m:.2f}x | {lo:.2f}-{hi:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
