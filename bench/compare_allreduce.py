@@ -7,32 +7,18 @@ torchrun's env contract on this host, and takes per size the ratio Python time /
 """
 import argparse
 import os
-import socket
 import statistics
-import subprocess
 import sys
+
+from benchlib import env_job
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_job(cmd, world):
-    port = free_port()
-    procs = []
-    for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
-    outs = [p.communicate(timeout=600)[0] for p in procs]
-    if any(p.returncode != 0 for p in procs):
-        raise SystemExit(f"{cmd[0]} failed: {[p.returncode for p in procs]}")
+    """Rank 0's table as {bytes: time in us}."""
     times = {}
-    for line in outs[0].splitlines():
+    for line in env_job(cmd, world, timeout=600).splitlines():
         fields = line.split()
         if fields and fields[0].isdigit():
             times[int(fields[0])] = float(fields[2])

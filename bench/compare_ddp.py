@@ -9,33 +9,15 @@ the env contract. Prints a Markdown table for docs/benchmarks.md.
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 
+from benchlib import env_job
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def env_job(cmd, world):
-    port = free_port()
-    procs = []
-    for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
-    outs = [p.communicate(timeout=900)[0] for p in procs]
-    if any(p.returncode for p in procs):
-        raise SystemExit(f"{cmd} failed")
-    return outs[0]
 
 
 def ours(binary, world, launcher, out_dir):

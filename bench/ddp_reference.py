@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mlp_reference import load  # noqa: E402  (same data loading and normalisation)
+from mlp_reference import load, make_mlp  # noqa: E402  (the same data and model)
 
 
 def main():
@@ -35,8 +35,7 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     train_set = load(args.data, "train")
-    model = DDP(nn.Sequential(nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256),
-                              nn.ReLU(), nn.Linear(256, 10)))
+    model = DDP(make_mlp())
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=0)
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)

@@ -33,6 +33,11 @@ def load(data_dir, prefix):
     return TensorDataset(images, labels.long())
 
 
+def make_mlp():
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256),
+                         nn.ReLU(), nn.Linear(256, 10))
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
@@ -46,8 +51,7 @@ def main():
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     train_set, test_set = load(args.data, "train"), load(args.data, "t10k")
-    model = nn.Sequential(nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256),
-                          nn.ReLU(), nn.Linear(256, 10))
+    model = make_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     loader = DataLoader(train_set, batch_size=args.batch_size, shuffle=True)
     loss_fn = nn.CrossEntropyLoss()

@@ -1,0 +1,24 @@
+"""What the comparison drivers share: starting the ranks of a job with torchrun's env contract."""
+import os
+import socket
+import subprocess
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def env_job(cmd, world, timeout=900):
+    """Runs `world` ranks of `cmd` on this host; returns rank 0's stdout; exits on any failure."""
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=timeout)[0] for p in procs]
+    if any(p.returncode for p in procs):
+        raise SystemExit(f"{cmd[0]} failed: exit codes {[p.returncode for p in procs]}")
+    return outs[0]
