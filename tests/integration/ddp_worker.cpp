@@ -2,7 +2,8 @@
 // model for 5 steps with DDP, per-rank batch B, and, in the same process, the same model without
 // DDP on the global batch of world * B samples; exits 0 only if the parameters agree.
 //   ddp_worker BACKEND SCENARIO
-// SCENARIO: sgd | nosync | adam | fp16 | bucket-view | unused | unused-find | mismatch | overlap
+// SCENARIO: sgd | nosync | adam | fp16 | bucket-view | unused | unused-find | mismatch | overlap |
+//           buffers | no-buffers
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -51,6 +52,28 @@ double max_relative_error(Net ours, Net reference) {
   return worst;
 }
 
+// BatchNorm's running statistics are buffers: each rank's forward updates them from its own
+// batch. With broadcast_buffers, rank 0's are broadcast before each forward, so after
+// pre_forward() every rank holds rank 0's; without, they stay apart. Prints their checksum.
+int check_buffers(const std::shared_ptr<ddp::comm::ProcessGroup>& group, bool broadcast) {
+  torch::manual_seed(100);
+  torch::nn::Sequential net(torch::nn::Linear(kIn, kHidden), torch::nn::BatchNorm1d(kHidden), torch::nn::ReLU(),
+                            torch::nn::Linear(kHidden, kOut));
+  ddp::DistributedDataParallel model(net, group, ddp::DistributedDataParallelOptions().broadcast_buffers(broadcast));
+  torch::optim::SGD optimizer(model->parameters(), 0.1);
+  torch::manual_seed(static_cast<uint64_t>(group->rank()));  // different data on every rank
+  for (int step = 0; step < 3; ++step) {
+    model->zero_grad();
+    torch::mse_loss(model->forward(torch::randn({kBatch, kIn})), torch::randn({kBatch, kOut})).backward();
+    optimizer.step();
+  }
+  model->pre_forward();
+  double checksum = 0.0;
+  for (const auto& b : net->buffers()) checksum += b.to(torch::kDouble).sum().item<double>();
+  std::cout << fmt::format("rank {}/{}: buffer checksum {:.9f}\n", group->rank(), group->world_size(), checksum);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -70,6 +93,7 @@ int main(int argc, char** argv) {
         ddp::comm::create_process_group(backend, launch, pg_options, false);
     const int world = group->world_size();
     const int rank = group->rank();
+    if (scenario == "buffers" || scenario == "no-buffers") return check_buffers(group, scenario == "buffers");
     const bool with_unused = scenario == "unused" || scenario == "unused-find";
     const int64_t hidden = scenario == "mismatch" && rank == 1 ? kHidden + 1 : kHidden;
 

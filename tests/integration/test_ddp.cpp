@@ -29,6 +29,7 @@ struct Case {
   int world;
   std::string scenario;
 };
+void PrintTo(const Case& c, std::ostream* os) { *os << c.scenario << " on " << c.world << " ranks"; }
 
 class GlooDdp : public ::testing::TestWithParam<Case> {};
 
@@ -96,6 +97,22 @@ TEST(Ddp, MismatchedModelsFailOnEveryRankWithinSeconds) {
             std::string::npos)
       << results[0].output;
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(20));
+}
+
+std::string buffer_checksum(const ProcessResult& r) {
+  std::smatch m;
+  EXPECT_TRUE(std::regex_search(r.output, m, std::regex("buffer checksum (-?[0-9.]+)"))) << r.output;
+  return m.size() > 1 ? m[1].str() : "";
+}
+
+TEST(Ddp, BroadcastBuffersGivesEveryRankRankZerosBatchNormStatistics) {
+  auto with = gloo_job(3, "buffers");
+  expect_all_pass(with);
+  EXPECT_EQ(buffer_checksum(with[1]), buffer_checksum(with[0]));
+  EXPECT_EQ(buffer_checksum(with[2]), buffer_checksum(with[0]));
+  auto without = gloo_job(2, "no-buffers");
+  expect_all_pass(without);
+  EXPECT_NE(buffer_checksum(without[1]), buffer_checksum(without[0]));  // each rank's own batches
 }
 
 TEST(Ddp, FirstBucketIsLaunchedBeforeBackwardEnds) {
