@@ -25,7 +25,8 @@ double time_all_reduce(ddp::comm::ProcessGroup& pg, at::Tensor& t, int warmup, i
   pg.barrier()->wait();
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < iters; ++i) pg.all_reduce(t)->wait();
-  const double local = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters;
+  const double local =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters;
   // The slowest rank's time is the collective's time.
   auto slowest = at::full({1}, local, at::kDouble).to(t.device());
   pg.all_reduce(slowest, ddp::comm::ReduceOp::kMax)->wait();
@@ -36,16 +37,16 @@ double time_all_reduce(ddp::comm::ProcessGroup& pg, at::Tensor& t, int warmup, i
 
 int main(int argc, char** argv) {
   cxxopts::Options options("ddp_bench_allreduce", "All-reduce bandwidth of a ddp backend");
-  options.add_options()
-      ("backend", "gloo, mpi, nccl, local (default: the launch's default)", cxxopts::value<std::string>()->default_value("auto"))
-      ("min-bytes", "smallest message", cxxopts::value<int64_t>()->default_value("4096"))
-      ("max-bytes", "largest message", cxxopts::value<int64_t>()->default_value("67108864"))
-      ("factor", "size multiplier between rows", cxxopts::value<int64_t>()->default_value("4"))
-      ("warmup", "untimed iterations per size", cxxopts::value<int>()->default_value("3"))
-      ("iters", "timed iterations per size", cxxopts::value<int>()->default_value("20"))
-      ("device", "cpu or cuda", cxxopts::value<std::string>()->default_value("cpu"))
-      ("threads", "intra-op threads", cxxopts::value<int>()->default_value("1"))
-      ("h,help", "print this help");
+  options.add_options()("backend", "gloo, mpi, nccl, local (default: the launch's default)",
+                        cxxopts::value<std::string>()->default_value("auto"))(
+      "min-bytes", "smallest message", cxxopts::value<int64_t>()->default_value("4096"))(
+      "max-bytes", "largest message", cxxopts::value<int64_t>()->default_value("67108864"))(
+      "factor", "size multiplier between rows", cxxopts::value<int64_t>()->default_value("4"))(
+      "warmup", "untimed iterations per size", cxxopts::value<int>()->default_value("3"))(
+      "iters", "timed iterations per size", cxxopts::value<int>()->default_value("20"))(
+      "device", "cpu or cuda", cxxopts::value<std::string>()->default_value("cpu"))(
+      "threads", "intra-op threads", cxxopts::value<int>()->default_value("1"))("h,help",
+                                                                                "print this help");
   try {
     auto args = options.parse(argc, argv);
     if (args.count("help") != 0U) {
@@ -58,20 +59,23 @@ int main(int argc, char** argv) {
     std::string backend = args["backend"].as<std::string>();
     if (backend == "auto") backend = ddp::comm::default_backend(launch, cuda);
     auto pg = ddp::comm::create_process_group(backend, launch, {}, cuda);
-    const auto device = cuda ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(launch.local_rank))
-                             : at::Device(at::kCPU);
+    const auto device =
+        cuda ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(launch.local_rank))
+             : at::Device(at::kCPU);
     const int n = pg->world_size();
     if (pg->rank() == 0) {
-      std::cout << fmt::format("# ddp_bench_allreduce: backend {}, {} ranks, float32 sum, {} iterations\n",
-                               pg->backend_name(), n, args["iters"].as<int>());
-      std::cout << fmt::format("{:>12} {:>12} {:>12} {:>10} {:>10}\n", "bytes", "elements", "time(us)",
-                               "algbw", "busbw");
+      std::cout << fmt::format(
+          "# ddp_bench_allreduce: backend {}, {} ranks, float32 sum, {} iterations\n",
+          pg->backend_name(), n, args["iters"].as<int>());
+      std::cout << fmt::format("{:>12} {:>12} {:>12} {:>10} {:>10}\n", "bytes", "elements",
+                               "time(us)", "algbw", "busbw");
     }
     for (int64_t bytes = args["min-bytes"].as<int64_t>(); bytes <= args["max-bytes"].as<int64_t>();
          bytes *= args["factor"].as<int64_t>()) {
       const int64_t count = bytes / 4;
       auto t = at::ones({count}, at::TensorOptions(at::kFloat).device(device));
-      const double seconds = time_all_reduce(*pg, t, args["warmup"].as<int>(), args["iters"].as<int>());
+      const double seconds =
+          time_all_reduce(*pg, t, args["warmup"].as<int>(), args["iters"].as<int>());
       const double algbw = static_cast<double>(bytes) / seconds / 1e9;
       const double busbw = algbw * 2.0 * (n - 1) / n;
       if (pg->rank() == 0) {

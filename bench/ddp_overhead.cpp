@@ -25,7 +25,8 @@ double train(const ddp::data::TensorDataset& data, bool wrapped, bool bucket_vie
   auto net = ddp::models::make_mlp();
   ddp::DistributedDataParallel model{nullptr};
   if (wrapped) {
-    model = ddp::DistributedDataParallel(net, group, ddp::DistributedDataParallelOptions().gradient_as_bucket_view(bucket_view));
+    model = ddp::DistributedDataParallel(
+        net, group, ddp::DistributedDataParallelOptions().gradient_as_bucket_view(bucket_view));
   }
   torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.02).momentum(0.9));
   const auto order = torch::randperm(data.size(), torch::kLong);
@@ -49,7 +50,8 @@ double train(const ddp::data::TensorDataset& data, bool wrapped, bool bucket_vie
 int main(int argc, char** argv) {
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 7;
   torch::set_num_threads(1);
-  const auto data = ddp::data::load_fashion_mnist("/usr/share/datasets/fashion-mnist", ddp::data::Split::kTrain);
+  const auto data =
+      ddp::data::load_fashion_mnist("/usr/share/datasets/fashion-mnist", ddp::data::Split::kTrain);
   std::shared_ptr<ddp::comm::ProcessGroup> group =
       ddp::comm::create_process_group("local", ddp::comm::detect_launch({}), {}, false);
   train(data, false, false, group);  // warm-up
@@ -60,14 +62,16 @@ int main(int argc, char** argv) {
     const double view = train(data, true, true, group);
     copy_overhead.push_back(copy / plain - 1.0);
     view_overhead.push_back(view / plain - 1.0);
-    std::cout << fmt::format("round {}: plain {:.3f} s, DDP {:.3f} s ({:+.1f} %), DDP with gradient_as_bucket_view "
-                             "{:.3f} s ({:+.1f} %)\n",
-                             r, plain, copy, 100 * copy_overhead.back(), view, 100 * view_overhead.back());
+    std::cout << fmt::format(
+        "round {}: plain {:.3f} s, DDP {:.3f} s ({:+.1f} %), DDP with gradient_as_bucket_view "
+        "{:.3f} s ({:+.1f} %)\n",
+        r, plain, copy, 100 * copy_overhead.back(), view, 100 * view_overhead.back());
   }
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
-  std::cout << fmt::format("median overhead at world size 1: DDP {:+.1f} %, with gradient_as_bucket_view {:+.1f} %\n",
-                           100 * median(copy_overhead), 100 * median(view_overhead));
+  std::cout << fmt::format(
+      "median overhead at world size 1: DDP {:+.1f} %, with gradient_as_bucket_view {:+.1f} %\n",
+      100 * median(copy_overhead), 100 * median(view_overhead));
 }

@@ -9,8 +9,8 @@
 #include <cxxopts.hpp>
 #include <iostream>
 
-#include "ddp/common/error.h"
 #include "ddp/comm/rendezvous.h"
+#include "ddp/common/error.h"
 #include "ddp/common/log.h"
 #include "ddp/train/config.h"
 #include "ddp/train/trainer.h"
@@ -21,12 +21,11 @@ namespace {
 cxxopts::Options make_options() {
   cxxopts::Options options("ddp_train", "Distributed data-parallel training for LibTorch");
   options.set_width(100);
-  options.add_options("General")
-      ("config", "YAML config file; command-line options override its keys",
-       cxxopts::value<std::string>(), "PATH")
-      ("h,help", "print this help and exit")
-      ("version", "print the version, the LibTorch version and the compiled backends")
-      ("list-devices", "print the visible CUDA devices (index, name, memory) and exit");
+  options.add_options("General")(
+      "config", "YAML config file; command-line options override its keys",
+      cxxopts::value<std::string>(), "PATH")("h,help", "print this help and exit")(
+      "version", "print the version, the LibTorch version and the compiled backends")(
+      "list-devices", "print the visible CUDA devices (index, name, memory) and exit");
   // One option per config key, generated from the same table the YAML loader uses.
   const ddp::train::Config defaults;
   auto adder = options.add_options("Training");

@@ -57,10 +57,13 @@ class GlooWork : public Work {
 
 c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kMin: return c10d::ReduceOp::MIN;
-    case ReduceOp::kMax: return c10d::ReduceOp::MAX;
+    case ReduceOp::kMin:
+      return c10d::ReduceOp::MIN;
+    case ReduceOp::kMax:
+      return c10d::ReduceOp::MAX;
     case ReduceOp::kSum:
-    case ReduceOp::kAvg: return c10d::ReduceOp::SUM;
+    case ReduceOp::kAvg:
+      return c10d::ReduceOp::SUM;
   }
   return c10d::ReduceOp::SUM;
 }
@@ -81,15 +84,17 @@ class GlooProcessGroup : public ProcessGroup {
     opts->devices.push_back(make_device(launch));
     opts->threads = 2;  // as torch.distributed does for one device
     try {
-      pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store, launch.rank, launch.world_size, opts);
+      pg_ =
+          c10::make_intrusive<c10d::ProcessGroupGloo>(store, launch.rank, launch.world_size, opts);
     } catch (const std::exception& e) {
       CollectiveInfo info;
       info.op = "rendezvous";
       info.rank = launch.rank;
       info.world_size = launch.world_size;
       const std::string what = e.what();
-      throw CommError(info, fmt::format("rank {}: gloo could not connect the {} ranks: {}", launch.rank,
-                                        launch.world_size, what.substr(0, what.find('\n'))));
+      throw CommError(info,
+                      fmt::format("rank {}: gloo could not connect the {} ranks: {}", launch.rank,
+                                  launch.world_size, what.substr(0, what.find('\n'))));
     }
   }
   std::string backend_name() const override { return "gloo"; }
@@ -109,13 +114,15 @@ class GlooProcessGroup : public ProcessGroup {
     opts.rootRank = root;
     return wrap(pg_->broadcast(tensors, opts), info);
   }
-  WorkPtr do_all_gather(at::Tensor& output, const at::Tensor& input, const CollectiveInfo& info) override {
+  WorkPtr do_all_gather(at::Tensor& output, const at::Tensor& input,
+                        const CollectiveInfo& info) override {
     check_cpu(input, info);
     check_cpu(output, info);
     // c10d wants one output tensor per rank: views into the flat output, so no copy follows.
     std::vector<std::vector<at::Tensor>> outputs(1);
     const auto flat = input.reshape({-1});
-    for (int r = 0; r < world_size(); ++r) outputs[0].push_back(output.narrow(0, r * input.numel(), input.numel()));
+    for (int r = 0; r < world_size(); ++r)
+      outputs[0].push_back(output.narrow(0, r * input.numel(), input.numel()));
     std::vector<at::Tensor> inputs{flat};
     return wrap(pg_->allgather(outputs, inputs, c10d::AllgatherOptions()), info);
   }
@@ -126,15 +133,16 @@ class GlooProcessGroup : public ProcessGroup {
  private:
   WorkPtr wrap(c10::intrusive_ptr<c10d::Work> work, const CollectiveInfo& info,
                at::Tensor divide = at::Tensor()) {
-    return std::make_shared<GlooWork>(std::move(work), info, timeout_message(info), std::move(divide),
-                                      world_size());
+    return std::make_shared<GlooWork>(std::move(work), info, timeout_message(info),
+                                      std::move(divide), world_size());
   }
 
   // GLOO_SOCKET_IFNAME names an interface as in PyTorch; a job on one host uses loopback;
   // otherwise gloo binds to the address this host's name resolves to. Never MASTER_ADDR:
   // that is another machine's address on every node but the first (NOTES.md s.3).
   static std::shared_ptr<::gloo::transport::Device> make_device(const LaunchInfo& launch) {
-    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname != nullptr && *ifname != '\0') {
+    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+        ifname != nullptr && *ifname != '\0') {
       return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
     }
     if (launch.local_world_size == launch.world_size) {

@@ -14,7 +14,8 @@ class LocalProcessGroup : public ProcessGroup {
  protected:
   WorkPtr do_all_reduce(at::Tensor&, ReduceOp, const CollectiveInfo&) override { return done(); }
   WorkPtr do_broadcast(at::Tensor&, int, const CollectiveInfo&) override { return done(); }
-  WorkPtr do_all_gather(at::Tensor& output, const at::Tensor& input, const CollectiveInfo&) override {
+  WorkPtr do_all_gather(at::Tensor& output, const at::Tensor& input,
+                        const CollectiveInfo&) override {
     output.view_as(input).copy_(input);
     return done();
   }

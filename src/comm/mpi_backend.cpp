@@ -22,13 +22,13 @@ std::string mpi_error_string(int code) {
 }
 
 // The one check macro for MPI: a failed call becomes an Error naming file, line, rank and call.
-#define DDP_MPI_CHECK(call, rank)                                                              \
-  do {                                                                                         \
-    const int ddp_mpi_rc = (call);                                                             \
-    if (ddp_mpi_rc != MPI_SUCCESS) {                                                           \
+#define DDP_MPI_CHECK(call, rank)                                                                 \
+  do {                                                                                            \
+    const int ddp_mpi_rc = (call);                                                                \
+    if (ddp_mpi_rc != MPI_SUCCESS) {                                                              \
       throw ::ddp::Error(fmt::format("{}:{}: rank {}: {} failed: {}", __FILE__, __LINE__, (rank), \
-                                     #call, mpi_error_string(ddp_mpi_rc)));                    \
-    }                                                                                          \
+                                     #call, mpi_error_string(ddp_mpi_rc)));                       \
+    }                                                                                             \
   } while (0)
 
 // Set once a collective failed: MPI_Finalize would then wait forever for the peers, so the
@@ -52,36 +52,45 @@ void ensure_initialized() {
 
 MPI_Datatype to_mpi(const at::Tensor& t, const CollectiveInfo& info) {
   switch (t.scalar_type()) {
-    case at::kFloat: return MPI_FLOAT;
-    case at::kDouble: return MPI_DOUBLE;
-    case at::kLong: return MPI_INT64_T;
-    case at::kInt: return MPI_INT32_T;
-    case at::kByte: return MPI_UINT8_T;
-    case at::kChar: return MPI_INT8_T;
+    case at::kFloat:
+      return MPI_FLOAT;
+    case at::kDouble:
+      return MPI_DOUBLE;
+    case at::kLong:
+      return MPI_INT64_T;
+    case at::kInt:
+      return MPI_INT32_T;
+    case at::kByte:
+      return MPI_UINT8_T;
+    case at::kChar:
+      return MPI_INT8_T;
     default:
-      throw InputError(fmt::format("rank {}: {}: backend mpi has no type for {}", info.rank, info.op,
-                                   info.dtype));
+      throw InputError(fmt::format("rank {}: {}: backend mpi has no type for {}", info.rank,
+                                   info.op, info.dtype));
   }
 }
 
 MPI_Op to_mpi(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kMin: return MPI_MIN;
-    case ReduceOp::kMax: return MPI_MAX;
+    case ReduceOp::kMin:
+      return MPI_MIN;
+    case ReduceOp::kMax:
+      return MPI_MAX;
     case ReduceOp::kSum:
-    case ReduceOp::kAvg: return MPI_SUM;
+    case ReduceOp::kAvg:
+      return MPI_SUM;
   }
   return MPI_SUM;
 }
 
 int checked_count(const at::Tensor& t, const CollectiveInfo& info) {
   if (!t.device().is_cpu()) {
-    throw InputError(fmt::format("rank {}: {}: backend mpi needs CPU tensors, got one on {}", info.rank,
-                                 info.op, t.device().str()));
+    throw InputError(fmt::format("rank {}: {}: backend mpi needs CPU tensors, got one on {}",
+                                 info.rank, info.op, t.device().str()));
   }
   if (t.numel() > INT_MAX) {
-    throw InputError(fmt::format("rank {}: {}: {} elements exceed MPI's int count", info.rank, info.op,
-                                 t.numel()));
+    throw InputError(fmt::format("rank {}: {}: {} elements exceed MPI's int count", info.rank,
+                                 info.op, t.numel()));
   }
   return static_cast<int>(t.numel());
 }
@@ -201,8 +210,9 @@ class MpiProcessGroup : public ProcessGroup {
       const int64_t begin = i * kPartElements;
       const int n = static_cast<int>(std::min<int64_t>(kPartElements, count - begin));
       MPI_Request request;
-      DDP_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, base + begin * element, n, type, mpi_op, comm_, &request),
-                    rank());
+      DDP_MPI_CHECK(
+          MPI_Iallreduce(MPI_IN_PLACE, base + begin * element, n, type, mpi_op, comm_, &request),
+          rank());
       return request;
     };
     return make_work(start_part, parts, info, op == ReduceOp::kAvg ? tensor : at::Tensor());
@@ -214,13 +224,14 @@ class MpiProcessGroup : public ProcessGroup {
                   rank());
     return make_work([request](int64_t) { return request; }, 1, info);
   }
-  WorkPtr do_all_gather(at::Tensor& output, const at::Tensor& input, const CollectiveInfo& info) override {
+  WorkPtr do_all_gather(at::Tensor& output, const at::Tensor& input,
+                        const CollectiveInfo& info) override {
     const int count = checked_count(input, info);
     checked_count(output, info);
     const auto type = to_mpi(input, info);
     MPI_Request request;
-    DDP_MPI_CHECK(MPI_Iallgather(input.data_ptr(), count, type, output.data_ptr(), count, type, comm_,
-                                 &request),
+    DDP_MPI_CHECK(MPI_Iallgather(input.data_ptr(), count, type, output.data_ptr(), count, type,
+                                 comm_, &request),
                   rank());
     return make_work([request](int64_t) { return request; }, 1, info);
   }
@@ -233,8 +244,8 @@ class MpiProcessGroup : public ProcessGroup {
  private:
   WorkPtr make_work(MpiWork::StartPart start_part, int64_t parts, const CollectiveInfo& info,
                     at::Tensor divide = at::Tensor()) {
-    return std::make_shared<MpiWork>(std::move(start_part), parts, info, timeout_message(info), options().timeout,
-                                     std::move(divide));
+    return std::make_shared<MpiWork>(std::move(start_part), parts, info, timeout_message(info),
+                                     options().timeout, std::move(divide));
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;

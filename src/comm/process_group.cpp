@@ -7,27 +7,42 @@ namespace ddp::comm {
 
 const char* to_string(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kAvg: return "avg";
-    case ReduceOp::kMin: return "min";
-    case ReduceOp::kMax: return "max";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAvg:
+      return "avg";
+    case ReduceOp::kMin:
+      return "min";
+    case ReduceOp::kMax:
+      return "max";
   }
   return "?";
 }
 
 std::string dtype_name(c10::ScalarType type) {
   switch (type) {
-    case at::kFloat: return "float32";
-    case at::kDouble: return "float64";
-    case at::kHalf: return "float16";
-    case at::kBFloat16: return "bfloat16";
-    case at::kLong: return "int64";
-    case at::kInt: return "int32";
-    case at::kShort: return "int16";
-    case at::kChar: return "int8";
-    case at::kByte: return "uint8";
-    case at::kBool: return "bool";
-    default: return c10::toString(type);
+    case at::kFloat:
+      return "float32";
+    case at::kDouble:
+      return "float64";
+    case at::kHalf:
+      return "float16";
+    case at::kBFloat16:
+      return "bfloat16";
+    case at::kLong:
+      return "int64";
+    case at::kInt:
+      return "int32";
+    case at::kShort:
+      return "int16";
+    case at::kChar:
+      return "int8";
+    case at::kByte:
+      return "uint8";
+    case at::kBool:
+      return "bool";
+    default:
+      return c10::toString(type);
   }
 }
 
@@ -74,8 +89,9 @@ WorkPtr ProcessGroup::broadcast(at::Tensor& tensor, int root) {
 
 WorkPtr ProcessGroup::all_gather(at::Tensor& output, const at::Tensor& input) {
   DDP_CHECK(output.is_contiguous() && input.is_contiguous(), "all_gather needs contiguous tensors");
-  DDP_CHECK(output.numel() == input.numel() * world_size_ && output.scalar_type() == input.scalar_type(),
-            "all_gather output must be world_size * input.numel() of input's dtype");
+  DDP_CHECK(
+      output.numel() == input.numel() * world_size_ && output.scalar_type() == input.scalar_type(),
+      "all_gather output must be world_size * input.numel() of input's dtype");
   const auto info = next_info("all_gather", &input);
   return do_all_gather(output, input, info);
 }

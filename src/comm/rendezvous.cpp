@@ -30,7 +30,8 @@ int parse_env_int(const Env& env, const std::string& name, int min) {
   const char* end = text.data() + text.size();
   auto [ptr, ec] = std::from_chars(text.data(), end, value);
   if (ec != std::errc() || ptr != end || text.empty() || value < min) {
-    throw InputError(fmt::format("environment variable {}='{}': expected an integer >= {}", name, text, min));
+    throw InputError(
+        fmt::format("environment variable {}='{}': expected an integer >= {}", name, text, min));
   }
   return value;
 }
@@ -55,8 +56,10 @@ int leading_int(const std::string& text) {
 }
 
 void read_master(const Env& env, LaunchInfo& info, bool required, const char* launcher) {
-  const auto why = fmt::format("{} with WORLD_SIZE {} needs MASTER_ADDR and MASTER_PORT for the "
-                               "rendezvous store", launcher, info.world_size);
+  const auto why = fmt::format(
+      "{} with WORLD_SIZE {} needs MASTER_ADDR and MASTER_PORT for the "
+      "rendezvous store",
+      launcher, info.world_size);
   if (const auto* addr = find(env, "MASTER_ADDR"); addr != nullptr && !addr->empty()) {
     info.master_addr = *addr;
   } else if (required) {
@@ -65,8 +68,9 @@ void read_master(const Env& env, LaunchInfo& info, bool required, const char* la
   if (find(env, "MASTER_PORT") != nullptr) {
     info.master_port = parse_env_int(env, "MASTER_PORT", 1);
     if (info.master_port > 65535) {
-      throw InputError(fmt::format("environment variable MASTER_PORT='{}': expected a port in 1-65535",
-                                   *find(env, "MASTER_PORT")));
+      throw InputError(
+          fmt::format("environment variable MASTER_PORT='{}': expected a port in 1-65535",
+                      *find(env, "MASTER_PORT")));
     }
   } else if (required) {
     throw InputError(fmt::format("environment variable MASTER_PORT is not set ({})", why));
@@ -80,8 +84,9 @@ void check_ranks(const LaunchInfo& info, const char* rank_var, const char* size_
                                  info.rank, size_var, info.world_size));
   }
   if (info.local_rank >= info.local_world_size) {
-    throw InputError(fmt::format("environment variable {}={} must be less than {}={}", local_rank_var,
-                                 info.local_rank, local_size_var, info.local_world_size));
+    throw InputError(fmt::format("environment variable {}={} must be less than {}={}",
+                                 local_rank_var, info.local_rank, local_size_var,
+                                 info.local_world_size));
   }
 }
 
@@ -89,10 +94,14 @@ void check_ranks(const LaunchInfo& info, const char* rank_var, const char* size_
 
 const char* to_string(Launcher launcher) {
   switch (launcher) {
-    case Launcher::kNone: return "none";
-    case Launcher::kEnv: return "env";
-    case Launcher::kMpirun: return "mpirun";
-    case Launcher::kSlurm: return "slurm";
+    case Launcher::kNone:
+      return "none";
+    case Launcher::kEnv:
+      return "env";
+    case Launcher::kMpirun:
+      return "mpirun";
+    case Launcher::kSlurm:
+      return "slurm";
   }
   return "?";
 }
@@ -111,7 +120,8 @@ LaunchInfo detect_launch(const Env& env) {
   LaunchInfo info;
   if (find(env, "RANK") != nullptr || find(env, "WORLD_SIZE") != nullptr) {
     info.launcher = Launcher::kEnv;
-    info.world_size = require_env_int(env, "WORLD_SIZE", 1, "RANK is set: the env contract needs both");
+    info.world_size =
+        require_env_int(env, "WORLD_SIZE", 1, "RANK is set: the env contract needs both");
     info.rank = require_env_int(env, "RANK", 0, "WORLD_SIZE is set: the env contract needs both");
     info.local_rank = env_int_or(env, "LOCAL_RANK", 0, 0);
     info.local_world_size = env_int_or(env, "LOCAL_WORLD_SIZE", 1, 1);
@@ -177,20 +187,24 @@ std::unique_ptr<ProcessGroup> create_process_group(const std::string& backend,
                                                    const ProcessGroupOptions& options,
                                                    bool cuda_device) {
   if (backend == "nccl" && !cuda_device) {
-    throw InputError("backend nccl needs CUDA tensors, but this rank's device is the CPU: use "
-                     "--backend gloo or mpi on CPU, or --device cuda");
+    throw InputError(
+        "backend nccl needs CUDA tensors, but this rank's device is the CPU: use "
+        "--backend gloo or mpi on CPU, or --device cuda");
   }
   const auto compiled = compiled_backends();
   if (std::find(compiled.begin(), compiled.end(), backend) == compiled.end()) {
-    const bool known = backend == "gloo" || backend == "mpi" || backend == "nccl" || backend == "local";
+    const bool known =
+        backend == "gloo" || backend == "mpi" || backend == "nccl" || backend == "local";
     throw InputError(fmt::format("backend '{}' {} (compiled backends: {})", backend,
                                  known ? "was not compiled into this build" : "is unknown",
                                  fmt::join(compiled, ", ")));
   }
   if (backend == "local") {
     if (launch.world_size != 1) {
-      throw InputError(fmt::format("backend local runs world size 1 only, but this launch has world "
-                                   "size {}", launch.world_size));
+      throw InputError(
+          fmt::format("backend local runs world size 1 only, but this launch has world "
+                      "size {}",
+                      launch.world_size));
     }
     return make_local_process_group(options);
   }
@@ -202,8 +216,10 @@ std::unique_ptr<ProcessGroup> create_process_group(const std::string& backend,
   const bool needs_store =
       backend == "gloo" || (backend == "nccl" && launch.world_size > 1 && !nccl_over_mpi);
   if (needs_store && (launch.master_addr.empty() || launch.master_port == 0)) {
-    throw InputError(fmt::format("backend {} needs MASTER_ADDR and MASTER_PORT for its rendezvous "
-                                 "(launched by {})", backend, to_string(launch.launcher)));
+    throw InputError(
+        fmt::format("backend {} needs MASTER_ADDR and MASTER_PORT for its rendezvous "
+                    "(launched by {})",
+                    backend, to_string(launch.launcher)));
   }
 #ifdef DDP_HAVE_GLOO
   if (backend == "gloo") return make_gloo_process_group(launch, options);
@@ -227,7 +243,8 @@ std::unique_ptr<ProcessGroup> create_process_group(const std::string& backend,
         auto store = connect_store(launch, options.rendezvous_timeout);
         exchange = [store, rank = launch.rank](const std::string& root_value) {
           const std::string key = "ddp/nccl_unique_id";
-          if (rank == 0) store->set(key, std::vector<uint8_t>(root_value.begin(), root_value.end()));
+          if (rank == 0)
+            store->set(key, std::vector<uint8_t>(root_value.begin(), root_value.end()));
           const auto bytes = store->get(key);
           return std::string(bytes.begin(), bytes.end());
         };

@@ -20,7 +20,8 @@ c10::intrusive_ptr<c10d::Store> connect_store(const LaunchInfo& launch,
     return c10::make_intrusive<c10d::TCPStore>(launch.master_addr, opts);
   } catch (const std::exception& e) {
     const std::string what = e.what();
-    if (what.find("already in use") != std::string::npos || what.find("EADDRINUSE") != std::string::npos) {
+    if (what.find("already in use") != std::string::npos ||
+        what.find("EADDRINUSE") != std::string::npos) {
       throw InputError(fmt::format(
           "rank {}: MASTER_PORT {} is already in use on {}: pick a free port (or let the launcher "
           "pick one)",
@@ -30,11 +31,11 @@ c10::intrusive_ptr<c10d::Store> connect_store(const LaunchInfo& launch,
     info.op = "rendezvous";
     info.rank = launch.rank;
     info.world_size = launch.world_size;
-    throw CommError(info, fmt::format("rank {}: rendezvous at MASTER_ADDR:MASTER_PORT = {} did not "
-                                      "complete within {} s (world size {}): {}",
-                                      launch.rank, where,
-                                      std::chrono::duration<double>(timeout).count(),
-                                      launch.world_size, what.substr(0, what.find('\n'))));
+    throw CommError(info,
+                    fmt::format("rank {}: rendezvous at MASTER_ADDR:MASTER_PORT = {} did not "
+                                "complete within {} s (world size {}): {}",
+                                launch.rank, where, std::chrono::duration<double>(timeout).count(),
+                                launch.world_size, what.substr(0, what.find('\n'))));
   }
 }
 

@@ -7,7 +7,8 @@
 namespace ddp::log {
 
 bool is_valid_level(const std::string& level) {
-  static const std::array<const char*, 6> kLevels = {"trace", "debug", "info", "warn", "error", "off"};
+  static const std::array<const char*, 6> kLevels = {"trace", "debug", "info",
+                                                     "warn",  "error", "off"};
   for (const char* l : kLevels) {
     if (level == l) return true;
   }

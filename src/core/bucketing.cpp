@@ -52,8 +52,11 @@ BucketAssignment assign_buckets(const std::vector<TensorSlot>& tensors,
     // Sort buckets (with their limits) by smallest index, so they become ready in sequence.
     std::vector<size_t> perm(out.buckets.size());
     for (size_t i = 0; i < perm.size(); ++i) perm[i] = i;
-    auto min_of = [&](size_t b) { return *std::min_element(out.buckets[b].begin(), out.buckets[b].end()); };
-    std::stable_sort(perm.begin(), perm.end(), [&](size_t a, size_t b) { return min_of(a) < min_of(b); });
+    auto min_of = [&](size_t b) {
+      return *std::min_element(out.buckets[b].begin(), out.buckets[b].end());
+    };
+    std::stable_sort(perm.begin(), perm.end(),
+                     [&](size_t a, size_t b) { return min_of(a) < min_of(b); });
     BucketAssignment sorted;
     for (size_t b : perm) {
       sorted.buckets.push_back(out.buckets[b]);
@@ -67,7 +70,8 @@ BucketAssignment assign_buckets(const std::vector<TensorSlot>& tensors,
 std::vector<TensorSlot> slots_of(const std::vector<at::Tensor>& tensors) {
   std::vector<TensorSlot> slots;
   for (const auto& t : tensors) {
-    slots.push_back({static_cast<size_t>(t.numel()) * t.element_size(), t.scalar_type(), t.device()});
+    slots.push_back(
+        {static_cast<size_t>(t.numel()) * t.element_size(), t.scalar_type(), t.device()});
   }
   return slots;
 }

@@ -3,8 +3,8 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include <functional>
 #include <cstring>
+#include <functional>
 #include <sstream>
 
 #include "ddp/common/error.h"
@@ -29,7 +29,8 @@ torch::Device device_of(const std::vector<torch::Tensor>& tensors) {
 }
 
 // Rank 0's string on every rank (two broadcasts: its length, then its bytes).
-std::string broadcast_string(comm::ProcessGroup& group, const std::string& mine, const torch::Device& device) {
+std::string broadcast_string(comm::ProcessGroup& group, const std::string& mine,
+                             const torch::Device& device) {
   auto length = torch::tensor({static_cast<int64_t>(mine.size())}, torch::kLong).to(device);
   group.broadcast(length, 0)->wait();
   const int64_t n = length.cpu().item<int64_t>();
@@ -93,13 +94,15 @@ void verify_same_across_ranks(comm::ProcessGroup& group, const std::vector<std::
     }
   }
   if (first_difference.empty()) {
-    throw InputError(fmt::format("rank {}: the model differs across ranks: rank(s) {} hold other "
-                                 "parameters than rank 0 (they name the first difference)",
-                                 group.rank(), fmt::join(differing, ", ")));
+    throw InputError(
+        fmt::format("rank {}: the model differs across ranks: rank(s) {} hold other "
+                    "parameters than rank 0 (they name the first difference)",
+                    group.rank(), fmt::join(differing, ", ")));
   }
-  throw InputError(fmt::format("rank {}: the model differs from rank 0's ({} parameters here, {} "
-                               "there): {}",
-                               group.rank(), here.size(), reference.size(), first_difference));
+  throw InputError(
+      fmt::format("rank {}: the model differs from rank 0's ({} parameters here, {} "
+                  "there): {}",
+                  group.rank(), here.size(), reference.size(), first_difference));
 }
 
 DistributedDataParallelImpl::DistributedDataParallelImpl(std::shared_ptr<torch::nn::Module> module,
@@ -127,7 +130,8 @@ DistributedDataParallelImpl::DistributedDataParallelImpl(std::shared_ptr<torch::
   broadcast_coalesced(*group_, state);
   core::ReducerOptions reducer_options;
   reducer_options.bucket_cap_bytes = static_cast<size_t>(options_.bucket_cap_mb() * 1024 * 1024);
-  reducer_options.first_bucket_bytes = static_cast<size_t>(options_.first_bucket_mb() * 1024 * 1024);
+  reducer_options.first_bucket_bytes =
+      static_cast<size_t>(options_.first_bucket_mb() * 1024 * 1024);
   reducer_options.find_unused_parameters = options_.find_unused_parameters();
   reducer_options.gradient_as_bucket_view = options_.gradient_as_bucket_view();
   reducer_options.comm_hook = options_.comm_hook();
@@ -144,8 +148,9 @@ void DistributedDataParallelImpl::pre_forward() {
 
 torch::Tensor DistributedDataParallelImpl::forward(const torch::Tensor& input) {
   if (!forward_) {
-    throw Error("DistributedDataParallel::forward(x) needs the wrapper built from a module holder; "
-                "use forward_with([&] { return net->forward(...); })");
+    throw Error(
+        "DistributedDataParallel::forward(x) needs the wrapper built from a module holder; "
+        "use forward_with([&] { return net->forward(...); })");
   }
   pre_forward();
   return forward_(input);
@@ -168,6 +173,8 @@ DistributedDataParallelImpl::NoSyncGuard::NoSyncGuard(core::Reducer& reducer)
   reducer_.set_require_sync(false);
 }
 
-DistributedDataParallelImpl::NoSyncGuard::~NoSyncGuard() { reducer_.set_require_sync(previous_); }
+DistributedDataParallelImpl::NoSyncGuard::~NoSyncGuard() {
+  reducer_.set_require_sync(previous_);
+}
 
 }  // namespace ddp

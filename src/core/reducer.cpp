@@ -16,8 +16,9 @@ namespace {
 class GradReadyHook : public torch::autograd::FunctionPostHook {
  public:
   GradReadyHook(Reducer* reducer, size_t index) : reducer_(reducer), index_(index) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list& /*inputs*/) override {
+  torch::autograd::variable_list operator()(
+      const torch::autograd::variable_list& outputs,
+      const torch::autograd::variable_list& /*inputs*/) override {
     reducer_->on_grad_ready(index_);
     return outputs;
   }
@@ -27,7 +28,8 @@ class GradReadyHook : public torch::autograd::FunctionPostHook {
   size_t index_;
 };
 
-using Accumulator = decltype(torch::autograd::impl::grad_accumulator(std::declval<const torch::Tensor&>()));
+using Accumulator =
+    decltype(torch::autograd::impl::grad_accumulator(std::declval<const torch::Tensor&>()));
 
 }  // namespace
 
@@ -48,8 +50,9 @@ Reducer::Reducer(std::vector<torch::Tensor> params, std::vector<std::string> nam
   DDP_CHECK(params_.size() == names_.size(), "one name per parameter");
   // Gradients arrive roughly in reverse registration order: bucket that way until the first
   // iteration shows the real order.
-  const auto assignment = assign_buckets(slots_of(params_), {options_.first_bucket_bytes,
-                                         options_.bucket_cap_bytes}, reverse_order(params_.size()));
+  const auto assignment =
+      assign_buckets(slots_of(params_), {options_.first_bucket_bytes, options_.bucket_cap_bytes},
+                     reverse_order(params_.size()));
   build_buckets(assignment.buckets);
   for (size_t i = 0; i < params_.size(); ++i) {
     auto accumulator = torch::autograd::impl::grad_accumulator(params_[i]);
@@ -123,9 +126,10 @@ void Reducer::on_grad_ready(size_t index) {
 
 void Reducer::mark_ready(size_t index) {
   if (ready_[index]) {
-    throw Error(fmt::format("rank {}: parameter '{}' got its gradient twice in one backward; "
-                            "DistributedDataParallel supports one backward per forward",
-                            group_->rank(), names_[index]));
+    throw Error(
+        fmt::format("rank {}: parameter '{}' got its gradient twice in one backward; "
+                    "DistributedDataParallel supports one backward per forward",
+                    group_->rank(), names_[index]));
   }
   ready_[index] = true;
   ready_order_.push_back(static_cast<int64_t>(index));
@@ -148,7 +152,8 @@ void Reducer::mark_ready(size_t index) {
 }
 
 void Reducer::launch_ready_buckets() {
-  while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) launch(next_launch_++);
+  while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0)
+    launch(next_launch_++);
 }
 
 void Reducer::launch(size_t b) {
@@ -168,7 +173,8 @@ void Reducer::launch(size_t b) {
     case CommHook::kBf16Compress: {
       // Divide before the cast, as PyTorch's compression hooks do: a sum of world_size
       // gradients may overflow float16 where their average does not.
-      const auto dtype = options_.comm_hook == CommHook::kFp16Compress ? torch::kHalf : torch::kBFloat16;
+      const auto dtype =
+          options_.comm_hook == CommHook::kFp16Compress ? torch::kHalf : torch::kBFloat16;
       bucket.wire = bucket.flat.div(group_->world_size()).to(dtype);
       bucket.work = group_->all_reduce(bucket.wire, comm::ReduceOp::kSum);
       return;
@@ -193,18 +199,20 @@ void Reducer::report_unready() const {
 
 void Reducer::finalize() {
   if (phase_ != Phase::kBackward) return;
-  phase_ = Phase::kIdle;  // first: a failure below must not leave the reducer mid-iteration
+  phase_ = Phase::kIdle;      // first: a failure below must not leave the reducer mid-iteration
   std::vector<int32_t> used;  // find_unused_parameters: how many ranks used each parameter
   if (options_.find_unused_parameters) {
     const auto device = params_.front().device();
-    auto used_map = torch::tensor(std::vector<int32_t>(ready_.begin(), ready_.end()), torch::kInt).to(device);
+    auto used_map =
+        torch::tensor(std::vector<int32_t>(ready_.begin(), ready_.end()), torch::kInt).to(device);
     for (const auto& bucket_params : bucket_indices_) {
       for (size_t i : bucket_params) {
         if (!ready_[i]) mark_ready(i);
       }
     }
     launch_ready_buckets();
-    group_->all_reduce(used_map, comm::ReduceOp::kSum)->wait();  // after the buckets: same order everywhere
+    group_->all_reduce(used_map, comm::ReduceOp::kSum)
+        ->wait();  // after the buckets: same order everywhere
     used_map = used_map.cpu();
     used.assign(used_map.data_ptr<int32_t>(), used_map.data_ptr<int32_t>() + used_map.numel());
   } else if (next_launch_ < buckets_.size()) {
@@ -240,7 +248,8 @@ void Reducer::rebuild_from_observed_order() {
   auto order = torch::tensor(ready_order_, torch::kLong).to(params_.front().device());
   group_->broadcast(order, 0)->wait();
   order = order.cpu();
-  std::vector<int64_t> observed(order.data_ptr<int64_t>(), order.data_ptr<int64_t>() + order.numel());
+  std::vector<int64_t> observed(order.data_ptr<int64_t>(),
+                                order.data_ptr<int64_t>() + order.numel());
   const auto assignment = assign_buckets(
       slots_of(params_), {options_.first_bucket_bytes, options_.bucket_cap_bytes}, observed);
   if (assignment.buckets != bucket_indices_) build_buckets(assignment.buckets);

@@ -31,10 +31,11 @@ std::string find_file(const std::string& dir, const std::string& stem) {
     const auto candidate = base / (stem + suffix);
     if (std::filesystem::exists(candidate)) return candidate.string();
   }
-  throw InputError(fmt::format("{}: no such file (nor without .gz): is the Fashion-MNIST directory "
-                               "right? Debian's dataset-fashion-mnist installs it in "
-                               "/usr/share/datasets/fashion-mnist",
-                               (base / (stem + ".gz")).string()));
+  throw InputError(
+      fmt::format("{}: no such file (nor without .gz): is the Fashion-MNIST directory "
+                  "right? Debian's dataset-fashion-mnist installs it in "
+                  "/usr/share/datasets/fashion-mnist",
+                  (base / (stem + ".gz")).string()));
 }
 
 }  // namespace
@@ -57,11 +58,12 @@ TensorDataset load_fashion_mnist(const std::string& dir, Split split) {
                                    labels.values[static_cast<size_t>(i)], i));
     }
   }
-  auto pixels = torch::from_blob(images.values.data(), {n, 1, images.dims[1], images.dims[2]},
-                                 torch::kUInt8);
+  auto pixels =
+      torch::from_blob(images.values.data(), {n, 1, images.dims[1], images.dims[2]}, torch::kUInt8);
   TensorDataset out;
   // from_blob does not own the bytes: the float conversion makes the owned copy.
-  out.inputs = pixels.to(torch::kFloat32).div_(255.0).sub_(kFashionMnistMean).div_(kFashionMnistStd);
+  out.inputs =
+      pixels.to(torch::kFloat32).div_(255.0).sub_(kFashionMnistMean).div_(kFashionMnistStd);
   out.targets = torch::from_blob(labels.values.data(), {n}, torch::kUInt8).to(torch::kInt64);
   out.task = Task::kClassification;
   out.num_classes = 10;

@@ -17,8 +17,8 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, int64_t world_size,
       seed_(seed),
       drop_last_(drop_last) {
   if (world_size <= 0 || rank < 0 || rank >= world_size) {
-    throw InputError(fmt::format("DistributedSampler: rank {} is outside [0, world size {})", rank,
-                                 world_size));
+    throw InputError(
+        fmt::format("DistributedSampler: rank {} is outside [0, world size {})", rank, world_size));
   }
   if (dataset_size < 0) throw InputError("DistributedSampler: negative dataset size");
   // As torch.utils.data.DistributedSampler.__init__.
@@ -50,8 +50,8 @@ torch::Tensor DistributedSampler::indices() const {
 
 torch::Tensor evaluation_indices(int64_t dataset_size, int64_t world_size, int64_t rank) {
   if (world_size <= 0 || rank < 0 || rank >= world_size) {
-    throw InputError(fmt::format("evaluation_indices: rank {} is outside [0, world size {})", rank,
-                                 world_size));
+    throw InputError(
+        fmt::format("evaluation_indices: rank {} is outside [0, world size {})", rank, world_size));
   }
   if (rank >= dataset_size) return torch::empty({0}, torch::kInt64);  // more ranks than samples
   return torch::arange(rank, dataset_size, world_size, torch::kInt64);

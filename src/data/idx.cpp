@@ -23,8 +23,8 @@ uint32_t read_be32(const std::string& bytes, size_t offset) {
 
 IdxArray parse_idx(const std::string& bytes, int expected_rank, const std::string& name) {
   if (bytes.size() < 4) {
-    throw InputError(fmt::format("{}: not an IDX file: {} bytes, shorter than the 4-byte magic number",
-                                 name, bytes.size()));
+    throw InputError(fmt::format(
+        "{}: not an IDX file: {} bytes, shorter than the 4-byte magic number", name, bytes.size()));
   }
   const uint32_t magic = read_be32(bytes, 0);
   const auto type = static_cast<uint8_t>(bytes[2]);
@@ -37,23 +37,25 @@ IdxArray parse_idx(const std::string& bytes, int expected_rank, const std::strin
   }
   const size_t header = 4 + 4 * static_cast<size_t>(rank);
   if (bytes.size() < header) {
-    throw InputError(fmt::format("{}: truncated IDX header: {} bytes, expected {}", name,
-                                 bytes.size(), header));
+    throw InputError(
+        fmt::format("{}: truncated IDX header: {} bytes, expected {}", name, bytes.size(), header));
   }
   IdxArray out;
   int64_t count = 1;
   for (int d = 0; d < rank; ++d) {
     const int64_t dim = read_be32(bytes, 4 + 4 * static_cast<size_t>(d));
     if (dim <= 0 || count * dim > kMaxElements) {
-      throw InputError(fmt::format("{}: IDX dimension {} is {}, expected a positive size", name, d, dim));
+      throw InputError(
+          fmt::format("{}: IDX dimension {} is {}, expected a positive size", name, d, dim));
     }
     count *= dim;
     out.dims.push_back(dim);
   }
   const size_t payload = bytes.size() - header;
   if (payload != static_cast<size_t>(count)) {
-    throw InputError(fmt::format("{}: IDX data has {} bytes, the header's dimensions need {}{}", name,
-                                 payload, count, payload < static_cast<size_t>(count) ? " (truncated)" : ""));
+    throw InputError(fmt::format("{}: IDX data has {} bytes, the header's dimensions need {}{}",
+                                 name, payload, count,
+                                 payload < static_cast<size_t>(count) ? " (truncated)" : ""));
   }
   out.values.assign(bytes.begin() + static_cast<std::ptrdiff_t>(header), bytes.end());
   return out;

@@ -95,8 +95,8 @@ ConfigKey bool_key(std::string name, bool Config::*member, std::string help) {
 }
 
 // A string key; with `choices`, the value must be one of them.
-ConfigKey string_key(std::string name, std::string Config::*member, std::vector<std::string> choices,
-                     std::string hint, std::string help) {
+ConfigKey string_key(std::string name, std::string Config::*member,
+                     std::vector<std::string> choices, std::string hint, std::string help) {
   ConfigKey key;
   key.name = std::move(name);
   key.help = std::move(help);
@@ -127,7 +127,8 @@ std::vector<ConfigKey> make_keys() {
       float_key("lr", &C::lr, 0.0, true, "learning rate"),
       float_key("momentum", &C::momentum, 0.0, false, "SGD momentum"),
       bool_key("nesterov", &C::nesterov, "SGD with Nesterov momentum"),
-      float_key("weight-decay", &C::weight_decay, 0.0, false, "weight decay (L2; decoupled for adamw)"),
+      float_key("weight-decay", &C::weight_decay, 0.0, false,
+                "weight decay (L2; decoupled for adamw)"),
       string_key("lr-schedule", &C::lr_schedule, {"constant", "step", "cosine"}, "",
                  "learning-rate schedule after warm-up"),
       float_key("warmup-epochs", &C::warmup_epochs, 0.0, false,
@@ -135,7 +136,8 @@ std::vector<ConfigKey> make_keys() {
       int_key("lr-step-size", &C::lr_step_size, 1, "step schedule: epochs between decays"),
       float_key("lr-gamma", &C::lr_gamma, 0.0, true, "step schedule: decay factor"),
       int_key("seed", &C::seed, 0, "random seed (model init, shuffling)"),
-      string_key("device", &C::device, {"auto", "cpu", "cuda"}, "", "device (auto: cuda if available)"),
+      string_key("device", &C::device, {"auto", "cpu", "cuda"}, "",
+                 "device (auto: cuda if available)"),
       string_key("backend", &C::backend, {"auto", "local", "gloo", "mpi", "nccl"}, "",
                  "process-group backend (auto: nccl on CUDA; on CPU mpi under mpirun, else gloo)"),
       float_key("comm-timeout", &C::comm_timeout, 0.0, true,
@@ -186,14 +188,15 @@ void set_config_value(Config& config, const std::string& key, const std::string&
   const ConfigKey* k = find_config_key(key);
   if (k == nullptr) {
     std::string known;
-    for (const auto& candidate : config_keys()) known += (known.empty() ? "" : ", ") + candidate.name;
+    for (const auto& candidate : config_keys())
+      known += (known.empty() ? "" : ", ") + candidate.name;
     throw InputError(fmt::format("{}: unknown key '{}' (known keys: {})", origin, key, known));
   }
   try {
     k->set(config, value);
   } catch (const BadValue& bad) {
-    throw InputError(fmt::format("{}: key '{}': expected {}, got '{}'", origin, k->name, bad.expected,
-                                 value));
+    throw InputError(
+        fmt::format("{}: key '{}': expected {}, got '{}'", origin, k->name, bad.expected, value));
   }
 }
 
@@ -211,13 +214,15 @@ void apply_config_file(Config& config, const std::string& path) {
   }
   if (root.IsNull()) return;  // an empty file sets nothing
   if (!root.IsMap()) {
-    throw InputError(fmt::format("{}:{}: expected a mapping of key: value", path, root.Mark().line + 1));
+    throw InputError(
+        fmt::format("{}:{}: expected a mapping of key: value", path, root.Mark().line + 1));
   }
   for (const auto& item : root) {
     const std::string origin = fmt::format("{}:{}", path, item.first.Mark().line + 1);
     const std::string key = item.first.as<std::string>();
     if (!item.second.IsScalar()) {
-      if (find_config_key(key) == nullptr) set_config_value(config, key, "", origin);  // unknown key
+      if (find_config_key(key) == nullptr)
+        set_config_value(config, key, "", origin);  // unknown key
       throw InputError(fmt::format("{}: key '{}': expected a single value, got a {}", origin, key,
                                    item.second.IsSequence() ? "list" : "mapping or null"));
     }
@@ -231,8 +236,8 @@ void validate(const Config& config) {
                                  config.dataset));
   }
   if (config.model == "mlp" && config.dataset != "fashion-mnist") {
-    throw InputError(fmt::format("model 'mlp' trains on dataset 'fashion-mnist', not '{}'",
-                                 config.dataset));
+    throw InputError(
+        fmt::format("model 'mlp' trains on dataset 'fashion-mnist', not '{}'", config.dataset));
   }
   if (config.warmup_epochs > static_cast<double>(config.epochs)) {
     throw InputError(fmt::format("key 'warmup-epochs': {} is longer than the {} epochs of the run",

@@ -57,9 +57,10 @@ torch::Device resolve_device(const std::string& name, int cuda_device_count, int
   }
   if (name == "cuda" || (name == "auto" && cuda_device_count > 0)) {
     if (local_rank >= cuda_device_count) {
-      throw InputError(fmt::format("local rank {} has no GPU of its own: {} visible (one process per "
-                                   "GPU; check --nproc and CUDA_VISIBLE_DEVICES)",
-                                   local_rank, cuda_device_count));
+      throw InputError(
+          fmt::format("local rank {} has no GPU of its own: {} visible (one process per "
+                      "GPU; check --nproc and CUDA_VISIBLE_DEVICES)",
+                      local_rank, cuda_device_count));
     }
     return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
   }
@@ -68,8 +69,9 @@ torch::Device resolve_device(const std::string& name, int cuda_device_count, int
 }
 
 std::string format_topology(const std::vector<RankTopology>& ranks, const std::string& backend) {
-  std::string out = fmt::format("{} rank(s), backend {}:\n  rank  host                  local  device",
-                                ranks.size(), backend);
+  std::string out =
+      fmt::format("{} rank(s), backend {}:\n  rank  host                  local  device",
+                  ranks.size(), backend);
   for (const auto& r : ranks) {
     out += fmt::format("\n  {:>4}  {:<20}  {:>5}  {}", r.rank, r.host, r.local_rank, r.device);
   }
@@ -81,14 +83,16 @@ Distributed init_distributed(const Config& config, const comm::Env& env) {
   d.launch = comm::detect_launch(env);
   const int gpus = torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
   d.device = resolve_device(config.device, gpus, d.launch.local_rank);
-  const std::string backend =
-      config.backend == "auto" ? comm::default_backend(d.launch, d.device.is_cuda()) : config.backend;
+  const std::string backend = config.backend == "auto"
+                                  ? comm::default_backend(d.launch, d.device.is_cuda())
+                                  : config.backend;
   comm::ProcessGroupOptions options;
   options.timeout = to_ms(config.comm_timeout);
   options.rendezvous_timeout = to_ms(config.rendezvous_timeout);
   d.group = comm::create_process_group(backend, d.launch, options, d.device.is_cuda());
 
-  // Every rank joins the gather; rank 0 alone logs (Note [Collective order is identical on all ranks]).
+  // Every rank joins the gather; rank 0 alone logs (Note [Collective order is identical on all
+  // ranks]).
   RankTopology mine{d.launch.rank, host_name(), d.launch.local_rank, d.device.str()};
   const auto all = gather_topology(*d.group, d.device, mine);
   log::info("launched by {}: {}", comm::to_string(d.launch.launcher),

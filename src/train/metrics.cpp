@@ -21,7 +21,8 @@ std::string to_json(const EpochMetrics& m) {
       number_or_null(m.test_accuracy), m.samples_per_s, m.epoch_seconds);
 }
 
-MetricsWriter::MetricsWriter(std::string path) : path_(std::move(path)), out_(path_, std::ios::trunc) {
+MetricsWriter::MetricsWriter(std::string path)
+    : path_(std::move(path)), out_(path_, std::ios::trunc) {
   if (!out_) throw InputError(fmt::format("{}: cannot create the metrics file", path_));
 }
 

@@ -36,9 +36,10 @@ void make_output_dir(const std::string& dir) {
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Config& c,
                                                         const std::vector<torch::Tensor>& params) {
   if (c.optimizer == "sgd") {
-    return std::make_unique<torch::optim::SGD>(
-        params, torch::optim::SGDOptions(c.lr).momentum(c.momentum).nesterov(c.nesterov).weight_decay(
-                    c.weight_decay));
+    return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(c.lr)
+                                                           .momentum(c.momentum)
+                                                           .nesterov(c.nesterov)
+                                                           .weight_decay(c.weight_decay));
   }
   if (c.optimizer == "adam") {
     return std::make_unique<torch::optim::Adam>(
@@ -103,11 +104,12 @@ TrainResult Trainer::run() {
   result.metrics_path = (std::filesystem::path(config_.output_dir) / "metrics.jsonl").string();
   std::optional<MetricsWriter> metrics_file;  // rank 0 owns the files
   if (dist_.is_main()) metrics_file.emplace(result.metrics_path);
-  log::info("training {} on {} ({} train / {} test samples) on {} rank(s), {} threads each, batch {} "
-            "per rank ({} global)",
-            config_.model, config_.dataset, workload_.train_set.size(), workload_.test_set.size(),
-            dist_.world_size(), torch::get_num_threads(), config_.batch_size,
-            config_.batch_size * dist_.world_size());
+  log::info(
+      "training {} on {} ({} train / {} test samples) on {} rank(s), {} threads each, batch {} "
+      "per rank ({} global)",
+      config_.model, config_.dataset, workload_.train_set.size(), workload_.test_set.size(),
+      dist_.world_size(), torch::get_num_threads(), config_.batch_size,
+      config_.batch_size * dist_.world_size());
 
   for (int64_t epoch = 0; epoch < config_.epochs; ++epoch) {
     EpochMetrics m;
@@ -123,12 +125,13 @@ TrainResult Trainer::run() {
     }
 
     // Log and record the epoch (rank 0).
-    log::info("epoch {}/{}: train loss {:.4f}, test loss {}, test accuracy {}, {:.0f} samples/s, "
-              "{:.2f} s, lr {:.4g}",
-              m.epoch, config_.epochs, m.train_loss,
-              m.test_loss ? fmt::format("{:.4f}", *m.test_loss) : "-",
-              m.test_accuracy ? fmt::format("{:.4f}", *m.test_accuracy) : "-", m.samples_per_s,
-              m.epoch_seconds, m.lr);
+    log::info(
+        "epoch {}/{}: train loss {:.4f}, test loss {}, test accuracy {}, {:.0f} samples/s, "
+        "{:.2f} s, lr {:.4g}",
+        m.epoch, config_.epochs, m.train_loss,
+        m.test_loss ? fmt::format("{:.4f}", *m.test_loss) : "-",
+        m.test_accuracy ? fmt::format("{:.4f}", *m.test_accuracy) : "-", m.samples_per_s,
+        m.epoch_seconds, m.lr);
     if (metrics_file) metrics_file->write(m);
     result.epochs.push_back(m);
   }
@@ -143,8 +146,8 @@ TrainResult Trainer::run() {
 
 void Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
   const auto& train_set = workload_.train_set;
-  data::DistributedSampler sampler(train_set.size(), dist_.world_size(), dist_.rank(), /*shuffle=*/true,
-                                   static_cast<uint64_t>(config_.seed));
+  data::DistributedSampler sampler(train_set.size(), dist_.world_size(), dist_.rank(),
+                                   /*shuffle=*/true, static_cast<uint64_t>(config_.seed));
   sampler.set_epoch(epoch);  // here, so nobody can forget it
   const torch::Tensor order = sampler.indices();
   const int64_t n = order.size(0);  // the same on every rank: same number of steps
@@ -194,15 +197,18 @@ Evaluation Trainer::evaluate() {
   const auto& test_set = workload_.test_set;
   // Unpadded shards: every test sample counted once over all ranks. Ranks may run different
   // numbers of batches, so no collective inside this loop.
-  const torch::Tensor order = data::evaluation_indices(test_set.size(), dist_.world_size(), dist_.rank());
+  const torch::Tensor order =
+      data::evaluation_indices(test_set.size(), dist_.world_size(), dist_.rank());
   const int64_t n = order.size(0);
-  auto sums = torch::zeros({3}, torch::TensorOptions(torch::kDouble).device(dist_.device));  // loss, correct, count
+  auto sums = torch::zeros(
+      {3}, torch::TensorOptions(torch::kDouble).device(dist_.device));  // loss, correct, count
   for (int64_t begin = 0; begin < n; begin += config_.batch_size) {
     const int64_t size = std::min(config_.batch_size, n - begin);
     data::Batch batch = test_set.gather(order.narrow(0, begin, size));
     auto target = batch.target.to(dist_.device);
     auto output = workload_.forward(batch.input.to(dist_.device));
-    sums[0] += compute_loss(test_set.task, output, target).to(torch::kDouble) * static_cast<double>(size);
+    sums[0] +=
+        compute_loss(test_set.task, output, target).to(torch::kDouble) * static_cast<double>(size);
     if (test_set.task == data::Task::kClassification) {
       sums[1] += output.argmax(1).eq(target).sum().to(torch::kDouble);
     }
@@ -212,7 +218,8 @@ Evaluation Trainer::evaluate() {
   sums = sums.cpu();
   Evaluation out;
   out.loss = sums[0].item<double>() / sums[2].item<double>();
-  if (test_set.task == data::Task::kClassification) out.accuracy = sums[1].item<double>() / sums[2].item<double>();
+  if (test_set.task == data::Task::kClassification)
+    out.accuracy = sums[1].item<double>() / sums[2].item<double>();
   workload_.module->train();
   return out;
 }

@@ -56,7 +56,8 @@ Workload make_workload(const Config& config) {
   return w;
 }
 
-torch::Tensor compute_loss(data::Task task, const torch::Tensor& output, const torch::Tensor& target) {
+torch::Tensor compute_loss(data::Task task, const torch::Tensor& output,
+                           const torch::Tensor& target) {
   if (task == data::Task::kClassification) return torch::cross_entropy_loss(output, target);
   return torch::mse_loss(output, target);
 }

@@ -24,7 +24,8 @@ void expect_equal(const at::Tensor& got, const at::Tensor& want, const std::stri
   if (!at::equal(got, want)) {
     ++g_failures;
     std::cout << "MISMATCH " << what << ": max abs diff "
-              << (got.to(at::kDouble) - want.to(at::kDouble)).abs().max().item<double>() << std::endl;
+              << (got.to(at::kDouble) - want.to(at::kDouble)).abs().max().item<double>()
+              << std::endl;
   }
 }
 
@@ -61,7 +62,8 @@ void check_collectives(ddp::comm::ProcessGroup& pg) {
 
       // Broadcast from the last rank of a seeded random tensor; the others start from zeros.
       auto gen = at::detail::createCPUGenerator(1234 + static_cast<uint64_t>(n));
-      const auto seeded = at::randint(-1000000, 1000000, {n}, gen, at::TensorOptions(at::kLong)).to(dtype);
+      const auto seeded =
+          at::randint(-1000000, 1000000, {n}, gen, at::TensorOptions(at::kLong)).to(dtype);
       t = r == w - 1 ? seeded.clone() : at::zeros({n}, dtype);
       pg.broadcast(t, w - 1)->wait();
       expect_equal(t, seeded, "broadcast " + tag);
@@ -126,7 +128,8 @@ int main(int argc, char** argv) {
       std::cout << "rank " << pg->rank() << ": all_reduce #2 returned" << std::endl;
       return 0;
     }
-    std::cout << "rank " << pg->rank() << ": group created, backend " << pg->backend_name() << std::endl;
+    std::cout << "rank " << pg->rank() << ": group created, backend " << pg->backend_name()
+              << std::endl;
     return 0;
   } catch (const ddp::Error& e) {
     std::cout << "error: " << e.what() << std::endl;

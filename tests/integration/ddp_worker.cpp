@@ -24,9 +24,7 @@ struct NetImpl : torch::nn::Module {
     c = register_module("c", torch::nn::Linear(kHidden, kOut));
     if (with_unused) unused = register_module("unused", torch::nn::Linear(kHidden, kOut));
   }
-  torch::Tensor forward(const torch::Tensor& x) {
-    return c(torch::relu(b(torch::relu(a(x)))));
-  }
+  torch::Tensor forward(const torch::Tensor& x) { return c(torch::relu(b(torch::relu(a(x))))); }
   torch::nn::Linear a{nullptr}, b{nullptr}, c{nullptr}, unused{nullptr};
 };
 TORCH_MODULE(Net);
@@ -36,8 +34,10 @@ Net make_net(uint64_t seed, int64_t hidden, bool with_unused) {
   return Net(hidden, with_unused);
 }
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& scenario, std::vector<torch::Tensor> params) {
-  if (scenario == "adam") return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(0.01));
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& scenario,
+                                                        std::vector<torch::Tensor> params) {
+  if (scenario == "adam")
+    return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(0.01));
   return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1).momentum(0.9));
 }
 
@@ -57,20 +57,23 @@ double max_relative_error(Net ours, Net reference) {
 // pre_forward() every rank holds rank 0's; without, they stay apart. Prints their checksum.
 int check_buffers(const std::shared_ptr<ddp::comm::ProcessGroup>& group, bool broadcast) {
   torch::manual_seed(100);
-  torch::nn::Sequential net(torch::nn::Linear(kIn, kHidden), torch::nn::BatchNorm1d(kHidden), torch::nn::ReLU(),
-                            torch::nn::Linear(kHidden, kOut));
-  ddp::DistributedDataParallel model(net, group, ddp::DistributedDataParallelOptions().broadcast_buffers(broadcast));
+  torch::nn::Sequential net(torch::nn::Linear(kIn, kHidden), torch::nn::BatchNorm1d(kHidden),
+                            torch::nn::ReLU(), torch::nn::Linear(kHidden, kOut));
+  ddp::DistributedDataParallel model(
+      net, group, ddp::DistributedDataParallelOptions().broadcast_buffers(broadcast));
   torch::optim::SGD optimizer(model->parameters(), 0.1);
   torch::manual_seed(static_cast<uint64_t>(group->rank()));  // different data on every rank
   for (int step = 0; step < 3; ++step) {
     model->zero_grad();
-    torch::mse_loss(model->forward(torch::randn({kBatch, kIn})), torch::randn({kBatch, kOut})).backward();
+    torch::mse_loss(model->forward(torch::randn({kBatch, kIn})), torch::randn({kBatch, kOut}))
+        .backward();
     optimizer.step();
   }
   model->pre_forward();
   double checksum = 0.0;
   for (const auto& b : net->buffers()) checksum += b.to(torch::kDouble).sum().item<double>();
-  std::cout << fmt::format("rank {}/{}: buffer checksum {:.9f}\n", group->rank(), group->world_size(), checksum);
+  std::cout << fmt::format("rank {}/{}: buffer checksum {:.9f}\n", group->rank(),
+                           group->world_size(), checksum);
   return 0;
 }
 
@@ -93,7 +96,8 @@ int main(int argc, char** argv) {
         ddp::comm::create_process_group(backend, launch, pg_options, false);
     const int world = group->world_size();
     const int rank = group->rank();
-    if (scenario == "buffers" || scenario == "no-buffers") return check_buffers(group, scenario == "buffers");
+    if (scenario == "buffers" || scenario == "no-buffers")
+      return check_buffers(group, scenario == "buffers");
     const bool with_unused = scenario == "unused" || scenario == "unused-find";
     const int64_t hidden = scenario == "mismatch" && rank == 1 ? kHidden + 1 : kHidden;
 
@@ -105,7 +109,8 @@ int main(int argc, char** argv) {
                        .first_bucket_mb(256.0 / (1 << 20))
                        .find_unused_parameters(scenario == "unused-find")
                        .gradient_as_bucket_view(scenario == "bucket-view")
-                       .comm_hook(scenario == "fp16" ? ddp::CommHook::kFp16Compress : ddp::CommHook::kAllReduce);
+                       .comm_hook(scenario == "fp16" ? ddp::CommHook::kFp16Compress
+                                                     : ddp::CommHook::kAllReduce);
     ddp::DistributedDataParallel model(net, group, options);
     auto optimizer = make_optimizer(scenario, model->parameters());
     auto reference_optimizer = make_optimizer(scenario, reference->parameters());
@@ -120,8 +125,12 @@ int main(int argc, char** argv) {
       model->zero_grad();
       for (int m = 0; m < micro; ++m) {
         const int64_t size = kBatch / micro;
-        const auto rows = torch::arange(global + rank * kBatch + m * size, global + rank * kBatch + (m + 1) * size);
-        auto run = [&] { torch::mse_loss(model->forward(x.index_select(0, rows)), y.index_select(0, rows)).backward(); };
+        const auto rows = torch::arange(global + rank * kBatch + m * size,
+                                        global + rank * kBatch + (m + 1) * size);
+        auto run = [&] {
+          torch::mse_loss(model->forward(x.index_select(0, rows)), y.index_select(0, rows))
+              .backward();
+        };
         if (m + 1 < micro) {
           auto guard = model->no_sync();
           run();
@@ -135,26 +144,34 @@ int main(int argc, char** argv) {
       for (int m = 0; m < micro; ++m) {
         std::vector<torch::Tensor> parts;
         const int64_t size = kBatch / micro;
-        for (int r = 0; r < world; ++r) parts.push_back(torch::arange(global + r * kBatch + m * size, global + r * kBatch + (m + 1) * size));
+        for (int r = 0; r < world; ++r)
+          parts.push_back(
+              torch::arange(global + r * kBatch + m * size, global + r * kBatch + (m + 1) * size));
         const auto rows = torch::cat(parts);
-        torch::mse_loss(reference->forward(x.index_select(0, rows)), y.index_select(0, rows)).backward();
+        torch::mse_loss(reference->forward(x.index_select(0, rows)), y.index_select(0, rows))
+            .backward();
       }
       reference_optimizer->step();
       if (scenario == "overlap" && step == 0) {
         const auto& stats = model->reducer().last_iteration();
-        std::cout << fmt::format("rank {}: {} buckets; first launched {} us before the last gradient\n", rank,
-                                 stats.bucket_launch.size(),
-                                 std::chrono::duration_cast<std::chrono::microseconds>(stats.last_grad - stats.bucket_launch.front()).count());
+        std::cout << fmt::format(
+            "rank {}: {} buckets; first launched {} us before the last gradient\n", rank,
+            stats.bucket_launch.size(),
+            std::chrono::duration_cast<std::chrono::microseconds>(stats.last_grad -
+                                                                  stats.bucket_launch.front())
+                .count());
         for (size_t b = 1; b < stats.bucket_launch.size(); ++b) {
-          if (stats.bucket_launch[b] < stats.bucket_launch[b - 1]) std::cout << "OUT OF ORDER bucket " << b << "\n";
+          if (stats.bucket_launch[b] < stats.bucket_launch[b - 1])
+            std::cout << "OUT OF ORDER bucket " << b << "\n";
         }
       }
     }
     const double error = max_relative_error(net, reference);
     const double tolerance = scenario == "fp16" ? 2e-2 : 1e-5;
-    std::cout << fmt::format("rank {}/{}: {} buckets{}, max relative error {:.3g} (tolerance {:.0e})\n", rank, world,
-                             model->reducer().buckets().size(), model->reducer().rebuilt() ? " (rebuilt)" : "",
-                             error, tolerance);
+    std::cout << fmt::format(
+        "rank {}/{}: {} buckets{}, max relative error {:.3g} (tolerance {:.0e})\n", rank, world,
+        model->reducer().buckets().size(), model->reducer().rebuilt() ? " (rebuilt)" : "", error,
+        tolerance);
     return error <= tolerance ? 0 : 4;
   } catch (const ddp::Error& e) {
     std::cout << "error: " << e.what() << std::endl;

@@ -69,17 +69,22 @@ TEST(Cli, ConfigFileWithCommandLineOverride) {
 
 TEST(Cli, BadInputsExitTwoWithOneLine) {
   TempDir dir;
-  expect_bad_input({"--batch-size", "0"}, "command line: key 'batch-size': expected a positive integer, got '0'");
+  expect_bad_input({"--batch-size", "0"},
+                   "command line: key 'batch-size': expected a positive integer, got '0'");
   expect_bad_input({"--lr", "0"}, "key 'lr': expected a number > 0, got '0'");
   expect_bad_input({"--epochs", "x"}, "key 'epochs': expected an integer, got 'x'");
   expect_bad_input({"--no-such-option"}, "command line: ");
-  expect_bad_input({"--config", dir.file("missing.yaml")}, dir.file("missing.yaml") + ": config file not found");
+  expect_bad_input({"--config", dir.file("missing.yaml")},
+                   dir.file("missing.yaml") + ": config file not found");
   ddp::testing::write_file(dir.file("bad.yaml"), "epochs: 1\nbogus: 3\n");
-  expect_bad_input({"--config", dir.file("bad.yaml")}, dir.file("bad.yaml") + ":2: unknown key 'bogus'");
+  expect_bad_input({"--config", dir.file("bad.yaml")},
+                   dir.file("bad.yaml") + ":2: unknown key 'bogus'");
   expect_bad_input({"--data", dir.path(), "--output-dir", dir.file("out")},
                    dir.file("train-images-idx3-ubyte.gz") + ": no such file");
-  ddp::testing::write_file(dir.file("train-images-idx3-ubyte"), std::string("\0\0\x08\x01\0\0\0\x01x", 9));
-  expect_bad_input({"--data", dir.path(), "--output-dir", dir.file("out")}, "wrong IDX magic number");
+  ddp::testing::write_file(dir.file("train-images-idx3-ubyte"),
+                           std::string("\0\0\x08\x01\0\0\0\x01x", 9));
+  expect_bad_input({"--data", dir.path(), "--output-dir", dir.file("out")},
+                   "wrong IDX magic number");
 }
 
 TEST(Cli, ListDevicesOnACpuMachineSaysSo) {
@@ -94,22 +99,26 @@ TEST(Cli, ListDevicesOnACpuMachineSaysSo) {
 
 TEST(Cli, BackendsThatDoNotFitAreBadInput) {
   TempDir dir;
-  const std::vector<std::string> job = {"--config", std::string(DDP_SOURCE_DIR) + "/configs/random_linear.yaml",
+  const std::vector<std::string> job = {"--config",
+                                        std::string(DDP_SOURCE_DIR) + "/configs/random_linear.yaml",
                                         "--output-dir", dir.path()};
   auto with = [&](std::vector<std::string> extra) {
     extra.insert(extra.begin(), job.begin(), job.end());
     return extra;
   };
-  expect_bad_input(with({"--backend", "nccl", "--device", "cpu"}), "backend nccl needs CUDA tensors");
+  expect_bad_input(with({"--backend", "nccl", "--device", "cpu"}),
+                   "backend nccl needs CUDA tensors");
   expect_bad_input(with({"--backend", "mpi"}), "backend mpi needs ranks started by mpirun");
-  expect_bad_input(with({"--backend", "tcp"}), "key 'backend': expected one of auto|local|gloo|mpi|nccl");
+  expect_bad_input(with({"--backend", "tcp"}),
+                   "key 'backend': expected one of auto|local|gloo|mpi|nccl");
 }
 
 TEST(Cli, UnwritableOutputDirIsBadInput) {
   TempDir dir;
   ddp::testing::write_file(dir.file("file"), "x");
-  expect_bad_input({"--model", "linear", "--dataset", "random", "--output-dir", dir.file("file") + "/sub"},
-                   "output dir '" + dir.file("file") + "/sub': cannot create it");
+  expect_bad_input(
+      {"--model", "linear", "--dataset", "random", "--output-dir", dir.file("file") + "/sub"},
+      "output dir '" + dir.file("file") + "/sub': cannot create it");
 }
 
 }  // namespace

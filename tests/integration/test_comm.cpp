@@ -53,9 +53,13 @@ TEST(Launch, NothingIsWorldOneLocal) {
 }
 
 TEST(Launch, EnvContract) {
-  const auto info = detect_launch({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"},
-                                   {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "node0"},
-                                   {"MASTER_PORT", "29500"}, {"OMPI_COMM_WORLD_RANK", "0"}});
+  const auto info = detect_launch({{"RANK", "3"},
+                                   {"WORLD_SIZE", "4"},
+                                   {"LOCAL_RANK", "1"},
+                                   {"LOCAL_WORLD_SIZE", "2"},
+                                   {"MASTER_ADDR", "node0"},
+                                   {"MASTER_PORT", "29500"},
+                                   {"OMPI_COMM_WORLD_RANK", "0"}});
   EXPECT_EQ(info.launcher, Launcher::kEnv);  // the env contract wins over mpirun's variables
   EXPECT_EQ(info.rank, 3);
   EXPECT_EQ(info.world_size, 4);
@@ -68,14 +72,15 @@ TEST(Launch, EnvContract) {
 }
 
 TEST(Launch, KubeflowStyleWithoutLocalRank) {
-  const auto info = detect_launch({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "master-0"},
-                                   {"MASTER_PORT", "23456"}});
+  const auto info = detect_launch(
+      {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "master-0"}, {"MASTER_PORT", "23456"}});
   EXPECT_EQ(info.local_rank, 0);
   EXPECT_EQ(info.local_world_size, 1);
 }
 
 TEST(Launch, Mpirun) {
-  const auto info = detect_launch({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"},
+  const auto info = detect_launch({{"OMPI_COMM_WORLD_RANK", "1"},
+                                   {"OMPI_COMM_WORLD_SIZE", "2"},
                                    {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
                                    {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
   EXPECT_EQ(info.launcher, Launcher::kMpirun);
@@ -86,8 +91,11 @@ TEST(Launch, Mpirun) {
 }
 
 TEST(Launch, Slurm) {
-  const auto info = detect_launch({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"},
-                                   {"SLURM_STEP_TASKS_PER_NODE", "4(x2)"}, {"MASTER_ADDR", "n1"},
+  const auto info = detect_launch({{"SLURM_PROCID", "5"},
+                                   {"SLURM_NTASKS", "8"},
+                                   {"SLURM_LOCALID", "1"},
+                                   {"SLURM_STEP_TASKS_PER_NODE", "4(x2)"},
+                                   {"MASTER_ADDR", "n1"},
                                    {"MASTER_PORT", "29500"}});
   EXPECT_EQ(info.launcher, Launcher::kSlurm);
   EXPECT_EQ(info.rank, 5);
@@ -107,19 +115,25 @@ std::string launch_error(const Env& env) {
 }
 
 TEST(Launch, InconsistentEnvNamesTheVariable) {
-  EXPECT_EQ(launch_error({{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}),
+  EXPECT_EQ(launch_error(
+                {{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}),
             "environment variable RANK=2 must be less than WORLD_SIZE=2");
   EXPECT_EQ(launch_error({{"RANK", "x"}, {"WORLD_SIZE", "2"}}),
             "environment variable RANK='x': expected an integer >= 0");
   EXPECT_NE(launch_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}})
                 .find("environment variable MASTER_PORT is not set"),
             std::string::npos);
-  EXPECT_NE(launch_error({{"RANK", "0"}}).find("environment variable WORLD_SIZE is not set"), std::string::npos);
-  EXPECT_NE(launch_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "70000"}})
-                .find("MASTER_PORT='70000'"),
+  EXPECT_NE(launch_error({{"RANK", "0"}}).find("environment variable WORLD_SIZE is not set"),
             std::string::npos);
-  EXPECT_EQ(launch_error({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"},
-                          {"OMPI_COMM_WORLD_LOCAL_RANK", "2"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}),
+  EXPECT_NE(
+      launch_error(
+          {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "70000"}})
+          .find("MASTER_PORT='70000'"),
+      std::string::npos);
+  EXPECT_EQ(launch_error({{"OMPI_COMM_WORLD_RANK", "0"},
+                          {"OMPI_COMM_WORLD_SIZE", "2"},
+                          {"OMPI_COMM_WORLD_LOCAL_RANK", "2"},
+                          {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}),
             "environment variable OMPI_COMM_WORLD_LOCAL_RANK=2 must be less than "
             "OMPI_COMM_WORLD_LOCAL_SIZE=2");
 }
@@ -134,25 +148,30 @@ std::string factory_error(const std::string& backend, const Env& env, bool cuda)
 }
 
 TEST(Factory, RefusesBackendsThatDoNotFit) {
-  EXPECT_NE(factory_error("nccl", {}, false).find("backend nccl needs CUDA tensors"), std::string::npos);
+  EXPECT_NE(factory_error("nccl", {}, false).find("backend nccl needs CUDA tensors"),
+            std::string::npos);
   if (!compiled("nccl")) {
-    EXPECT_NE(factory_error("nccl", {}, true).find("backend 'nccl' was not compiled into this build"),
-              std::string::npos);
+    EXPECT_NE(
+        factory_error("nccl", {}, true).find("backend 'nccl' was not compiled into this build"),
+        std::string::npos);
   }
   EXPECT_NE(factory_error("carrier-pigeon", {}, false).find("backend 'carrier-pigeon' is unknown"),
             std::string::npos);
-  EXPECT_NE(factory_error("local", {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"},
-                                    {"MASTER_PORT", "1"}}, false)
-                .find("backend local runs world size 1 only"),
-            std::string::npos);
+  EXPECT_NE(
+      factory_error(
+          "local", {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}},
+          false)
+          .find("backend local runs world size 1 only"),
+      std::string::npos);
   if (compiled("mpi")) {
     EXPECT_NE(factory_error("mpi", {}, false).find("backend mpi needs ranks started by mpirun"),
               std::string::npos);
   }
   if (compiled("gloo")) {
-    EXPECT_NE(factory_error("gloo", {{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}}, false)
-                  .find("backend gloo needs MASTER_ADDR and MASTER_PORT"),
-              std::string::npos);
+    EXPECT_NE(
+        factory_error("gloo", {{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}}, false)
+            .find("backend gloo needs MASTER_ADDR and MASTER_PORT"),
+        std::string::npos);
   }
   auto local = ddp::comm::create_process_group("local", detect_launch({}), {}, false);
   EXPECT_EQ(local->backend_name(), "local");
@@ -179,9 +198,10 @@ TEST(Gloo, RankThatNeverJoinsTimesOutTheOthers) {
   auto results = run_env_ranks(3, {"gloo", "skip", "3000"}, std::chrono::seconds(60));
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(results[r].exit_code, 1) << results[r].output;
-    EXPECT_NE(results[r].output.find(fmt::format("rank {}: all_reduce(sum) #2 (1000 elements of float32) "
-                                                 "timed out after 3 s on backend gloo: expected ranks 0-2",
-                                                 r)),
+    EXPECT_NE(results[r].output.find(
+                  fmt::format("rank {}: all_reduce(sum) #2 (1000 elements of float32) "
+                              "timed out after 3 s on backend gloo: expected ranks 0-2",
+                              r)),
               std::string::npos)
         << results[r].output;
   }
@@ -192,15 +212,18 @@ TEST(Gloo, RankThatNeverJoinsTimesOutTheOthers) {
 
 TEST(Gloo, BadEnvFailsEveryRankFast) {
   const auto start = Clock::now();
-  auto results = run_env_ranks(2, {"gloo", "setup"}, std::chrono::seconds(20), {{"WORLD_SIZE", "1"}});
+  auto results =
+      run_env_ranks(2, {"gloo", "setup"}, std::chrono::seconds(20), {{"WORLD_SIZE", "1"}});
   // RANK=1 with WORLD_SIZE=1 on rank 1; rank 0 is consistent (world 1) and succeeds alone.
   EXPECT_EQ(results[1].exit_code, 2) << results[1].output;
   EXPECT_NE(results[1].output.find("environment variable RANK=1 must be less than WORLD_SIZE=1"),
             std::string::npos);
-  auto missing = run_env_ranks(2, {"gloo", "setup"}, std::chrono::seconds(20), {{"MASTER_PORT", "abc"}});
+  auto missing =
+      run_env_ranks(2, {"gloo", "setup"}, std::chrono::seconds(20), {{"MASTER_PORT", "abc"}});
   for (const auto& r : missing) {
     EXPECT_EQ(r.exit_code, 2) << r.output;
-    EXPECT_NE(r.output.find("environment variable MASTER_PORT='abc'"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("environment variable MASTER_PORT='abc'"), std::string::npos)
+        << r.output;
   }
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(15));
 }
@@ -218,9 +241,10 @@ TEST(Gloo, PortInUseIsNamedByRankZero) {
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   const int port = ntohs(addr.sin_port);
   const auto start = Clock::now();
-  Child rank0({DDP_COMM_WORKER_BIN, "gloo", "setup"},
-              {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
-               {"MASTER_PORT", std::to_string(port)}});
+  Child rank0({DDP_COMM_WORKER_BIN, "gloo", "setup"}, {{"RANK", "0"},
+                                                       {"WORLD_SIZE", "2"},
+                                                       {"MASTER_ADDR", "127.0.0.1"},
+                                                       {"MASTER_PORT", std::to_string(port)}});
   auto r = rank0.wait_until(Clock::now() + std::chrono::seconds(20));
   close(fd);
   EXPECT_EQ(r.exit_code, 2) << r.output;
@@ -253,9 +277,10 @@ TEST(Mpi, RankThatNeverJoinsTimesOutTheOthers) {
   auto r = run_mpirun(2, {"mpi", "skip", "3000"}, std::chrono::seconds(60));
   EXPECT_FALSE(r.timed_out) << r.output;
   EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("rank 0: all_reduce(sum) #2 (1000 elements of float32) timed out after 3 s on "
-                          "backend mpi: expected ranks 0-1"),
-            std::string::npos)
+  EXPECT_NE(
+      r.output.find("rank 0: all_reduce(sum) #2 (1000 elements of float32) timed out after 3 s on "
+                    "backend mpi: expected ranks 0-1"),
+      std::string::npos)
       << r.output;
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(30));
 }

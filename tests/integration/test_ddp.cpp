@@ -14,13 +14,15 @@ using ddp::testing::ProcessResult;
 using Clock = std::chrono::steady_clock;
 
 std::vector<ProcessResult> gloo_job(int world, const std::string& scenario) {
-  return ddp::testing::run_env_ranks(world, {DDP_DDP_WORKER_BIN, "gloo", scenario}, std::chrono::seconds(120));
+  return ddp::testing::run_env_ranks(world, {DDP_DDP_WORKER_BIN, "gloo", scenario},
+                                     std::chrono::seconds(120));
 }
 
 void expect_all_pass(const std::vector<ProcessResult>& results) {
   for (size_t r = 0; r < results.size(); ++r) {
     EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
-    EXPECT_NE(results[r].output.find(fmt::format("rank {}/{}: ", r, results.size())), std::string::npos)
+    EXPECT_NE(results[r].output.find(fmt::format("rank {}/{}: ", r, results.size())),
+              std::string::npos)
         << results[r].output;
   }
 }
@@ -29,17 +31,21 @@ struct Case {
   int world;
   std::string scenario;
 };
-void PrintTo(const Case& c, std::ostream* os) { *os << c.scenario << " on " << c.world << " ranks"; }
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.scenario << " on " << c.world << " ranks";
+}
 
 class GlooDdp : public ::testing::TestWithParam<Case> {};
 
-TEST_P(GlooDdp, EqualsOneProcessWithTheGlobalBatch) { expect_all_pass(gloo_job(GetParam().world, GetParam().scenario)); }
+TEST_P(GlooDdp, EqualsOneProcessWithTheGlobalBatch) {
+  expect_all_pass(gloo_job(GetParam().world, GetParam().scenario));
+}
 
 INSTANTIATE_TEST_SUITE_P(
     Scenarios, GlooDdp,
-    ::testing::Values(Case{2, "sgd"}, Case{3, "sgd"}, Case{2, "nosync"}, Case{3, "nosync"}, Case{2, "adam"},
-                      Case{3, "adam"}, Case{2, "fp16"}, Case{2, "bucket-view"}, Case{3, "bucket-view"},
-                      Case{2, "unused-find"}, Case{3, "unused-find"}),
+    ::testing::Values(Case{2, "sgd"}, Case{3, "sgd"}, Case{2, "nosync"}, Case{3, "nosync"},
+                      Case{2, "adam"}, Case{3, "adam"}, Case{2, "fp16"}, Case{2, "bucket-view"},
+                      Case{3, "bucket-view"}, Case{2, "unused-find"}, Case{3, "unused-find"}),
     [](const ::testing::TestParamInfo<Case>& info) {
       std::string name = info.param.scenario + "_world" + std::to_string(info.param.world);
       std::replace(name.begin(), name.end(), '-', '_');
@@ -50,16 +56,18 @@ class MpiDdp : public ::testing::TestWithParam<Case> {};
 
 TEST_P(MpiDdp, EqualsOneProcessWithTheGlobalBatch) {
   const auto& c = GetParam();
-  auto r = ddp::testing::run_mpirun(c.world, {DDP_DDP_WORKER_BIN, "mpi", c.scenario}, std::chrono::seconds(120));
+  auto r = ddp::testing::run_mpirun(c.world, {DDP_DDP_WORKER_BIN, "mpi", c.scenario},
+                                    std::chrono::seconds(120));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   for (int rank = 0; rank < c.world; ++rank) {
-    EXPECT_NE(r.output.find(fmt::format("rank {}/{}: ", rank, c.world)), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(fmt::format("rank {}/{}: ", rank, c.world)), std::string::npos)
+        << r.output;
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Scenarios, MpiDdp,
-                         ::testing::Values(Case{2, "sgd"}, Case{3, "sgd"}, Case{2, "nosync"}, Case{3, "nosync"},
-                                           Case{2, "adam"}, Case{3, "adam"}),
+                         ::testing::Values(Case{2, "sgd"}, Case{3, "sgd"}, Case{2, "nosync"},
+                                           Case{3, "nosync"}, Case{2, "adam"}, Case{3, "adam"}),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            return info.param.scenario + "_world" + std::to_string(info.param.world);
                          });
@@ -75,8 +83,10 @@ TEST(Ddp, UnusedParametersWithoutTheOptionAreNamed) {
   const auto results = gloo_job(2, "unused");
   for (const auto& r : results) {
     EXPECT_EQ(r.exit_code, 2) << r.output;
-    EXPECT_NE(r.output.find("2 parameter(s) got no gradient in this iteration: 'unused.weight', 'unused.bias'"),
-              std::string::npos)
+    EXPECT_NE(
+        r.output.find(
+            "2 parameter(s) got no gradient in this iteration: 'unused.weight', 'unused.bias'"),
+        std::string::npos)
         << r.output;
     EXPECT_NE(r.output.find("find_unused_parameters"), std::string::npos) << r.output;
   }
@@ -87,13 +97,15 @@ TEST(Ddp, MismatchedModelsFailOnEveryRankWithinSeconds) {
   const auto start = Clock::now();
   const auto results = gloo_job(2, "mismatch");
   EXPECT_EQ(results[1].exit_code, 2) << results[1].output;
-  EXPECT_NE(results[1].output.find("rank 1: the model differs from rank 0's (6 parameters here, 6 there): "
-                                   "parameter 0 is 'a.weight' [33, 8] float32 here but 'a.weight' [32, 8] "
-                                   "float32 on rank 0"),
+  EXPECT_NE(results[1].output.find(
+                "rank 1: the model differs from rank 0's (6 parameters here, 6 there): "
+                "parameter 0 is 'a.weight' [33, 8] float32 here but 'a.weight' [32, 8] "
+                "float32 on rank 0"),
             std::string::npos)
       << results[1].output;
   EXPECT_EQ(results[0].exit_code, 2) << results[0].output;
-  EXPECT_NE(results[0].output.find("rank 0: the model differs across ranks: rank(s) 1 hold other parameters"),
+  EXPECT_NE(results[0].output.find(
+                "rank 0: the model differs across ranks: rank(s) 1 hold other parameters"),
             std::string::npos)
       << results[0].output;
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(20));
@@ -101,7 +113,8 @@ TEST(Ddp, MismatchedModelsFailOnEveryRankWithinSeconds) {
 
 std::string buffer_checksum(const ProcessResult& r) {
   std::smatch m;
-  EXPECT_TRUE(std::regex_search(r.output, m, std::regex("buffer checksum (-?[0-9.]+)"))) << r.output;
+  EXPECT_TRUE(std::regex_search(r.output, m, std::regex("buffer checksum (-?[0-9.]+)")))
+      << r.output;
   return m.size() > 1 ? m[1].str() : "";
 }
 
@@ -120,7 +133,8 @@ TEST(Ddp, FirstBucketIsLaunchedBeforeBackwardEnds) {
   expect_all_pass(results);
   for (const auto& r : results) {
     std::smatch m;
-    ASSERT_TRUE(std::regex_search(r.output, m, std::regex("(\\d+) buckets; first launched (-?\\d+) us before")))
+    ASSERT_TRUE(std::regex_search(r.output, m,
+                                  std::regex("(\\d+) buckets; first launched (-?\\d+) us before")))
         << r.output;
     EXPECT_GE(std::stoi(m[1]), 3) << r.output;
     EXPECT_GT(std::stol(m[2]), 0) << r.output;

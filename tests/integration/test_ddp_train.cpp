@@ -24,9 +24,17 @@ double field(const std::string& json, const std::string& name) {
   return std::stod(m[1]);
 }
 
-std::vector<std::string> job(const std::string& out, int64_t batch, std::vector<std::string> extra = {}) {
-  std::vector<std::string> argv = {DDP_TRAIN_BIN, "--config", std::string(DDP_SOURCE_DIR) + "/configs/random_linear.yaml",
-                                   "--epochs", "3", "--batch-size", std::to_string(batch), "--output-dir", out};
+std::vector<std::string> job(const std::string& out, int64_t batch,
+                             std::vector<std::string> extra = {}) {
+  std::vector<std::string> argv = {DDP_TRAIN_BIN,
+                                   "--config",
+                                   std::string(DDP_SOURCE_DIR) + "/configs/random_linear.yaml",
+                                   "--epochs",
+                                   "3",
+                                   "--batch-size",
+                                   std::to_string(batch),
+                                   "--output-dir",
+                                   out};
   argv.insert(argv.end(), extra.begin(), extra.end());
   return argv;
 }
@@ -36,7 +44,9 @@ void expect_same_training(const std::string& a, const std::string& b) {
   const auto mb = last_metrics(b);
   EXPECT_EQ(field(ma, "steps"), field(mb, "steps"));
   for (const char* name : {"train_loss", "test_loss"}) {
-    EXPECT_NEAR(field(ma, name), field(mb, name), 1e-5 * std::abs(field(mb, name))) << name << "\n" << ma << "\n" << mb;
+    EXPECT_NEAR(field(ma, name), field(mb, name), 1e-5 * std::abs(field(mb, name))) << name << "\n"
+                                                                                    << ma << "\n"
+                                                                                    << mb;
   }
 }
 
@@ -67,8 +77,9 @@ TEST(DdpTrain, TwoRanksWithTheEnvContractEqualOneProcessWithTwiceTheBatch) {
 TEST(DdpTrain, FashionMnistOnTwoRanksLearns) {
   TempDir out;
   auto r = ddp::testing::run_mpirun(
-      2, {DDP_TRAIN_BIN, "--config", std::string(DDP_SOURCE_DIR) + "/configs/fashion_mnist_mlp.yaml", "--epochs", "1",
-          "--output-dir", out.path()},
+      2,
+      {DDP_TRAIN_BIN, "--config", std::string(DDP_SOURCE_DIR) + "/configs/fashion_mnist_mlp.yaml",
+       "--epochs", "1", "--output-dir", out.path()},
       std::chrono::seconds(200));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_GE(field(last_metrics(out.path()), "test_accuracy"), 0.80);

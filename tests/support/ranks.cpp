@@ -24,8 +24,9 @@ std::vector<ProcessResult> run_env_ranks(int world, const std::vector<std::strin
 }
 
 ProcessResult run_mpirun(int np, const std::vector<std::string>& argv, std::chrono::seconds limit) {
-  std::vector<std::string> cmd = {DDP_MPIEXEC, "--allow-run-as-root", "--oversubscribe",
-                                  "--mca", "btl", "self,vader", "-np", std::to_string(np)};
+  std::vector<std::string> cmd = {
+      DDP_MPIEXEC, "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "self,vader",
+      "-np",       std::to_string(np)};
   cmd.insert(cmd.end(), argv.begin(), argv.end());
   return run_process(cmd, {}, limit);
 }

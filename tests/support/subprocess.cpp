@@ -3,8 +3,8 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
-#include <sys/socket.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -63,7 +63,9 @@ Child::~Child() {
   std::filesystem::remove(log_path_, ec);
 }
 
-void Child::kill_group() { kill(-pid_, SIGKILL); }
+void Child::kill_group() {
+  kill(-pid_, SIGKILL);
+}
 
 ProcessResult Child::wait_until(std::chrono::steady_clock::time_point deadline) {
   ProcessResult result;

@@ -9,9 +9,9 @@
 namespace ddp::testing {
 
 struct ProcessResult {
-  int exit_code = -1;    // exit status, or 128 + signal when killed by a signal
+  int exit_code = -1;  // exit status, or 128 + signal when killed by a signal
   bool timed_out = false;
-  std::string output;    // stdout and stderr, interleaved
+  std::string output;  // stdout and stderr, interleaved
 };
 
 // Runs argv[0] with `argv`, extra `env` on top of this process's environment, in its own process

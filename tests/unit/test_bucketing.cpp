@@ -54,7 +54,8 @@ std::vector<torch::Tensor> resnet18_parameters() {
   return p;
 }
 
-BucketAssignment c10d_assignment(const std::vector<torch::Tensor>& tensors, const std::vector<size_t>& limits,
+BucketAssignment c10d_assignment(const std::vector<torch::Tensor>& tensors,
+                                 const std::vector<size_t>& limits,
                                  const std::vector<int64_t>& order) {
   std::vector<torch::Tensor> visited = tensors;
   if (!order.empty()) {
@@ -64,15 +65,16 @@ BucketAssignment c10d_assignment(const std::vector<torch::Tensor>& tensors, cons
   return {buckets, sizes};
 }
 
-void expect_same_as_c10d(const std::vector<torch::Tensor>& tensors, const std::vector<size_t>& limits,
-                         const std::vector<int64_t>& order) {
+void expect_same_as_c10d(const std::vector<torch::Tensor>& tensors,
+                         const std::vector<size_t>& limits, const std::vector<int64_t>& order) {
   const auto ours = assign_buckets(ddp::core::slots_of(tensors), limits, order);
   const auto theirs = c10d_assignment(tensors, limits, order);
   EXPECT_EQ(ours.buckets, theirs.buckets);
   EXPECT_EQ(ours.size_limits, theirs.size_limits);
 }
 
-const std::vector<size_t> kDdpLimits = {ddp::core::kDefaultFirstBucketBytes, ddp::core::kDefaultBucketCapBytes};
+const std::vector<size_t> kDdpLimits = {ddp::core::kDefaultFirstBucketBytes,
+                                        ddp::core::kDefaultBucketCapBytes};
 
 TEST(Bucketing, ResNet18HasTheTutorialsParameterCount) {
   int64_t n = 0;
@@ -103,7 +105,8 @@ TEST(Bucketing, SmallCapsEqualC10d) {
   expect_same_as_c10d(resnet18_parameters(), {1024, 64 * 1024}, {});
   auto params = resnet18_parameters();
   std::vector<int64_t> shuffled(params.size());
-  for (size_t i = 0; i < shuffled.size(); ++i) shuffled[i] = static_cast<int64_t>((i * 7) % shuffled.size());
+  for (size_t i = 0; i < shuffled.size(); ++i)
+    shuffled[i] = static_cast<int64_t>((i * 7) % shuffled.size());
   expect_same_as_c10d(params, {1024, 64 * 1024}, shuffled);
 }
 

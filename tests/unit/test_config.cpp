@@ -61,11 +61,14 @@ TEST(Config, UnknownKeyNamesFileAndLine) {
 TEST(Config, WrongTypeNamesKeyAndExpectation) {
   TempDir dir;
   auto msg = error_of([&] { load(dir, "epochs: three\n"); });
-  EXPECT_NE(msg.find(":1: key 'epochs': expected an integer, got 'three'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(":1: key 'epochs': expected an integer, got 'three'"), std::string::npos)
+      << msg;
   msg = error_of([&] { load(dir, "nesterov: maybe\n"); });
-  EXPECT_NE(msg.find("key 'nesterov': expected true or false, got 'maybe'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("key 'nesterov': expected true or false, got 'maybe'"), std::string::npos)
+      << msg;
   msg = error_of([&] { load(dir, "optimizer: rmsprop\n"); });
-  EXPECT_NE(msg.find("key 'optimizer': expected one of sgd|adam|adamw, got 'rmsprop'"), std::string::npos)
+  EXPECT_NE(msg.find("key 'optimizer': expected one of sgd|adam|adamw, got 'rmsprop'"),
+            std::string::npos)
       << msg;
   msg = error_of([&] { load(dir, "lr: [1, 2]\n"); });
   EXPECT_NE(msg.find("key 'lr': expected a single value, got a list"), std::string::npos) << msg;
@@ -95,14 +98,16 @@ TEST(Config, MissingFileAndNonMapping) {
   Config c;
   EXPECT_EQ(error_of([&] { ddp::train::apply_config_file(c, dir.file("none.yaml")); }),
             dir.file("none.yaml") + ": config file not found");
-  EXPECT_NE(error_of([&] { load(dir, "- a\n- b\n"); }).find("expected a mapping"), std::string::npos);
+  EXPECT_NE(error_of([&] { load(dir, "- a\n- b\n"); }).find("expected a mapping"),
+            std::string::npos);
 }
 
 TEST(Config, CrossKeyValidation) {
   Config c;
   c.model = "linear";
-  EXPECT_NE(error_of([&] { ddp::train::validate(c); }).find("model 'linear' trains on dataset 'random'"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { ddp::train::validate(c); }).find("model 'linear' trains on dataset 'random'"),
+      std::string::npos);
   c = Config();
   c.warmup_epochs = 2;
   EXPECT_NE(error_of([&] { ddp::train::validate(c); }).find("warmup-epochs"), std::string::npos);

@@ -13,7 +13,8 @@ TEST(Gather, ReturnsTheNamedRowsInOrder) {
   set.targets = torch::arange(10, torch::kInt64);
   auto batch = set.gather(torch::tensor({7, 2, 2, 9}, torch::kInt64));
   EXPECT_TRUE(torch::equal(batch.target, torch::tensor({7, 2, 2, 9}, torch::kInt64)));
-  EXPECT_TRUE(torch::equal(batch.input, torch::tensor({{14.f, 15.f}, {4.f, 5.f}, {4.f, 5.f}, {18.f, 19.f}})));
+  EXPECT_TRUE(torch::equal(batch.input,
+                           torch::tensor({{14.f, 15.f}, {4.f, 5.f}, {4.f, 5.f}, {18.f, 19.f}})));
   EXPECT_EQ(batch.size(), 4);
 }
 

@@ -17,7 +17,8 @@ std::string idx_bytes(std::vector<uint32_t> dims, const std::vector<uint8_t>& va
                       uint8_t type = 0x08) {
   std::string out = {0, 0, static_cast<char>(type), static_cast<char>(dims.size())};
   for (uint32_t d : dims) {
-    for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<char>((d >> shift) & 0xff));
+    for (int shift = 24; shift >= 0; shift -= 8)
+      out.push_back(static_cast<char>((d >> shift) & 0xff));
   }
   out.append(values.begin(), values.end());
   return out;
@@ -63,23 +64,33 @@ TEST(Idx, ReadsGzipAndPlainFiles) {
 }
 
 TEST(Idx, RejectsWrongMagic) {
-  const auto msg = error_of([] { ddp::data::parse_idx(idx_bytes({4}, {1, 2, 3, 4}, 0x0d), 1, "f.gz"); });
-  EXPECT_NE(msg.find("f.gz: wrong IDX magic number 0x00000d01, expected 0x00000801"), std::string::npos)
+  const auto msg = error_of([] {
+    ddp::data::parse_idx(idx_bytes({4}, {1, 2, 3, 4}, 0x0d), 1, "f.gz");
+  });
+  EXPECT_NE(msg.find("f.gz: wrong IDX magic number 0x00000d01, expected 0x00000801"),
+            std::string::npos)
       << msg;
-  EXPECT_NE(error_of([] { ddp::data::parse_idx(idx_bytes({4}, {1, 2, 3, 4}), 3, "f"); }).find("magic"),
+  EXPECT_NE(error_of([] {
+              ddp::data::parse_idx(idx_bytes({4}, {1, 2, 3, 4}), 3, "f");
+            }).find("magic"),
             std::string::npos);
 }
 
 TEST(Idx, RejectsShortAndLongPayloads) {
-  EXPECT_NE(error_of([] { ddp::data::parse_idx(idx_bytes({2, 3}, {1, 2, 3}), 2, "f"); })
-                .find("f: IDX data has 3 bytes, the header's dimensions need 6 (truncated)"),
+  EXPECT_NE(error_of([] {
+              ddp::data::parse_idx(idx_bytes({2, 3}, {1, 2, 3}), 2, "f");
+            }).find("f: IDX data has 3 bytes, the header's dimensions need 6 (truncated)"),
             std::string::npos);
-  EXPECT_NE(error_of([] { ddp::data::parse_idx(idx_bytes({1}, {1, 2}), 1, "f"); }).find("need 1"),
+  EXPECT_NE(error_of([] {
+              ddp::data::parse_idx(idx_bytes({1}, {1, 2}), 1, "f");
+            }).find("need 1"),
             std::string::npos);
-  EXPECT_NE(error_of([] { ddp::data::parse_idx(std::string("\0\0", 2), 1, "f"); }).find("not an IDX"),
-            std::string::npos);
-  EXPECT_NE(error_of([] { ddp::data::parse_idx(idx_bytes({0}, {}), 1, "f"); }).find("dimension 0 is 0"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([] { ddp::data::parse_idx(std::string("\0\0", 2), 1, "f"); }).find("not an IDX"),
+      std::string::npos);
+  EXPECT_NE(
+      error_of([] { ddp::data::parse_idx(idx_bytes({0}, {}), 1, "f"); }).find("dimension 0 is 0"),
+      std::string::npos);
 }
 
 TEST(Idx, RejectsTruncatedGzip) {
@@ -90,11 +101,14 @@ TEST(Idx, RejectsTruncatedGzip) {
   const std::string gz = ddp::testing::read_file(dir.file("full.gz"));
   ddp::testing::write_file(dir.file("cut.gz"), gz.substr(0, gz.size() / 2));
   const auto msg = error_of([&] { ddp::data::read_idx(dir.file("cut.gz"), 1); });
-  EXPECT_NE(msg.find(dir.file("cut.gz") + ": corrupt or truncated gzip data"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(dir.file("cut.gz") + ": corrupt or truncated gzip data"), std::string::npos)
+      << msg;
 }
 
 TEST(Idx, RejectsMissingFile) {
-  EXPECT_NE(error_of([] { ddp::data::read_idx("/nonexistent/x.gz", 1); }).find("/nonexistent/x.gz: no such file"),
+  EXPECT_NE(error_of([] {
+              ddp::data::read_idx("/nonexistent/x.gz", 1);
+            }).find("/nonexistent/x.gz: no such file"),
             std::string::npos);
 }
 
@@ -104,14 +118,16 @@ TEST(FashionMnistLoader, LoadsAGoodSetNormalised) {
   auto set = ddp::data::load_fashion_mnist(dir.path(), ddp::data::Split::kTrain);
   ASSERT_EQ(set.inputs.sizes(), (std::vector<int64_t>{12, 1, 2, 3}));
   EXPECT_EQ(set.targets[11].item<int64_t>(), 1);
-  const double expected = (5.0 / 255.0 - ddp::data::kFashionMnistMean) / ddp::data::kFashionMnistStd;
+  const double expected =
+      (5.0 / 255.0 - ddp::data::kFashionMnistMean) / ddp::data::kFashionMnistStd;
   EXPECT_NEAR(set.inputs[5][0][1][2].item<double>(), expected, 1e-6);
 }
 
 TEST(FashionMnistLoader, RejectsCountMismatch) {
   TempDir dir;
   write_set(dir, "t10k", 12, 11);
-  const auto msg = error_of([&] { ddp::data::load_fashion_mnist(dir.path(), ddp::data::Split::kTest); });
+  const auto msg =
+      error_of([&] { ddp::data::load_fashion_mnist(dir.path(), ddp::data::Split::kTest); });
   EXPECT_NE(msg.find("holds 12 images but"), std::string::npos) << msg;
   EXPECT_NE(msg.find("holds 11 labels"), std::string::npos) << msg;
 }
@@ -120,14 +136,17 @@ TEST(FashionMnistLoader, RejectsLabelOutOfRange) {
   TempDir dir;
   write_set(dir, "train", 2, 2);
   write_gz(dir.file("train-labels-idx1-ubyte.gz"), idx_bytes({2}, {3, 10}));
-  const auto msg = error_of([&] { ddp::data::load_fashion_mnist(dir.path(), ddp::data::Split::kTrain); });
+  const auto msg =
+      error_of([&] { ddp::data::load_fashion_mnist(dir.path(), ddp::data::Split::kTrain); });
   EXPECT_NE(msg.find("label 10 of item 1 is outside [0, 10)"), std::string::npos) << msg;
 }
 
 TEST(FashionMnistLoader, NamesTheMissingFile) {
   TempDir dir;
-  const auto msg = error_of([&] { ddp::data::load_fashion_mnist(dir.path(), ddp::data::Split::kTrain); });
-  EXPECT_NE(msg.find(dir.file("train-images-idx3-ubyte.gz") + ": no such file"), std::string::npos) << msg;
+  const auto msg =
+      error_of([&] { ddp::data::load_fashion_mnist(dir.path(), ddp::data::Split::kTrain); });
+  EXPECT_NE(msg.find(dir.file("train-images-idx3-ubyte.gz") + ": no such file"), std::string::npos)
+      << msg;
 }
 
 // Debian's real Fashion-MNIST: 60,000 + 10,000 images of 28x28, 6,000 / 1,000 of each class,

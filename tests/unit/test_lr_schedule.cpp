@@ -46,8 +46,8 @@ TEST(LrSchedule, CosineFallsToZeroAfterWarmup) {
   s.base_lr = 2.0;
   s.warmup_epochs = 1;
   s.total_epochs = 5;
-  EXPECT_DOUBLE_EQ(lr_at(s, 10, 10), 2.0);                  // end of warm-up
-  EXPECT_NEAR(lr_at(s, 30, 10), 1.0, 1e-12);                // half way through the cosine
+  EXPECT_DOUBLE_EQ(lr_at(s, 10, 10), 2.0);    // end of warm-up
+  EXPECT_NEAR(lr_at(s, 30, 10), 1.0, 1e-12);  // half way through the cosine
   EXPECT_NEAR(lr_at(s, 20, 10), 1.0 + std::cos(M_PI / 4), 1e-12);
   EXPECT_NEAR(lr_at(s, 50, 10), 0.0, 1e-12);
 }

@@ -11,8 +11,9 @@
 namespace {
 
 TEST(DistributedSamplerVsPyTorch, EveryCaseGivesPyTorchsIndices) {
-  auto r = ddp::testing::run_process({DDP_PYTHON, std::string(DDP_SOURCE_DIR) + "/tests/python/sampler_indices.py"},
-                                     {}, std::chrono::seconds(120));
+  auto r = ddp::testing::run_process(
+      {DDP_PYTHON, std::string(DDP_SOURCE_DIR) + "/tests/python/sampler_indices.py"}, {},
+      std::chrono::seconds(120));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::istringstream lines(r.output);
   int cases = 0;
@@ -26,8 +27,8 @@ TEST(DistributedSamplerVsPyTorch, EveryCaseGivesPyTorchsIndices) {
     std::istringstream tail(line.substr(colon + 1));
     for (int64_t i; tail >> i;) expected.push_back(i);
 
-    ddp::data::DistributedSampler sampler(size, world, rank, shuffle != 0, static_cast<uint64_t>(seed),
-                                          drop_last != 0);
+    ddp::data::DistributedSampler sampler(size, world, rank, shuffle != 0,
+                                          static_cast<uint64_t>(seed), drop_last != 0);
     sampler.set_epoch(epoch);
     const auto got = sampler.indices();
     ASSERT_EQ(got.numel(), sampler.num_samples());
@@ -35,7 +36,8 @@ TEST(DistributedSamplerVsPyTorch, EveryCaseGivesPyTorchsIndices) {
     ASSERT_EQ(ours, expected) << "case " << line.substr(0, colon);
     ++cases;
   }
-  EXPECT_EQ(cases, 4 * 15 * 2 * 2 * 3 * 2);  // every (size, world, rank, shuffle, seed, epoch, drop_last)
+  EXPECT_EQ(cases,
+            4 * 15 * 2 * 2 * 3 * 2);  // every (size, world, rank, shuffle, seed, epoch, drop_last)
 }
 
 TEST(DistributedSamplerVsPyTorch, EvaluationShardsCoverEachIndexOnce) {
@@ -44,9 +46,11 @@ TEST(DistributedSamplerVsPyTorch, EvaluationShardsCoverEachIndexOnce) {
       std::vector<int64_t> count(static_cast<size_t>(size), 0);
       for (int64_t rank = 0; rank < world; ++rank) {
         auto idx = ddp::data::evaluation_indices(size, world, rank);
-        for (int64_t k = 0; k < idx.numel(); ++k) ++count[static_cast<size_t>(idx[k].item<int64_t>())];
+        for (int64_t k = 0; k < idx.numel(); ++k)
+          ++count[static_cast<size_t>(idx[k].item<int64_t>())];
       }
-      for (int64_t i = 0; i < size; ++i) EXPECT_EQ(count[static_cast<size_t>(i)], 1) << size << " " << world;
+      for (int64_t i = 0; i < size; ++i)
+        EXPECT_EQ(count[static_cast<size_t>(i)], 1) << size << " " << world;
     }
   }
 }

@@ -27,10 +27,10 @@ std::string dtype_name(c10::ScalarType type);
 
 // What a failed collective was: carried by CommError and written into its message.
 struct CollectiveInfo {
-  std::string op;       // "all_reduce(sum)", "broadcast(root 0)", ...
-  uint64_t seq = 0;     // 1-based sequence number of the collective on this process group
-  int64_t numel = 0;    // elements of the (input) tensor
-  std::string dtype;    // "float32", ...
+  std::string op;     // "all_reduce(sum)", "broadcast(root 0)", ...
+  uint64_t seq = 0;   // 1-based sequence number of the collective on this process group
+  int64_t numel = 0;  // elements of the (input) tensor
+  std::string dtype;  // "float32", ...
   int rank = 0;
   int world_size = 1;
 };

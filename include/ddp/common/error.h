@@ -35,7 +35,7 @@ class InputError : public Error {
 }  // namespace ddp
 
 // Checks an internal invariant; a failure is a bug in ddp, reported with file and line.
-#define DDP_CHECK(cond, message)                                          \
-  do {                                                                    \
+#define DDP_CHECK(cond, message)                                                   \
+  do {                                                                             \
     if (!(cond)) ::ddp::throw_check_failure(__FILE__, __LINE__, #cond, (message)); \
   } while (0)

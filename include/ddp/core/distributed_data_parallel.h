@@ -5,10 +5,10 @@
 //
 //   auto net = MyNet();
 //   auto group = ...;  // a std::shared_ptr<ddp::comm::ProcessGroup>
-//   ddp::DistributedDataParallel model(net, group, ddp::DistributedDataParallelOptions().bucket_cap_mb(25));
-//   auto loss = loss_fn(model->forward(x), y);
-//   loss.backward();      // gradients averaged across ranks when this returns
-//   optimizer.step();
+//   ddp::DistributedDataParallel model(net, group,
+//   ddp::DistributedDataParallelOptions().bucket_cap_mb(25)); auto loss =
+//   loss_fn(model->forward(x), y); loss.backward();      // gradients averaged across ranks when
+//   this returns optimizer.step();
 //
 // Construction is collective: every rank checks that all ranks hold the same parameters
 // (names, shapes, dtypes), then rank 0's parameters and buffers are broadcast.

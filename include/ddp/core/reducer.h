@@ -30,9 +30,9 @@
 namespace ddp::core {
 
 enum class CommHook {
-  kAllReduce,      // all-reduce average in the gradient's dtype
-  kFp16Compress,   // cast to float16, all-reduce, cast back (halves the bytes)
-  kBf16Compress,   // cast to bfloat16, all-reduce, cast back
+  kAllReduce,     // all-reduce average in the gradient's dtype
+  kFp16Compress,  // cast to float16, all-reduce, cast back (halves the bytes)
+  kBf16Compress,  // cast to bfloat16, all-reduce, cast back
 };
 
 struct ReducerOptions {
@@ -47,10 +47,10 @@ using Clock = std::chrono::steady_clock;
 
 // Timestamps of the last synchronised iteration, for tests and the timeline.
 struct IterationStats {
-  Clock::time_point first_grad;               // the first hook of the backward
-  Clock::time_point last_grad;                // the last hook of the backward
+  Clock::time_point first_grad;                  // the first hook of the backward
+  Clock::time_point last_grad;                   // the last hook of the backward
   std::vector<Clock::time_point> bucket_launch;  // per bucket, when its collective was issued
-  Clock::time_point finalize_end;             // all averages are in .grad
+  Clock::time_point finalize_end;                // all averages are in .grad
 };
 
 class Reducer {
@@ -76,11 +76,11 @@ class Reducer {
 
  private:
   struct Bucket {
-    torch::Tensor flat;            // the gradients of its parameters, back to back
-    torch::Tensor wire;            // what goes over the wire (flat, or its compressed copy)
+    torch::Tensor flat;  // the gradients of its parameters, back to back
+    torch::Tensor wire;  // what goes over the wire (flat, or its compressed copy)
     std::vector<size_t> params;
     std::vector<torch::Tensor> views;  // per parameter: its slice of flat, shaped like it
-    size_t pending = 0;            // parameters not ready yet in this iteration
+    size_t pending = 0;                // parameters not ready yet in this iteration
     comm::WorkPtr work;
   };
   enum class Phase { kIdle, kBackward };
@@ -88,7 +88,7 @@ class Reducer {
   void build_buckets(const std::vector<std::vector<size_t>>& assignment);
   torch::Tensor& slot(size_t param);  // the parameter's view into its bucket
   void launch(size_t bucket);
-  void begin_iteration();                  // the one place per-iteration state is reset
+  void begin_iteration();  // the one place per-iteration state is reset
   void mark_ready(size_t index);
   void launch_ready_buckets();
   void finalize();

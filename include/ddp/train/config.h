@@ -13,7 +13,7 @@ struct Config {
   // What to train.
   std::string model = "mlp";
   std::string dataset = "fashion-mnist";
-  std::string data;  // empty: the dataset's default location
+  std::string data;          // empty: the dataset's default location
   int64_t train_subset = 0;  // 0: all training samples
   // How long, in what batches.
   int64_t epochs = 1;
@@ -31,16 +31,16 @@ struct Config {
   // Where and how it runs.
   int64_t seed = 0;
   std::string device = "auto";
-  std::string backend = "auto";      // auto: nccl on CUDA, mpi under mpirun, gloo, local
-  double comm_timeout = 600.0;       // seconds a collective may wait for the other ranks
-  double rendezvous_timeout = 300.0; // seconds ranks wait for each other at start-up
+  std::string backend = "auto";       // auto: nccl on CUDA, mpi under mpirun, gloo, local
+  double comm_timeout = 600.0;        // seconds a collective may wait for the other ranks
+  double rendezvous_timeout = 300.0;  // seconds ranks wait for each other at start-up
   // DistributedDataParallel, with PyTorch's names and defaults.
   double bucket_cap_mb = 25.0;
   bool broadcast_buffers = true;
   bool find_unused_parameters = false;
   bool gradient_as_bucket_view = false;
   std::string comm_hook = "allreduce";  // allreduce | fp16 | bf16
-  int64_t threads = 0;  // 0: leave LibTorch's default
+  int64_t threads = 0;                  // 0: leave LibTorch's default
   std::string output_dir = "runs/latest";
   std::string log_level = "info";
   int64_t eval_every = 1;  // epochs; 0: evaluate after the last epoch only

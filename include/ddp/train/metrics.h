@@ -9,14 +9,14 @@
 namespace ddp::train {
 
 struct EpochMetrics {
-  int64_t epoch = 0;  // 1-based
-  int64_t steps = 0;  // optimizer steps so far
-  double lr = 0.0;    // at the epoch's last step
-  double train_loss = 0.0;  // mean over the epoch's samples
+  int64_t epoch = 0;                    // 1-based
+  int64_t steps = 0;                    // optimizer steps so far
+  double lr = 0.0;                      // at the epoch's last step
+  double train_loss = 0.0;              // mean over the epoch's samples
   std::optional<double> test_loss;      // when evaluated
   std::optional<double> test_accuracy;  // classification only
-  double samples_per_s = 0.0;  // training samples (all ranks) per second of training time
-  double epoch_seconds = 0.0;  // training time, evaluation excluded
+  double samples_per_s = 0.0;           // training samples (all ranks) per second of training time
+  double epoch_seconds = 0.0;           // training time, evaluation excluded
 };
 
 // One JSON object per line: {"epoch": 1, "steps": 938, "lr": 0.1, "train_loss": ..., ...};

@@ -25,6 +25,7 @@ struct Workload {
 Workload make_workload(const Config& config);
 
 // Mean loss of a batch: cross-entropy for classification, MSE for regression.
-torch::Tensor compute_loss(data::Task task, const torch::Tensor& output, const torch::Tensor& target);
+torch::Tensor compute_loss(data::Task task, const torch::Tensor& output,
+                           const torch::Tensor& target);
 
 }  // namespace ddp::train
