@@ -16,12 +16,11 @@ namespace {
 class GlooWork : public Work {
  public:
   GlooWork(c10::intrusive_ptr<c10d::Work> work, CollectiveInfo info, std::string timeout_message,
-           at::Tensor divide, int64_t divisor)
+           at::Tensor divide)
       : work_(std::move(work)),
         info_(std::move(info)),
         timeout_message_(std::move(timeout_message)),
-        divide_(std::move(divide)),
-        divisor_(divisor) {}
+        divide_(std::move(divide)) {}
 
   void wait() override {
     if (done_) return;
@@ -32,16 +31,9 @@ class GlooWork : public Work {
       if (what.find("imed out") != std::string::npos || what.find("imeout") != std::string::npos) {
         throw CommError(info_, timeout_message_);
       }
-      throw CommError(info_, fmt::format("rank {}: {} #{} failed on backend gloo: {}", info_.rank,
-                                         info_.op, info_.seq, what.substr(0, what.find('\n'))));
+      throw CommError(info_, failure_message(info_, "gloo", what));
     }
-    if (divide_.defined()) {
-      if (at::isIntegralType(divide_.scalar_type(), /*includeBool=*/false)) {
-        divide_.div_(divisor_, "trunc");
-      } else {
-        divide_.div_(divisor_);
-      }
-    }
+    if (divide_.defined()) sum_to_average(divide_, info_.world_size);
     done_ = true;
   }
   bool is_completed() override { return done_ || work_->isCompleted(); }
@@ -51,7 +43,6 @@ class GlooWork : public Work {
   CollectiveInfo info_;
   std::string timeout_message_;
   at::Tensor divide_;  // defined for kAvg
-  int64_t divisor_;
   bool done_ = false;
 };
 
@@ -87,12 +78,8 @@ class GlooProcessGroup : public ProcessGroup {
       pg_ =
           c10::make_intrusive<c10d::ProcessGroupGloo>(store, launch.rank, launch.world_size, opts);
     } catch (const std::exception& e) {
-      CollectiveInfo info;
-      info.op = "rendezvous";
-      info.rank = launch.rank;
-      info.world_size = launch.world_size;
       const std::string what = e.what();
-      throw CommError(info,
+      throw CommError(rendezvous_info(launch),
                       fmt::format("rank {}: gloo could not connect the {} ranks: {}", launch.rank,
                                   launch.world_size, what.substr(0, what.find('\n'))));
     }
@@ -134,7 +121,7 @@ class GlooProcessGroup : public ProcessGroup {
   WorkPtr wrap(c10::intrusive_ptr<c10d::Work> work, const CollectiveInfo& info,
                at::Tensor divide = at::Tensor()) {
     return std::make_shared<GlooWork>(std::move(work), info, timeout_message(info),
-                                      std::move(divide), world_size());
+                                      std::move(divide));
   }
 
   // GLOO_SOCKET_IFNAME names an interface as in PyTorch; a job on one host uses loopback;

@@ -139,21 +139,14 @@ class MpiWork : public Work {
     const int rc = MPI_Test(&request_, &flag, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS) {
       g_failed = true;
-      throw CommError(info_, fmt::format("rank {}: {} #{} failed on backend mpi: {}", info_.rank,
-                                         info_.op, info_.seq, mpi_error_string(rc)));
+      throw CommError(info_, failure_message(info_, "mpi", mpi_error_string(rc)));
     }
     if (flag == 0) return false;
     if (++part_ < parts_) {
       request_ = start_part_(part_);
       return false;
     }
-    if (divide_.defined()) {
-      if (at::isIntegralType(divide_.scalar_type(), /*includeBool=*/false)) {
-        divide_.div_(info_.world_size, "trunc");
-      } else {
-        divide_.div_(info_.world_size);
-      }
-    }
+    if (divide_.defined()) sum_to_average(divide_, info_.world_size);
     done_ = true;
     return true;
   }

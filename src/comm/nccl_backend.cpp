@@ -373,11 +373,7 @@ class NcclProcessGroup : public ProcessGroup {
       // `if` rather than #if so that this branch is compiled (and checked) with every NCCL.
       if (!kNcclHasAvg && op == ReduceOp::kAvg && world_size() > 1) {
         c10::cuda::CUDAStreamGuard on_comm(comm_stream_);
-        if (at::isIntegralType(tensor.scalar_type(), /*includeBool=*/false)) {
-          tensor.div_(world_size(), "trunc");  // the contract: integers divide with truncation
-        } else {
-          tensor.div_(world_size());
-        }
+        sum_to_average(tensor, world_size());
       }
     });
   }

@@ -46,6 +46,20 @@ std::string dtype_name(c10::ScalarType type) {
   }
 }
 
+void sum_to_average(at::Tensor& sum, int world_size) {
+  if (at::isIntegralType(sum.scalar_type(), /*includeBool=*/false)) {
+    sum.div_(world_size, "trunc");
+  } else {
+    sum.div_(world_size);
+  }
+}
+
+std::string failure_message(const CollectiveInfo& info, const std::string& backend,
+                            const std::string& why) {
+  return fmt::format("rank {}: {} #{} failed on backend {}: {}", info.rank, info.op, info.seq,
+                     backend, why.substr(0, why.find('\n')));
+}
+
 CommError::CommError(CollectiveInfo info, const std::string& what)
     : Error(what, kExitFailure), info_(std::move(info)) {}
 

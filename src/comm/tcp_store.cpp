@@ -7,6 +7,14 @@
 
 namespace ddp::comm {
 
+CollectiveInfo rendezvous_info(const LaunchInfo& launch) {
+  CollectiveInfo info;
+  info.op = "rendezvous";
+  info.rank = launch.rank;
+  info.world_size = launch.world_size;
+  return info;
+}
+
 c10::intrusive_ptr<c10d::Store> connect_store(const LaunchInfo& launch,
                                               std::chrono::milliseconds timeout) {
   c10d::TCPStoreOptions opts;  // set by name only: 2.x adds fields (NOTES.md s.3)
@@ -27,11 +35,7 @@ c10::intrusive_ptr<c10d::Store> connect_store(const LaunchInfo& launch,
           "pick one)",
           launch.rank, launch.master_port, launch.master_addr));
     }
-    CollectiveInfo info;
-    info.op = "rendezvous";
-    info.rank = launch.rank;
-    info.world_size = launch.world_size;
-    throw CommError(info,
+    throw CommError(rendezvous_info(launch),
                     fmt::format("rank {}: rendezvous at MASTER_ADDR:MASTER_PORT = {} did not "
                                 "complete within {} s (world size {}): {}",
                                 launch.rank, where, std::chrono::duration<double>(timeout).count(),

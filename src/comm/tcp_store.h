@@ -10,6 +10,9 @@
 
 namespace ddp::comm {
 
+// Describes the rendezvous of `launch` for a CommError.
+CollectiveInfo rendezvous_info(const LaunchInfo& launch);
+
 // Rank 0 serves, the others connect; returns once all world_size ranks have connected.
 // Throws InputError when rank 0 finds the port in use, CommError when the others do not
 // arrive within `timeout`.

@@ -11,7 +11,6 @@
 #include <sstream>
 
 #include "ddp/common/error.h"
-#include "ddp/common/log.h"
 
 namespace ddp::train {
 namespace {

@@ -37,7 +37,6 @@ void expect_bad_input(const std::vector<std::string>& args, const std::string& e
 TEST(Cli, HelpListsEveryKeyWithItsDefault) {
   auto r = ddp_train({"--help"});
   EXPECT_EQ(r.exit_code, 0);
-  const ddp::train::Config defaults;
   for (const auto& key : ddp::train::config_keys()) {
     EXPECT_NE(r.output.find("--" + key.name + " "), std::string::npos) << key.name;
   }

@@ -35,6 +35,14 @@ struct CollectiveInfo {
   int world_size = 1;
 };
 
+// Turns an all-reduce sum into kAvg's average in place, for backends without a native average:
+// divides by world_size, with truncation for integer tensors (the contract of all_reduce).
+void sum_to_average(at::Tensor& sum, int world_size);
+
+// "rank r: op #seq failed on backend B: why" (the first line of `why`).
+std::string failure_message(const CollectiveInfo& info, const std::string& backend,
+                            const std::string& why);
+
 // A collective that failed or timed out. Its message names the rank, the operation, its
 // sequence number, the tensor size and which ranks were expected.
 class CommError : public Error {
