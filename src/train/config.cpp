@@ -159,6 +159,15 @@ std::vector<ConfigKey> make_keys() {
                  "log level of rank 0"),
       int_key("eval-every", &C::eval_every, 0,
               "evaluate every N epochs (0: after the last epoch only)"),
+      int_key("save-every", &C::save_every, 0,
+              "write a checkpoint every N epochs (0: after the last epoch only)"),
+      int_key("keep-last", &C::keep_last, 1, "numbered checkpoints to keep"),
+      string_key("save-prefix", &C::save_prefix, {"module", "none"}, "",
+                 "keys of model.pt: 'module.' + name as nn.DataParallel, or the names alone"),
+      string_key("resume", &C::resume, {}, "auto|PATH",
+                 "continue from a checkpoint (auto: the newest valid one in the output dir)"),
+      string_key("init-weights", &C::init_weights, {}, "PATH",
+                 "start from the weights in a file saved by Python or by ddp_train"),
   };
 }
 

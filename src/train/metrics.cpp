@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
+#include <sstream>
+
 #include "ddp/common/error.h"
 
 namespace ddp::train {
@@ -21,8 +24,19 @@ std::string to_json(const EpochMetrics& m) {
       number_or_null(m.test_accuracy), m.samples_per_s, m.epoch_seconds);
 }
 
-MetricsWriter::MetricsWriter(std::string path)
-    : path_(std::move(path)), out_(path_, std::ios::trunc) {
+std::string metrics_up_to(const std::string& jsonl, int64_t last_epoch) {
+  std::istringstream in(jsonl);
+  std::string out, line;
+  const std::string field = "{\"epoch\": ";
+  while (std::getline(in, line)) {
+    if (line.rfind(field, 0) != 0) continue;  // not a line of ours: dropped
+    if (std::strtoll(line.c_str() + field.size(), nullptr, 10) <= last_epoch) out += line + "\n";
+  }
+  return out;
+}
+
+MetricsWriter::MetricsWriter(std::string path, bool append)
+    : path_(std::move(path)), out_(path_, append ? std::ios::app : std::ios::trunc) {
   if (!out_) throw InputError(fmt::format("{}: cannot create the metrics file", path_));
 }
 

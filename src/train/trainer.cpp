@@ -5,12 +5,13 @@
 
 #include <chrono>
 #include <filesystem>
-#include <fstream>
 #include <optional>
 
 #include "ddp/common/error.h"
+#include "ddp/common/files.h"
 #include "ddp/common/log.h"
 #include "ddp/data/distributed_sampler.h"
+#include "ddp/train/state_dict.h"
 
 namespace ddp::train {
 namespace {
@@ -60,6 +61,7 @@ Config prepared(Config config) {
     throw InputError("key 'nesterov': needs optimizer sgd with a momentum > 0");
   }
   make_output_dir(config.output_dir);
+  check_writable_dir(config.output_dir);
   return config;
 }
 }  // namespace
@@ -79,6 +81,10 @@ Trainer::Trainer(Config config)
                                  workload_.train_set.size(), dist_.world_size()));
   }
   workload_.module->to(dist_.device);
+  if (!config_.init_weights.empty()) {
+    load_weights(*workload_.module, config_.init_weights);
+    log::info("initial weights from {}", config_.init_weights);
+  }
   // Collective: checks the model is the same everywhere, broadcasts rank 0's weights.
   model_ = DistributedDataParallel(workload_.module, dist_.group,
                                    DistributedDataParallelOptions()
@@ -94,8 +100,15 @@ Trainer::Trainer(Config config)
   schedule_.step_size = config_.lr_step_size;
   schedule_.gamma = config_.lr_gamma;
   schedule_.total_epochs = config_.epochs;
+  const bool resumed = !config_.resume.empty() && resume();  // may change batch_size
   if (dist_.is_main()) {
-    std::ofstream(std::filesystem::path(config_.output_dir) / "config.yaml") << to_yaml(config_);
+    const auto dir = std::filesystem::path(config_.output_dir);
+    write_file_atomically((dir / "config.yaml").string(), to_yaml(config_));
+    if (resumed) {  // the epochs after the checkpoint's are trained again
+      const auto metrics = (dir / "metrics.jsonl").string();
+      const std::string kept = std::filesystem::exists(metrics) ? read_file(metrics) : "";
+      write_file_atomically(metrics, metrics_up_to(kept, start_epoch_));
+    }
   }
 }
 
@@ -103,7 +116,12 @@ TrainResult Trainer::run() {
   TrainResult result;
   result.metrics_path = (std::filesystem::path(config_.output_dir) / "metrics.jsonl").string();
   std::optional<MetricsWriter> metrics_file;  // rank 0 owns the files
-  if (dist_.is_main()) metrics_file.emplace(result.metrics_path);
+  if (dist_.is_main()) metrics_file.emplace(result.metrics_path, /*append=*/start_epoch_ > 0);
+  if (start_epoch_ >= config_.epochs) {
+    log::info("the checkpoint is at epoch {} of {}: nothing left to train", start_epoch_,
+              config_.epochs);
+    return result;
+  }
   log::info(
       "training {} on {} ({} train / {} test samples) on {} rank(s), {} threads each, batch {} "
       "per rank ({} global)",
@@ -111,7 +129,7 @@ TrainResult Trainer::run() {
       dist_.world_size(), torch::get_num_threads(), config_.batch_size,
       config_.batch_size * dist_.world_size());
 
-  for (int64_t epoch = 0; epoch < config_.epochs; ++epoch) {
+  for (int64_t epoch = start_epoch_; epoch < config_.epochs; ++epoch) {
     EpochMetrics m;
     m.epoch = epoch + 1;
     train_epoch(epoch, m);
@@ -134,6 +152,11 @@ TrainResult Trainer::run() {
         m.epoch_seconds, m.lr);
     if (metrics_file) metrics_file->write(m);
     result.epochs.push_back(m);
+
+    // Checkpoint every save_every epochs and after the last one (all ranks; rank 0 writes).
+    if (last || (config_.save_every > 0 && (epoch + 1) % config_.save_every == 0)) {
+      save_checkpoint(epoch + 1);
+    }
   }
 
   const EpochMetrics& final = result.epochs.back();

@@ -23,10 +23,14 @@ struct EpochMetrics {
 // an absent value is null.
 std::string to_json(const EpochMetrics& m);
 
+// The lines of a metrics file for epochs up to `last_epoch`: what a run resumed after that epoch
+// keeps, so no epoch appears twice.
+std::string metrics_up_to(const std::string& jsonl, int64_t last_epoch);
+
 class MetricsWriter {
  public:
-  // Truncates `path`. Throws InputError when it cannot be created.
-  explicit MetricsWriter(std::string path);
+  // Truncates `path`, or appends to it. Throws InputError when it cannot be opened.
+  explicit MetricsWriter(std::string path, bool append = false);
   // Appends one line and flushes, so a crash keeps every finished epoch.
   void write(const EpochMetrics& m);
   const std::string& path() const { return path_; }

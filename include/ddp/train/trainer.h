@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ddp/core/distributed_data_parallel.h"
+#include "ddp/train/checkpoint.h"
 #include "ddp/train/config.h"
 #include "ddp/train/distributed.h"
 #include "ddp/train/lr_schedule.h"
@@ -39,7 +40,9 @@ class Trainer {
   // Throws InputError on bad input.
   explicit Trainer(Config config);
 
-  // Trains config.epochs epochs, writing metrics after each; returns them.
+  // Trains up to config.epochs epochs (from where a resumed checkpoint stopped), writing metrics
+  // after each and checkpoints every save_every epochs and after the last; returns the metrics of
+  // the epochs it trained.
   TrainResult run();
 
   // Loss (and accuracy) over the whole test set, in eval mode without gradients: each rank
@@ -55,13 +58,22 @@ class Trainer {
   // One pass over this epoch's indices; fills the training fields of `metrics`.
   void train_epoch(int64_t epoch, EpochMetrics& metrics);
 
+  // Checkpoints (trainer_checkpoint.cpp). Both are called on every rank: see
+  // Note [No collective in a rank-0 branch].
+  // Writes checkpoint-epoch-N.pt, checkpoint.pt and model.pt (rank 0), then a barrier.
+  void save_checkpoint(int64_t epochs_done);
+  // Loads the checkpoint config.resume names; returns false when `auto` finds none.
+  bool resume();
+  void apply(const Checkpoint& checkpoint, const std::string& path);
+
   Config config_;
   Distributed dist_;
   Workload workload_;
   DistributedDataParallel model_{nullptr};
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   LrSchedule schedule_;
-  int64_t step_ = 0;  // optimizer steps taken
+  int64_t step_ = 0;         // optimizer steps taken
+  int64_t start_epoch_ = 0;  // epochs done before this run (resume)
 };
 
 }  // namespace ddp::train

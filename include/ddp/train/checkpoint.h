@@ -1,0 +1,60 @@
+#pragma once
+// Training checkpoints: everything a run needs to continue exactly where it stopped, in a file
+// Python's torch.load(weights_only=True) also reads, and the decisions around them (file names,
+// which to keep, which to resume from, how a new world size keeps the global batch).
+
+#include <ATen/core/ivalue.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ddp/train/state_dict.h"
+
+namespace ddp::train {
+
+struct Checkpoint {
+  int64_t epoch = 0;  // epochs completed
+  int64_t step = 0;   // optimizer steps taken: the lr schedule's position
+  int64_t world_size = 1;
+  int64_t batch_size = 0;  // per rank
+  int64_t seed = 0;        // the sampler's and the model's seed
+  std::string optimizer;   // sgd, adam, adamw
+  std::string config;      // the resolved config of the run, YAML
+  StateDict model;         // keys with `module.`, as in model.pt
+  at::Tensor optimizer_state;  // uint8: the optimizer's own serialization (momentum, Adam moments)
+  at::Tensor rng_state;        // uint8 [world_size, n]: each rank's CPU generator state
+};
+
+// As a dict of ints, strings and tensors (no floats: Python 1.13's weights-only loader refuses
+// them), with "format": "ddp.checkpoint" and "version": 1.
+c10::IValue to_ivalue(const Checkpoint& checkpoint);
+
+// Throws InputError starting with `origin` when `contents` is not a complete checkpoint.
+Checkpoint checkpoint_from(const c10::IValue& contents, const std::string& origin);
+
+Checkpoint read_checkpoint(const std::string& path);
+
+// "checkpoint-epoch-0003.pt", and back (nullopt for any other name).
+std::string checkpoint_file_name(int64_t epoch);
+std::optional<int64_t> checkpoint_file_epoch(const std::string& file_name);
+
+// The numbered checkpoints in `dir`, newest first (paths).
+std::vector<std::string> list_checkpoints(const std::string& dir);
+
+// The ones to delete so that the `keep_last` newest remain.
+std::vector<std::string> stale_checkpoints(const std::vector<std::string>& newest_first,
+                                           int64_t keep_last);
+
+// The per-rank batch size that keeps the global batch (batch x saved_world) on `world` ranks;
+// nullopt when the global batch is not a multiple of `world`.
+std::optional<int64_t> batch_size_for_world(int64_t batch, int64_t saved_world, int64_t world);
+
+// "key: old -> new" for each key whose value differs between two to_yaml() outputs, except the
+// keys in `ignored`.
+std::vector<std::string> changed_settings(const std::string& saved_yaml,
+                                          const std::string& current_yaml,
+                                          const std::vector<std::string>& ignored);
+
+}  // namespace ddp::train

@@ -1,0 +1,130 @@
+#include "ddp/common/files.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "ddp/common/error.h"
+
+namespace ddp {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string system_reason(int err) { return std::strerror(err); }
+
+// Closes a descriptor on scope exit.
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+int write_delay_ms() {
+  const char* value = std::getenv("DDP_TEST_WRITE_DELAY_MS");
+  return value ? std::atoi(value) : 0;
+}
+
+// Removes `<name>.tmp-*` beside `path`: what a writer killed in the middle left behind.
+void remove_stale_temp_files(const fs::path& path) {
+  const std::string stem = path.filename().string() + ".tmp-";
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(path.parent_path().empty() ? "." : path.parent_path(), ec)) {
+    if (entry.path().filename().string().rfind(stem, 0) == 0) fs::remove(entry.path(), ec);
+  }
+}
+
+void write_all(int fd, std::string_view contents, const std::string& temp) {
+  constexpr size_t kChunk = 64 * 1024;
+  const int delay = write_delay_ms();
+  size_t done = 0;
+  while (done < contents.size()) {
+    const size_t n = std::min(kChunk, contents.size() - done);
+    const ssize_t written = ::write(fd, contents.data() + done, n);
+    if (written < 0) {
+      if (errno == EINTR) continue;
+      throw Error(fmt::format("{}: write failed: {}", temp, system_reason(errno)));
+    }
+    done += static_cast<size_t>(written);
+    if (delay > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay));
+  }
+}
+
+}  // namespace
+
+void write_file_atomically(const std::string& path, std::string_view contents) {
+  const fs::path target(path);
+  const fs::path dir = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  remove_stale_temp_files(target);
+  const std::string temp = fmt::format("{}.tmp-{}", path, ::getpid());
+  try {
+    {
+      Fd file{::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
+      if (file.fd < 0) {
+        throw Error(fmt::format("{}: cannot create: {}", temp, system_reason(errno)));
+      }
+      write_all(file.fd, contents, temp);
+      // The data must be on disk before the rename makes it the file: else a crash could leave
+      // `path` renamed but empty.
+      if (::fsync(file.fd) != 0) {
+        throw Error(fmt::format("{}: fsync failed: {}", temp, system_reason(errno)));
+      }
+    }
+    if (std::rename(temp.c_str(), path.c_str()) != 0) {
+      throw Error(fmt::format("{}: cannot rename to {}: {}", temp, path, system_reason(errno)));
+    }
+  } catch (...) {
+    std::error_code ec;
+    fs::remove(temp, ec);
+    throw;
+  }
+  // The rename itself is durable only once the directory is synced.
+  Fd dir_fd{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+  if (dir_fd.fd >= 0) ::fsync(dir_fd.fd);
+}
+
+void link_atomically(const std::string& target, const std::string& link) {
+  const std::string temp = fmt::format("{}.tmp-{}", link, ::getpid());
+  ::unlink(temp.c_str());
+  if (::link(target.c_str(), temp.c_str()) != 0) {
+    write_file_atomically(link, read_file(target));
+    return;
+  }
+  if (std::rename(temp.c_str(), link.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(temp.c_str());
+    throw Error(fmt::format("{}: cannot rename to {}: {}", temp, link, system_reason(err)));
+  }
+}
+
+void check_writable_dir(const std::string& dir) {
+  const std::string probe = fmt::format("{}/.ddp-write-test-{}", dir, ::getpid());
+  Fd file{::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
+  if (file.fd < 0) {
+    throw InputError(fmt::format("output dir '{}': not writable: {}", dir, system_reason(errno)));
+  }
+  ::unlink(probe.c_str());
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    throw InputError(fmt::format("{}: cannot open: {}", path, system_reason(errno)));
+  }
+  std::ostringstream contents;
+  contents << in.rdbuf();
+  if (in.bad()) throw InputError(fmt::format("{}: read failed", path));
+  return contents.str();
+}
+
+}  // namespace ddp

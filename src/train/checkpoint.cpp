@@ -1,0 +1,179 @@
+#include "ddp/train/checkpoint.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <sstream>
+
+#include "ddp/common/error.h"
+#include "ddp/train/pt_file.h"
+
+namespace ddp::train {
+namespace {
+
+constexpr const char* kFormat = "ddp.checkpoint";
+constexpr int64_t kVersion = 1;
+
+// Reads the entries of a checkpoint dict, naming the file and the key in every complaint.
+class Entries {
+ public:
+  Entries(c10::impl::GenericDict dict, std::string origin)
+      : dict_(std::move(dict)), origin_(std::move(origin)) {}
+
+  const c10::IValue& get(const std::string& key) const {
+    auto it = dict_.find(c10::IValue(key));
+    if (it == dict_.end()) {
+      throw InputError(fmt::format("{}: not a complete checkpoint: key '{}' is missing", origin_,
+                                   key));
+    }
+    return it->value();
+  }
+  int64_t integer(const std::string& key) const { return checked(key, get(key).isInt()).toInt(); }
+  std::string string(const std::string& key) const {
+    return checked(key, get(key).isString()).toStringRef();
+  }
+  at::Tensor bytes(const std::string& key) const {
+    const auto& v = get(key);
+    return checked(key, v.isTensor() && v.toTensor().scalar_type() == at::kByte).toTensor();
+  }
+
+ private:
+  const c10::IValue& checked(const std::string& key, bool ok) const {
+    if (!ok) {
+      throw InputError(fmt::format("{}: checkpoint key '{}' holds a {} of the wrong kind",
+                                   origin_, key, get(key).tagKind()));
+    }
+    return get(key);
+  }
+  c10::impl::GenericDict dict_;
+  std::string origin_;
+};
+
+std::map<std::string, std::string> yaml_lines(const std::string& yaml) {
+  std::map<std::string, std::string> out;
+  std::istringstream in(yaml);
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t colon = line.find(": ");
+    if (colon != std::string::npos) out[line.substr(0, colon)] = line.substr(colon + 2);
+  }
+  return out;
+}
+
+}  // namespace
+
+c10::IValue to_ivalue(const Checkpoint& c) {
+  c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
+  dict.insert("format", std::string(kFormat));
+  dict.insert("version", kVersion);
+  dict.insert("epoch", c.epoch);
+  dict.insert("step", c.step);
+  dict.insert("world_size", c.world_size);
+  dict.insert("batch_size", c.batch_size);
+  dict.insert("seed", c.seed);
+  dict.insert("optimizer", c.optimizer);
+  dict.insert("config", c.config);
+  dict.insert("model", to_ivalue(c.model));
+  dict.insert("optimizer_state", c.optimizer_state.cpu());
+  dict.insert("rng_state", c.rng_state.cpu());
+  return dict;
+}
+
+Checkpoint checkpoint_from(const c10::IValue& contents, const std::string& origin) {
+  if (!contents.isGenericDict()) {
+    throw InputError(fmt::format("{}: not a checkpoint (found a {})", origin, contents.tagKind()));
+  }
+  const Entries e(contents.toGenericDict(), origin);
+  if (e.string("format") != kFormat) {
+    throw InputError(fmt::format("{}: not a ddp checkpoint (format '{}')", origin,
+                                 e.string("format")));
+  }
+  if (e.integer("version") != kVersion) {
+    throw InputError(fmt::format("{}: checkpoint version {}; this build reads version {}", origin,
+                                 e.integer("version"), kVersion));
+  }
+  Checkpoint c;
+  c.epoch = e.integer("epoch");
+  c.step = e.integer("step");
+  c.world_size = e.integer("world_size");
+  c.batch_size = e.integer("batch_size");
+  c.seed = e.integer("seed");
+  c.optimizer = e.string("optimizer");
+  c.config = e.string("config");
+  c.model = state_dict_from(e.get("model"), origin);
+  c.optimizer_state = e.bytes("optimizer_state");
+  c.rng_state = e.bytes("rng_state");
+  if (c.epoch < 0 || c.step < 0 || c.world_size < 1 || c.batch_size < 1 ||
+      c.rng_state.dim() != 2 || c.rng_state.size(0) != c.world_size) {
+    throw InputError(fmt::format("{}: checkpoint with inconsistent values (epoch {}, step {}, "
+                                 "world size {}, batch size {})",
+                                 origin, c.epoch, c.step, c.world_size, c.batch_size));
+  }
+  return c;
+}
+
+Checkpoint read_checkpoint(const std::string& path) {
+  return checkpoint_from(read_pt_file(path), path);
+}
+
+std::string checkpoint_file_name(int64_t epoch) {
+  return fmt::format("checkpoint-epoch-{:04d}.pt", epoch);
+}
+
+std::optional<int64_t> checkpoint_file_epoch(const std::string& name) {
+  const std::string head = "checkpoint-epoch-", tail = ".pt";
+  if (name.size() <= head.size() + tail.size() || name.rfind(head, 0) != 0 ||
+      name.compare(name.size() - tail.size(), tail.size(), tail) != 0) {
+    return std::nullopt;
+  }
+  const std::string digits = name.substr(head.size(), name.size() - head.size() - tail.size());
+  if (digits.size() > 15 || !std::all_of(digits.begin(), digits.end(), ::isdigit)) {
+    return std::nullopt;
+  }
+  return std::stoll(digits);
+}
+
+std::vector<std::string> list_checkpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    if (auto epoch = checkpoint_file_epoch(entry.path().filename().string())) {
+      found.emplace_back(*epoch, entry.path().string());
+    }
+  }
+  std::sort(found.rbegin(), found.rend());
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(std::move(f.second));
+  return out;
+}
+
+std::vector<std::string> stale_checkpoints(const std::vector<std::string>& newest_first,
+                                           int64_t keep_last) {
+  const size_t keep = static_cast<size_t>(std::max<int64_t>(keep_last, 0));
+  if (newest_first.size() <= keep) return {};
+  return {newest_first.begin() + static_cast<std::ptrdiff_t>(keep), newest_first.end()};
+}
+
+std::optional<int64_t> batch_size_for_world(int64_t batch, int64_t saved_world, int64_t world) {
+  const int64_t global = batch * saved_world;
+  if (world < 1 || global % world != 0) return std::nullopt;
+  return global / world;
+}
+
+std::vector<std::string> changed_settings(const std::string& saved_yaml,
+                                          const std::string& current_yaml,
+                                          const std::vector<std::string>& ignored) {
+  const auto saved = yaml_lines(saved_yaml), current = yaml_lines(current_yaml);
+  std::vector<std::string> out;
+  for (const auto& [key, value] : current) {
+    if (std::find(ignored.begin(), ignored.end(), key) != ignored.end()) continue;
+    auto it = saved.find(key);
+    const std::string old = it == saved.end() ? "(unset)" : it->second;
+    if (old != value) out.push_back(fmt::format("{}: {} -> {}", key, old, value));
+  }
+  return out;
+}
+
+}  // namespace ddp::train

@@ -1,0 +1,498 @@
+#include "ddp/train/pt_file.h"
+
+#include <ATen/ATen.h>
+#include <caffe2/serialize/inline_container.h>
+#include <caffe2/serialize/read_adapter_interface.h>
+#include <fmt/format.h>
+#include <torch/csrc/jit/serialization/pickler.h>
+
+#include <cstring>
+#include <map>
+#include <unordered_map>
+#include <vector>
+
+#include "ddp/common/error.h"
+#include "ddp/common/files.h"
+
+namespace ddp::train {
+
+// ---------------------------------------------------------------------------------------------
+// Writing: LibTorch's own pickler and zip writer.
+
+std::string serialize_pt(const c10::IValue& value) {
+  std::string pickle;
+  int64_t next_storage = 0;
+  // tag_aggregates=false: no torch.jit._pickle.restore_type_tag around dicts and lists, which
+  // Python's weights-only loader refuses. Storages are named 0, 1, ... in the order written, the
+  // order of tensorData().
+  torch::jit::Pickler pickler(
+      [&](const char* data, size_t size) { pickle.append(data, size); },
+      /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
+      /*get_tensor_id=*/[&](const at::Tensor&) { return std::to_string(next_storage++); },
+      /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(value);
+  pickler.stop();
+
+  std::string out;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
+    out.append(static_cast<const char*>(data), size);
+    return size;
+  });
+  writer.writeRecord("data.pkl", pickle.data(), pickle.size());
+  writer.writeRecord("byteorder", "little", 6);  // as Python 2.x writes it
+  const auto& tensors = pickler.tensorData();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto data = torch::jit::getWriteableTensorData(tensors[i]);
+    writer.writeRecord("data/" + std::to_string(i), data.data(), data.sizeInBytes());
+  }
+  writer.writeEndOfFile();
+  return out;
+}
+
+void write_pt_file(const std::string& path, const c10::IValue& value) {
+  write_file_atomically(path, serialize_pt(value));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading: the zip through LibTorch's reader, the pickle through our own small interpreter, which
+// understands exactly what state dicts contain (LibTorch's unpickler turns an OrderedDict, the
+// type of every model.state_dict(), into None) and reports anything else as bad input.
+
+namespace {
+
+// A complaint about the file's contents; parse_pt() puts the origin in front.
+struct Corrupt {
+  std::string what;
+};
+
+// The zip reader's view of the bytes, bounds-checked: a corrupt directory cannot read past them.
+class BytesAdapter : public caffe2::serialize::ReadAdapterInterface {
+ public:
+  explicit BytesAdapter(std::string_view bytes) : bytes_(bytes) {}
+  size_t size() const override { return bytes_.size(); }
+  size_t read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const override {
+    if (pos >= bytes_.size()) return 0;
+    n = std::min<uint64_t>(n, bytes_.size() - pos);
+    std::memcpy(buf, bytes_.data() + pos, n);
+    return n;
+  }
+
+ private:
+  std::string_view bytes_;
+};
+
+// A value on the pickle machine's stack. Besides ordinary values (IValue) a pickle holds class
+// references (GLOBAL), tuples that may contain them, and tensor storages.
+// Tuples are immutable, so copies (the memo's) share their elements.
+struct Item {
+  enum class Kind { kValue, kGlobal, kTuple, kStorage };
+  Kind kind = Kind::kValue;
+  c10::IValue value;                                      // kValue; kStorage: a flat tensor
+  std::string name;                                       // kGlobal: "module.name"
+  std::shared_ptr<const std::vector<Item>> elements;  // kTuple
+  int depth = 0;                                          // kTuple: nesting
+};
+
+// Deeper nesting is refused: no state dict needs it, and it bounds the recursion below.
+constexpr int kMaxDepth = 64;
+
+Item value_item(c10::IValue v) {
+  Item item;
+  item.value = std::move(v);
+  return item;
+}
+
+c10::IValue to_value(const Item& item) {
+  switch (item.kind) {
+    case Item::Kind::kValue:
+      return item.value;
+    case Item::Kind::kTuple: {
+      std::vector<c10::IValue> values;
+      for (const auto& e : *item.elements) values.push_back(to_value(e));
+      return c10::ivalue::Tuple::create(std::move(values));
+    }
+    case Item::Kind::kGlobal:
+      throw Corrupt{fmt::format("holds an object of class '{}', which is not read (only dicts, "
+                                "lists, numbers, strings and tensors are)",
+                                item.name)};
+    case Item::Kind::kStorage:
+      break;
+  }
+  throw Corrupt{"holds a bare tensor storage"};
+}
+
+int64_t int_of(const Item& item, const char* what) {
+  if (item.kind != Item::Kind::kValue || !item.value.isInt()) {
+    throw Corrupt{fmt::format("pickle: {} is not an integer", what)};
+  }
+  return item.value.toInt();
+}
+
+std::vector<int64_t> ints_of(const Item& item, const char* what) {
+  if (item.kind != Item::Kind::kTuple) throw Corrupt{fmt::format("pickle: {} is not a tuple", what)};
+  std::vector<int64_t> out;
+  for (const auto& e : *item.elements) out.push_back(int_of(e, what));
+  return out;
+}
+
+c10::ScalarType storage_dtype(const std::string& global) {
+  static const std::map<std::string, c10::ScalarType> kTypes = {
+      {"torch.FloatStorage", at::kFloat},   {"torch.DoubleStorage", at::kDouble},
+      {"torch.HalfStorage", at::kHalf},     {"torch.BFloat16Storage", at::kBFloat16},
+      {"torch.LongStorage", at::kLong},     {"torch.IntStorage", at::kInt},
+      {"torch.ShortStorage", at::kShort},   {"torch.CharStorage", at::kChar},
+      {"torch.ByteStorage", at::kByte},     {"torch.BoolStorage", at::kBool},
+      {"torch.ComplexFloatStorage", at::kComplexFloat},
+      {"torch.ComplexDoubleStorage", at::kComplexDouble}};
+  auto it = kTypes.find(global);
+  if (it == kTypes.end()) throw Corrupt{fmt::format("unsupported storage type '{}'", global)};
+  return it->second;
+}
+
+// storage.as_strided(size, stride, offset), after checking it stays inside the storage.
+at::Tensor view_of_storage(const at::Tensor& storage, int64_t offset,
+                           const std::vector<int64_t>& size, const std::vector<int64_t>& stride) {
+  if (size.size() != stride.size()) throw Corrupt{"tensor with as many sizes as strides"};
+  int64_t last = offset;  // the last element's index in the storage
+  int64_t numel = 1;
+  bool empty = false;
+  for (size_t d = 0; d < size.size(); ++d) {
+    if (size[d] < 0 || stride[d] < 0) throw Corrupt{"tensor with a negative size or stride"};
+    if (size[d] == 0) empty = true;
+    // Views that repeat elements (stride 0) never occur in state dicts; refusing them bounds
+    // the size of what a file can make us allocate to the size of the file.
+    if (__builtin_mul_overflow(numel, size[d], &numel) || (!empty && numel > storage.numel())) {
+      throw Corrupt{"tensor with more elements than its storage"};
+    }
+    int64_t extent = 0;
+    if (size[d] > 0 && (__builtin_mul_overflow(size[d] - 1, stride[d], &extent) ||
+                        __builtin_add_overflow(last, extent, &last))) {
+      throw Corrupt{"tensor larger than its storage"};
+    }
+  }
+  if (offset < 0 || (!empty && last >= storage.numel())) {
+    throw Corrupt{fmt::format("tensor of size [{}] outside its storage of {} elements",
+                              fmt::join(size, ", "), storage.numel())};
+  }
+  return storage.as_strided(size, stride, offset);
+}
+
+// Runs the pickle opcodes that torch.save (protocol 2) and LibTorch's pickler emit.
+class PickleReader {
+ public:
+  using RecordReader = std::function<std::string_view(const std::string& name)>;
+  PickleReader(std::string_view pickle, RecordReader read_record)
+      : data_(pickle), read_record_(std::move(read_record)) {}
+
+  c10::IValue run() {
+    while (true) {
+      const uint8_t op = u8();
+      switch (op) {
+        case 0x80: u8(); break;                                     // PROTO
+        case 0x95: bytes(8); break;                                 // FRAME
+        case '.': return to_value(pop());                           // STOP
+        case '(': marks_.push_back(stack_.size()); break;           // MARK
+        case '}': push(c10::impl::GenericDict(c10::AnyType::get(), c10::AnyType::get())); break;
+        case ']': push(c10::impl::GenericList(c10::AnyType::get())); break;
+        case ')': stack_.push_back(tuple({})); break;               // EMPTY_TUPLE
+        case 't': stack_.push_back(tuple(pop_to_mark())); break;    // TUPLE
+        case 0x85: stack_.push_back(tuple(pop_n(1))); break;        // TUPLE1
+        case 0x86: stack_.push_back(tuple(pop_n(2))); break;        // TUPLE2
+        case 0x87: stack_.push_back(tuple(pop_n(3))); break;        // TUPLE3
+        case 'N': push(c10::IValue()); break;
+        case 0x88: push(true); break;
+        case 0x89: push(false); break;
+        case 'K': push(static_cast<int64_t>(u8())); break;          // BININT1
+        case 'M': push(static_cast<int64_t>(le(2))); break;         // BININT2
+        case 'J': push(static_cast<int64_t>(static_cast<int32_t>(le(4)))); break;  // BININT
+        case 0x8a: push(long1()); break;                            // LONG1
+        case 'G': push(binfloat()); break;                          // BINFLOAT
+        case 'X': push(std::string(bytes(le(4)))); break;           // BINUNICODE
+        case 0x8c: push(std::string(bytes(u8()))); break;           // SHORT_BINUNICODE
+        case 'q': memo_[le(1)] = top(); break;                      // BINPUT
+        case 'r': memo_[le(4)] = top(); break;                      // LONG_BINPUT
+        case 0x94: {                                                // MEMOIZE
+          const uint64_t key = memo_.size();
+          memo_[key] = top();
+          break;
+        }
+        case 'h': stack_.push_back(memo(le(1))); break;             // BINGET
+        case 'j': stack_.push_back(memo(le(4))); break;             // LONG_BINGET
+        case 'c': {                                                 // GLOBAL
+          const std::string module = line();  // two statements: the order matters
+          global(module, line());
+          break;
+        }
+        case 0x93: {                                                // STACK_GLOBAL
+          const std::string name = string_of(pop());
+          global(string_of(pop()), name);
+          break;
+        }
+        case 'a': append(pop_n(1)); break;                          // APPEND
+        case 'e': append(pop_to_mark()); break;                     // APPENDS
+        case 's': setitems(pop_n(2)); break;                        // SETITEM
+        case 'u': setitems(pop_to_mark()); break;                   // SETITEMS
+        case 'R': reduce(); break;
+        case 'b': build(); break;
+        case 'Q': persistent_load(); break;                         // BINPERSID
+        default:
+          throw Corrupt{fmt::format("pickle: unsupported opcode 0x{:02x} at byte {}", op, pos_ - 1)};
+      }
+    }
+  }
+
+ private:
+  // -- bytes
+  std::string_view bytes(uint64_t n) {
+    if (n > data_.size() - pos_) throw Corrupt{"pickle: truncated"};
+    auto out = data_.substr(pos_, n);
+    pos_ += n;
+    return out;
+  }
+  uint8_t u8() { return static_cast<uint8_t>(bytes(1)[0]); }
+  uint64_t le(int n) {  // little-endian unsigned
+    const auto b = bytes(n);
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(b[i]);
+    return v;
+  }
+  int64_t long1() {
+    const int n = u8();
+    if (n > 8) throw Corrupt{"pickle: integer wider than 64 bits"};
+    if (n == 0) return 0;
+    uint64_t v = le(n);
+    if (n < 8 && (v >> (8 * n - 1)) & 1) v |= ~uint64_t{0} << (8 * n);  // sign-extend
+    return static_cast<int64_t>(v);
+  }
+  double binfloat() {  // big-endian IEEE 754
+    const auto b = bytes(8);
+    uint64_t v = 0;
+    for (int i = 0; i < 8; ++i) v = (v << 8) | static_cast<uint8_t>(b[i]);
+    double d = 0;
+    std::memcpy(&d, &v, sizeof d);
+    return d;
+  }
+  std::string line() {
+    const size_t end = data_.find('\n', pos_);
+    if (end == std::string_view::npos) throw Corrupt{"pickle: truncated"};
+    std::string out(data_.substr(pos_, end - pos_));
+    pos_ = end + 1;
+    return out;
+  }
+
+  // -- stack
+  void push(c10::IValue v) { stack_.push_back(value_item(std::move(v))); }
+  Item& top() {
+    if (stack_.empty()) throw Corrupt{"pickle: stack underflow"};
+    return stack_.back();
+  }
+  Item pop() {
+    Item item = std::move(top());
+    stack_.pop_back();
+    return item;
+  }
+  std::vector<Item> pop_n(size_t n) {
+    if (stack_.size() < n || (!marks_.empty() && stack_.size() - n < marks_.back())) {
+      throw Corrupt{"pickle: stack underflow"};
+    }
+    std::vector<Item> out(std::make_move_iterator(stack_.end() - n),
+                          std::make_move_iterator(stack_.end()));
+    stack_.resize(stack_.size() - n);
+    return out;
+  }
+  std::vector<Item> pop_to_mark() {
+    if (marks_.empty()) throw Corrupt{"pickle: no mark"};
+    const size_t mark = marks_.back();
+    marks_.pop_back();
+    std::vector<Item> out(std::make_move_iterator(stack_.begin() + mark),
+                          std::make_move_iterator(stack_.end()));
+    stack_.resize(mark);
+    return out;
+  }
+  const Item& memo(uint64_t key) const {
+    auto it = memo_.find(key);
+    if (it == memo_.end()) throw Corrupt{"pickle: reference to an unknown memo entry"};
+    return it->second;
+  }
+  static Item tuple(std::vector<Item> elements) {
+    Item item;
+    item.kind = Item::Kind::kTuple;
+    for (const auto& e : elements) item.depth = std::max(item.depth, e.depth + 1);
+    if (item.depth > kMaxDepth) throw Corrupt{"pickle: nested too deeply"};
+    item.elements = std::make_shared<const std::vector<Item>>(std::move(elements));
+    return item;
+  }
+  static std::string string_of(const Item& item) {
+    if (item.kind != Item::Kind::kValue || !item.value.isString()) {
+      throw Corrupt{"pickle: expected a string"};
+    }
+    return item.value.toStringRef();
+  }
+
+  // -- objects
+  void global(const std::string& module, const std::string& name) {
+    Item item;
+    item.kind = Item::Kind::kGlobal;
+    item.name = module + "." + name;
+    stack_.push_back(std::move(item));
+  }
+
+  // A value about to go into `container`: refused when that would make a cycle (a leak) or nest
+  // deeper than kMaxDepth.
+  static c10::IValue insertable(const Item& item, const c10::IValue& container) {
+    c10::IValue value = to_value(item);
+    check_insertable(value, container, 1);
+    return value;
+  }
+  static void check_insertable(const c10::IValue& v, const c10::IValue& container, int depth) {
+    if (!v.isList() && !v.isGenericDict() && !v.isTuple()) return;
+    if (v.isSameIdentity(container)) throw Corrupt{"pickle: a container inside itself"};
+    if (depth > kMaxDepth) throw Corrupt{"pickle: nested too deeply"};
+    if (v.isList()) {
+      for (const c10::IValue& e : v.toListRef()) check_insertable(e, container, depth + 1);
+    } else if (v.isTuple()) {
+      for (const c10::IValue& e : v.toTupleRef().elements()) check_insertable(e, container, depth + 1);
+    } else {
+      for (const auto& entry : v.toGenericDict()) check_insertable(entry.value(), container, depth + 1);
+    }
+  }
+
+  void append(std::vector<Item> items) {
+    Item& list = top();
+    if (list.kind != Item::Kind::kValue || !list.value.isList()) {
+      throw Corrupt{"pickle: APPEND to something that is not a list"};
+    }
+    auto values = list.value.toList();
+    for (const auto& item : items) values.push_back(insertable(item, list.value));
+  }
+
+  void setitems(std::vector<Item> items) {
+    Item& dict = top();
+    if (dict.kind != Item::Kind::kValue || !dict.value.isGenericDict() || items.size() % 2) {
+      throw Corrupt{"pickle: SETITEM on something that is not a dict"};
+    }
+    auto d = dict.value.toGenericDict();
+    for (size_t i = 0; i < items.size(); i += 2) {
+      c10::IValue key = to_value(items[i]);
+      if (!key.isString() && !key.isInt()) throw Corrupt{"pickle: a dict key is not a string or int"};
+      d.insert_or_assign(std::move(key), insertable(items[i + 1], dict.value));
+    }
+  }
+
+  void reduce() {
+    Item args = pop();
+    Item callable = pop();
+    if (callable.kind != Item::Kind::kGlobal || args.kind != Item::Kind::kTuple) {
+      throw Corrupt{"pickle: REDUCE without a class and arguments"};
+    }
+    const auto& a = *args.elements;
+    const std::string& f = callable.name;
+    if (f == "collections.OrderedDict" && a.empty()) {
+      push(c10::impl::GenericDict(c10::AnyType::get(), c10::AnyType::get()));
+    } else if (f == "torch._utils._rebuild_tensor_v2" && a.size() >= 4 &&
+               a[0].kind == Item::Kind::kStorage) {
+      // (storage, storage_offset, size, stride, requires_grad, backward_hooks[, metadata])
+      push(view_of_storage(a[0].value.toTensor(), int_of(a[1], "storage offset"),
+                           ints_of(a[2], "size"), ints_of(a[3], "stride")));
+    } else if (f == "torch._utils._rebuild_parameter" && !a.empty() &&
+               a[0].kind == Item::Kind::kValue && a[0].value.isTensor()) {
+      push(a[0].value);  // (data, requires_grad, backward_hooks): the data is what we need
+    } else {
+      throw Corrupt{fmt::format("holds an object of class '{}', which is not read (only dicts, "
+                                "lists, numbers, strings and tensors are)",
+                                f)};
+    }
+  }
+
+  void build() {
+    pop();  // the state: an OrderedDict's _metadata (module versions), not needed
+    const Item& object = top();
+    const bool dict_or_tensor = object.kind == Item::Kind::kValue &&
+                                (object.value.isGenericDict() || object.value.isTensor());
+    if (!dict_or_tensor) throw Corrupt{"pickle: BUILD on an unsupported object"};
+  }
+
+  // ('storage', torch.<Type>Storage, key, location, numel): the storage's bytes are record
+  // data/<key>. The location (cpu, cuda:0, ...) is ignored: every tensor is read into the CPU.
+  void persistent_load() {
+    const Item id = pop();
+    if (id.kind != Item::Kind::kTuple || id.elements->size() != 5 ||
+        (*id.elements)[1].kind != Item::Kind::kGlobal ||
+        string_of((*id.elements)[0]) != "storage") {
+      throw Corrupt{"pickle: unsupported persistent id (not a tensor storage)"};
+    }
+    const auto& e = *id.elements;
+    const std::string key = string_of(e[2]);
+    auto cached = storages_.find(key);
+    if (cached == storages_.end()) {
+      const c10::ScalarType dtype = storage_dtype(e[1].name);
+      const int64_t numel = int_of(e[4], "storage size");
+      const size_t itemsize = c10::elementSize(dtype);
+      const std::string_view record = read_record_("data/" + key);
+      if (numel < 0 || record.size() != static_cast<uint64_t>(numel) * itemsize) {
+        throw Corrupt{fmt::format("record data/{} has {} bytes, its storage needs {} x {}", key,
+                                  record.size(), numel, itemsize)};
+      }
+      at::Tensor storage = at::empty({numel}, at::TensorOptions(dtype));
+      if (!record.empty()) std::memcpy(storage.data_ptr(), record.data(), record.size());
+      cached = storages_.emplace(key, storage).first;
+    }
+    Item item;
+    item.kind = Item::Kind::kStorage;
+    item.value = cached->second;
+    stack_.push_back(std::move(item));
+  }
+
+  std::string_view data_;
+  size_t pos_ = 0;
+  RecordReader read_record_;
+  std::vector<Item> stack_;
+  std::vector<size_t> marks_;
+  std::unordered_map<uint64_t, Item> memo_;
+  std::map<std::string, at::Tensor> storages_;
+};
+
+// c10::Error::what() carries a C++ stack trace; its message alone is what the user needs.
+std::string message_of(const c10::Error& e) {
+  const std::string& msg = e.msg();
+  return msg.substr(0, msg.find('\n'));
+}
+
+}  // namespace
+
+c10::IValue parse_pt(std::string_view bytes, const std::string& origin) {
+  if (bytes.empty()) throw InputError(fmt::format("{}: empty file", origin));
+  if (bytes.size() < 4 || bytes.substr(0, 4) != std::string_view("PK\x03\x04", 4)) {
+    throw InputError(fmt::format(
+        "{}: not a PyTorch zip file{}", origin,
+        static_cast<uint8_t>(bytes[0]) == 0x80
+            ? " (a legacy torch.save file: save it again with a current PyTorch)"
+            : ""));
+  }
+  try {
+    caffe2::serialize::PyTorchStreamReader zip(std::make_shared<BytesAdapter>(bytes));
+    if (zip.hasRecord("constants.pkl")) {
+      throw Corrupt{"a TorchScript archive (torch::save(module) or torch.jit.save), not a state "
+                    "dict: save model.state_dict() instead"};
+    }
+    if (!zip.hasRecord("data.pkl")) throw Corrupt{"no data.pkl record"};
+    std::map<std::string, std::pair<at::DataPtr, size_t>> records;  // keeps the bytes alive
+    auto read_record = [&](const std::string& name) -> std::string_view {
+      if (!zip.hasRecord(name)) throw Corrupt{fmt::format("record {} is missing", name)};
+      auto [data, size] = zip.getRecord(name);
+      auto& kept = records[name] = {std::move(data), size};
+      return {static_cast<const char*>(kept.first.get()), kept.second};
+    };
+    const std::string_view pickle = read_record("data.pkl");
+    return PickleReader(pickle, read_record).run();
+  } catch (const Corrupt& e) {
+    throw InputError(fmt::format("{}: {}", origin, e.what));
+  } catch (const c10::Error& e) {
+    throw InputError(fmt::format("{}: corrupt or truncated: {}", origin, message_of(e)));
+  }
+}
+
+c10::IValue read_pt_file(const std::string& path) { return parse_pt(read_file(path), path); }
+
+}  // namespace ddp::train

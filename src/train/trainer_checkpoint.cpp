@@ -1,0 +1,225 @@
+// The trainer's checkpoints: saving (rank 0 writes) and resuming (every rank reads).
+//
+// Note [No collective in a rank-0 branch]
+// A collective that rank 0 alone enters waits for the others until the timeout. So saving and
+// resuming are called on every rank; the collectives they contain (gathering the RNG states,
+// agreeing on success, on the checkpoint's epoch) run on every rank, and only the file writes are
+// inside `if (is_main())`. A failure on one rank is turned into an error on all of them by
+// agree_all_ok(), instead of leaving the others blocked in the next collective.
+
+#include <ATen/core/Generator.h>
+#include <fmt/format.h>
+#include <torch/serialize.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <mutex>
+#include <sstream>
+
+#include "ddp/common/error.h"
+#include "ddp/common/files.h"
+#include "ddp/common/log.h"
+#include "ddp/train/pt_file.h"
+#include "ddp/train/trainer.h"
+
+namespace ddp::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Settings a resumed run may change without a warning: they do not change the training math.
+const std::vector<std::string> kFreeOnResume = {
+    "epochs",      "resume",       "output-dir", "log-level",  "eval-every",
+    "save-every",  "keep-last",    "save-prefix", "init-weights", "threads",
+    "comm-timeout", "rendezvous-timeout", "backend", "device", "batch-size"};
+
+at::Tensor cpu_rng_state() {
+  auto generator = at::globalContext().defaultGenerator(at::kCPU);
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  return generator.get_state();
+}
+
+void set_cpu_rng_state(const at::Tensor& state) {
+  auto generator = at::globalContext().defaultGenerator(at::kCPU);
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(state);
+}
+
+std::string message_of(const std::exception& e) {
+  if (const auto* c10 = dynamic_cast<const c10::Error*>(&e)) return c10->msg();
+  return e.what();
+}
+
+// All ranks learn whether every rank succeeded: each rank that failed rethrows its own error,
+// the others throw an Error naming what failed elsewhere. A collective.
+void agree_all_ok(const Distributed& dist, const std::exception_ptr& error,
+                  const std::string& what) {
+  auto failed = torch::full({1}, error ? 1 : 0,
+                            torch::TensorOptions(torch::kInt).device(dist.device));
+  dist.group->all_reduce(failed, comm::ReduceOp::kMax)->wait();
+  if (error) std::rethrow_exception(error);
+  if (failed.cpu().item<int>() != 0) {
+    throw Error(fmt::format("{} failed on another rank; its log says why", what));
+  }
+}
+
+std::string serialized(const torch::optim::Optimizer& optimizer) {
+  std::ostringstream out;
+  torch::save(optimizer, out);
+  return out.str();
+}
+
+}  // namespace
+
+void Trainer::save_checkpoint(int64_t epochs_done) {
+  // Every rank's RNG state, for rank 0 to write: a collective, so all ranks are here.
+  const at::Tensor rng = cpu_rng_state();
+  auto all_rng = torch::empty({dist_.world_size() * rng.numel()},
+                              rng.options().device(dist_.device));
+  dist_.group->all_gather(all_rng, rng.to(dist_.device))->wait();
+
+  std::exception_ptr error;
+  if (dist_.is_main()) {
+    try {
+      Checkpoint c;
+      c.epoch = epochs_done;
+      c.step = step_;
+      c.world_size = dist_.world_size();
+      c.batch_size = config_.batch_size;
+      c.seed = config_.seed;
+      c.optimizer = config_.optimizer;
+      c.config = to_yaml(config_);
+      c.model = state_dict(*workload_.module, kModulePrefix);
+      const std::string opt = serialized(*optimizer_);
+      c.optimizer_state = torch::from_blob(const_cast<char*>(opt.data()),
+                                           {static_cast<int64_t>(opt.size())}, torch::kByte)
+                              .clone();
+      c.rng_state = all_rng.cpu().view({dist_.world_size(), rng.numel()});
+
+      // The numbered file first, then the names that point at the newest: a kill at any moment
+      // leaves every name holding a complete file.
+      const fs::path dir(config_.output_dir);
+      const std::string numbered = (dir / checkpoint_file_name(epochs_done)).string();
+      write_pt_file(numbered, to_ivalue(c));
+      link_atomically(numbered, (dir / "checkpoint.pt").string());
+      save_weights(*workload_.module, (dir / "model.pt").string(),
+                   config_.save_prefix == "none" ? "" : kModulePrefix);
+      for (const auto& old : stale_checkpoints(list_checkpoints(dir.string()), config_.keep_last)) {
+        std::error_code ec;
+        fs::remove(old, ec);
+      }
+      log::info("checkpoint after epoch {}: {}", epochs_done, numbered);
+    } catch (const std::exception& e) {
+      log::error("saving the checkpoint after epoch {} failed: {}", epochs_done, message_of(e));
+      error = std::current_exception();
+    }
+  }
+  // The barrier after every save, carrying rank 0's outcome.
+  agree_all_ok(dist_, error, "saving the checkpoint");
+}
+
+bool Trainer::resume() {
+  // Which file: the one named, or the newest that reads as a checkpoint.
+  std::optional<Checkpoint> checkpoint;
+  std::string path;
+  std::exception_ptr error;
+  try {
+    if (config_.resume != "auto") {
+      path = config_.resume;
+      checkpoint = read_checkpoint(path);
+    } else {
+      std::vector<std::string> candidates = list_checkpoints(config_.output_dir);
+      const std::string latest = (fs::path(config_.output_dir) / "checkpoint.pt").string();
+      if (candidates.empty() && fs::exists(latest)) candidates.push_back(latest);
+      for (const auto& candidate : candidates) {
+        try {
+          checkpoint = read_checkpoint(candidate);
+          path = candidate;
+          break;
+        } catch (const InputError& e) {
+          if (dist_.is_main()) log::warn("--resume auto: skipping {}", e.what());
+        }
+      }
+      if (!checkpoint && !candidates.empty()) {
+        throw InputError(fmt::format("--resume auto: none of the {} checkpoint(s) in '{}' can be "
+                                     "read (see the warnings above)",
+                                     candidates.size(), config_.output_dir));
+      }
+    }
+    if (checkpoint) apply(*checkpoint, path);
+  } catch (const std::exception&) {
+    error = std::current_exception();
+  }
+  agree_all_ok(dist_, error, "resuming from the checkpoint");
+
+  // Every rank must continue from the same epoch (a node with another copy of the output dir
+  // would silently train a different model).
+  const int64_t epoch = checkpoint ? checkpoint->epoch : -1;
+  auto range = torch::tensor({epoch, -epoch}, torch::TensorOptions(torch::kLong))
+                   .to(dist_.device);
+  dist_.group->all_reduce(range, comm::ReduceOp::kMax)->wait();
+  range = range.cpu();
+  if (range[0].item<int64_t>() != -range[1].item<int64_t>()) {
+    throw InputError(fmt::format(
+        "the ranks found different checkpoints (epochs {} to {}): every rank must see the same "
+        "output dir '{}'",
+        -range[1].item<int64_t>(), range[0].item<int64_t>(), config_.output_dir));
+  }
+  if (!checkpoint) {
+    log::info("--resume auto: no checkpoint in '{}' yet, starting from scratch",
+              config_.output_dir);
+  }
+  return checkpoint.has_value();
+}
+
+void Trainer::apply(const Checkpoint& c, const std::string& path) {
+  if (c.optimizer != config_.optimizer) {
+    throw InputError(fmt::format("{}: saved with optimizer '{}', but the run uses '{}'", path,
+                                 c.optimizer, config_.optimizer));
+  }
+  const int64_t world = dist_.world_size();
+  if (c.world_size != world) {
+    const auto batch = batch_size_for_world(c.batch_size, c.world_size, world);
+    if (!batch) {
+      throw InputError(fmt::format(
+          "{}: saved by {} ranks with batch size {} (global batch {}), which {} ranks cannot "
+          "share evenly; resume on a world size that divides {}",
+          path, c.world_size, c.batch_size, c.batch_size * c.world_size, world,
+          c.batch_size * c.world_size));
+    }
+    if (dist_.is_main()) {
+      log::warn("{}: saved by {} ranks, resumed on {}: batch size per rank {} -> {} keeps the "
+                "global batch {}; the data order differs from an uninterrupted run",
+                path, c.world_size, world, c.batch_size, *batch, c.batch_size * c.world_size);
+    }
+    config_.batch_size = *batch;
+  }
+  if (dist_.is_main()) {
+    for (const auto& change : changed_settings(c.config, to_yaml(config_), kFreeOnResume)) {
+      log::warn("{}: resuming with a changed setting, {}", path, change);
+    }
+  }
+
+  load_state_dict(*workload_.module, c.model, path);
+  try {
+    std::istringstream in(std::string(static_cast<const char*>(c.optimizer_state.data_ptr()),
+                                      static_cast<size_t>(c.optimizer_state.numel())));
+    torch::load(*optimizer_, in, dist_.device);
+  } catch (const c10::Error& e) {
+    throw InputError(fmt::format("{}: the optimizer state cannot be loaded: {}", path,
+                                 e.msg().substr(0, e.msg().find('\n'))));
+  }
+  // Each rank continues its own random stream; a rank the checkpoint did not have takes rank 0's.
+  const int64_t row = dist_.rank() < c.world_size ? dist_.rank() : 0;
+  try {
+    set_cpu_rng_state(c.rng_state[row].contiguous());
+  } catch (const c10::Error& e) {
+    throw InputError(fmt::format("{}: the RNG state cannot be restored: {}", path,
+                                 e.msg().substr(0, e.msg().find('\n'))));
+  }
+  step_ = c.step;
+  start_epoch_ = c.epoch;
+  log::info("resumed from {}: epoch {}, step {}", path, c.epoch, c.step);
+}
+
+}  // namespace ddp::train
