@@ -20,7 +20,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string system_reason(int err) { return std::strerror(err); }
+std::string system_reason(int err) {
+  return std::strerror(err);
+}
 
 // Closes a descriptor on scope exit.
 struct Fd {
@@ -39,7 +41,8 @@ int write_delay_ms() {
 void remove_stale_temp_files(const fs::path& path) {
   const std::string stem = path.filename().string() + ".tmp-";
   std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(path.parent_path().empty() ? "." : path.parent_path(), ec)) {
+  for (const auto& entry :
+       fs::directory_iterator(path.parent_path().empty() ? "." : path.parent_path(), ec)) {
     if (entry.path().filename().string().rfind(stem, 0) == 0) fs::remove(entry.path(), ec);
   }
 }

@@ -25,8 +25,8 @@ class Entries {
   const c10::IValue& get(const std::string& key) const {
     auto it = dict_.find(c10::IValue(key));
     if (it == dict_.end()) {
-      throw InputError(fmt::format("{}: not a complete checkpoint: key '{}' is missing", origin_,
-                                   key));
+      throw InputError(
+          fmt::format("{}: not a complete checkpoint: key '{}' is missing", origin_, key));
     }
     return it->value();
   }
@@ -42,8 +42,8 @@ class Entries {
  private:
   const c10::IValue& checked(const std::string& key, bool ok) const {
     if (!ok) {
-      throw InputError(fmt::format("{}: checkpoint key '{}' holds a {} of the wrong kind",
-                                   origin_, key, get(key).tagKind()));
+      throw InputError(fmt::format("{}: checkpoint key '{}' holds a {} of the wrong kind", origin_,
+                                   key, get(key).tagKind()));
     }
     return get(key);
   }
@@ -87,8 +87,8 @@ Checkpoint checkpoint_from(const c10::IValue& contents, const std::string& origi
   }
   const Entries e(contents.toGenericDict(), origin);
   if (e.string("format") != kFormat) {
-    throw InputError(fmt::format("{}: not a ddp checkpoint (format '{}')", origin,
-                                 e.string("format")));
+    throw InputError(
+        fmt::format("{}: not a ddp checkpoint (format '{}')", origin, e.string("format")));
   }
   if (e.integer("version") != kVersion) {
     throw InputError(fmt::format("{}: checkpoint version {}; this build reads version {}", origin,
@@ -105,11 +105,12 @@ Checkpoint checkpoint_from(const c10::IValue& contents, const std::string& origi
   c.model = state_dict_from(e.get("model"), origin);
   c.optimizer_state = e.bytes("optimizer_state");
   c.rng_state = e.bytes("rng_state");
-  if (c.epoch < 0 || c.step < 0 || c.world_size < 1 || c.batch_size < 1 ||
-      c.rng_state.dim() != 2 || c.rng_state.size(0) != c.world_size) {
-    throw InputError(fmt::format("{}: checkpoint with inconsistent values (epoch {}, step {}, "
-                                 "world size {}, batch size {})",
-                                 origin, c.epoch, c.step, c.world_size, c.batch_size));
+  if (c.epoch < 0 || c.step < 0 || c.world_size < 1 || c.batch_size < 1 || c.rng_state.dim() != 2 ||
+      c.rng_state.size(0) != c.world_size) {
+    throw InputError(
+        fmt::format("{}: checkpoint with inconsistent values (epoch {}, step {}, "
+                    "world size {}, batch size {})",
+                    origin, c.epoch, c.step, c.world_size, c.batch_size));
   }
   return c;
 }

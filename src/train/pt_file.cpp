@@ -88,10 +88,10 @@ class BytesAdapter : public caffe2::serialize::ReadAdapterInterface {
 struct Item {
   enum class Kind { kValue, kGlobal, kTuple, kStorage };
   Kind kind = Kind::kValue;
-  c10::IValue value;                                      // kValue; kStorage: a flat tensor
-  std::string name;                                       // kGlobal: "module.name"
+  c10::IValue value;                                  // kValue; kStorage: a flat tensor
+  std::string name;                                   // kGlobal: "module.name"
   std::shared_ptr<const std::vector<Item>> elements;  // kTuple
-  int depth = 0;                                          // kTuple: nesting
+  int depth = 0;                                      // kTuple: nesting
 };
 
 // Deeper nesting is refused: no state dict needs it, and it bounds the recursion below.
@@ -113,9 +113,10 @@ c10::IValue to_value(const Item& item) {
       return c10::ivalue::Tuple::create(std::move(values));
     }
     case Item::Kind::kGlobal:
-      throw Corrupt{fmt::format("holds an object of class '{}', which is not read (only dicts, "
-                                "lists, numbers, strings and tensors are)",
-                                item.name)};
+      throw Corrupt{
+          fmt::format("holds an object of class '{}', which is not read (only dicts, "
+                      "lists, numbers, strings and tensors are)",
+                      item.name)};
     case Item::Kind::kStorage:
       break;
   }
@@ -130,7 +131,8 @@ int64_t int_of(const Item& item, const char* what) {
 }
 
 std::vector<int64_t> ints_of(const Item& item, const char* what) {
-  if (item.kind != Item::Kind::kTuple) throw Corrupt{fmt::format("pickle: {} is not a tuple", what)};
+  if (item.kind != Item::Kind::kTuple)
+    throw Corrupt{fmt::format("pickle: {} is not a tuple", what)};
   std::vector<int64_t> out;
   for (const auto& e : *item.elements) out.push_back(int_of(e, what));
   return out;
@@ -138,11 +140,16 @@ std::vector<int64_t> ints_of(const Item& item, const char* what) {
 
 c10::ScalarType storage_dtype(const std::string& global) {
   static const std::map<std::string, c10::ScalarType> kTypes = {
-      {"torch.FloatStorage", at::kFloat},   {"torch.DoubleStorage", at::kDouble},
-      {"torch.HalfStorage", at::kHalf},     {"torch.BFloat16Storage", at::kBFloat16},
-      {"torch.LongStorage", at::kLong},     {"torch.IntStorage", at::kInt},
-      {"torch.ShortStorage", at::kShort},   {"torch.CharStorage", at::kChar},
-      {"torch.ByteStorage", at::kByte},     {"torch.BoolStorage", at::kBool},
+      {"torch.FloatStorage", at::kFloat},
+      {"torch.DoubleStorage", at::kDouble},
+      {"torch.HalfStorage", at::kHalf},
+      {"torch.BFloat16Storage", at::kBFloat16},
+      {"torch.LongStorage", at::kLong},
+      {"torch.IntStorage", at::kInt},
+      {"torch.ShortStorage", at::kShort},
+      {"torch.CharStorage", at::kChar},
+      {"torch.ByteStorage", at::kByte},
+      {"torch.BoolStorage", at::kBool},
       {"torch.ComplexFloatStorage", at::kComplexFloat},
       {"torch.ComplexDoubleStorage", at::kComplexDouble}};
   auto it = kTypes.find(global);
@@ -188,6 +195,8 @@ class PickleReader {
   c10::IValue run() {
     while (true) {
       const uint8_t op = u8();
+      // One line per opcode, named as in Python's pickletools.
+      // clang-format off
       switch (op) {
         case 0x80: u8(); break;                                     // PROTO
         case 0x95: bytes(8); break;                                 // FRAME
@@ -239,6 +248,7 @@ class PickleReader {
         default:
           throw Corrupt{fmt::format("pickle: unsupported opcode 0x{:02x} at byte {}", op, pos_ - 1)};
       }
+      // clang-format on
     }
   }
 
@@ -352,9 +362,11 @@ class PickleReader {
     if (v.isList()) {
       for (const c10::IValue& e : v.toListRef()) check_insertable(e, container, depth + 1);
     } else if (v.isTuple()) {
-      for (const c10::IValue& e : v.toTupleRef().elements()) check_insertable(e, container, depth + 1);
+      for (const c10::IValue& e : v.toTupleRef().elements())
+        check_insertable(e, container, depth + 1);
     } else {
-      for (const auto& entry : v.toGenericDict()) check_insertable(entry.value(), container, depth + 1);
+      for (const auto& entry : v.toGenericDict())
+        check_insertable(entry.value(), container, depth + 1);
     }
   }
 
@@ -375,7 +387,8 @@ class PickleReader {
     auto d = dict.value.toGenericDict();
     for (size_t i = 0; i < items.size(); i += 2) {
       c10::IValue key = to_value(items[i]);
-      if (!key.isString() && !key.isInt()) throw Corrupt{"pickle: a dict key is not a string or int"};
+      if (!key.isString() && !key.isInt())
+        throw Corrupt{"pickle: a dict key is not a string or int"};
       d.insert_or_assign(std::move(key), insertable(items[i + 1], dict.value));
     }
   }
@@ -399,9 +412,10 @@ class PickleReader {
                a[0].kind == Item::Kind::kValue && a[0].value.isTensor()) {
       push(a[0].value);  // (data, requires_grad, backward_hooks): the data is what we need
     } else {
-      throw Corrupt{fmt::format("holds an object of class '{}', which is not read (only dicts, "
-                                "lists, numbers, strings and tensors are)",
-                                f)};
+      throw Corrupt{
+          fmt::format("holds an object of class '{}', which is not read (only dicts, "
+                      "lists, numbers, strings and tensors are)",
+                      f)};
     }
   }
 
@@ -464,17 +478,18 @@ std::string message_of(const c10::Error& e) {
 c10::IValue parse_pt(std::string_view bytes, const std::string& origin) {
   if (bytes.empty()) throw InputError(fmt::format("{}: empty file", origin));
   if (bytes.size() < 4 || bytes.substr(0, 4) != std::string_view("PK\x03\x04", 4)) {
-    throw InputError(fmt::format(
-        "{}: not a PyTorch zip file{}", origin,
-        static_cast<uint8_t>(bytes[0]) == 0x80
-            ? " (a legacy torch.save file: save it again with a current PyTorch)"
-            : ""));
+    throw InputError(
+        fmt::format("{}: not a PyTorch zip file{}", origin,
+                    static_cast<uint8_t>(bytes[0]) == 0x80
+                        ? " (a legacy torch.save file: save it again with a current PyTorch)"
+                        : ""));
   }
   try {
     caffe2::serialize::PyTorchStreamReader zip(std::make_shared<BytesAdapter>(bytes));
     if (zip.hasRecord("constants.pkl")) {
-      throw Corrupt{"a TorchScript archive (torch::save(module) or torch.jit.save), not a state "
-                    "dict: save model.state_dict() instead"};
+      throw Corrupt{
+          "a TorchScript archive (torch::save(module) or torch.jit.save), not a state "
+          "dict: save model.state_dict() instead"};
     }
     if (!zip.hasRecord("data.pkl")) throw Corrupt{"no data.pkl record"};
     std::map<std::string, std::pair<at::DataPtr, size_t>> records;  // keeps the bytes alive
@@ -493,6 +508,8 @@ c10::IValue parse_pt(std::string_view bytes, const std::string& origin) {
   }
 }
 
-c10::IValue read_pt_file(const std::string& path) { return parse_pt(read_file(path), path); }
+c10::IValue read_pt_file(const std::string& path) {
+  return parse_pt(read_file(path), path);
+}
 
 }  // namespace ddp::train

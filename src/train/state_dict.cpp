@@ -104,8 +104,8 @@ KeyMismatch compare_keys(const KeyShapes& model, const KeyShapes& file) {
 std::string describe(const KeyMismatch& m, size_t max_listed) {
   std::vector<std::string> parts;
   if (!m.missing.empty()) {
-    parts.push_back(fmt::format("{} missing key(s): {}", m.missing.size(),
-                                listed(m.missing, max_listed)));
+    parts.push_back(
+        fmt::format("{} missing key(s): {}", m.missing.size(), listed(m.missing, max_listed)));
   }
   if (!m.unexpected.empty()) {
     parts.push_back(fmt::format("{} unexpected key(s): {}", m.unexpected.size(),
@@ -128,8 +128,8 @@ void load_state_dict(torch::nn::Module& module, const StateDict& weights,
   const StateDict target = own_state_dict(module);
   const KeyMismatch mismatch = compare_keys(shapes_of(target), shapes_of(weights));
   if (!mismatch.empty()) {
-    throw InputError(fmt::format("{}: the weights do not fit the model: {}", origin,
-                                 describe(mismatch)));
+    throw InputError(
+        fmt::format("{}: the weights do not fit the model: {}", origin, describe(mismatch)));
   }
   std::vector<std::string> file_keys;
   for (const auto& w : weights) file_keys.push_back(w.first);
@@ -152,7 +152,8 @@ StateDict state_dict_from(const c10::IValue& contents, const std::string& origin
   // A checkpoint: the weights are one of its entries.
   for (const char* entry : {"model", "state_dict"}) {
     auto it = dict.find(c10::IValue(std::string(entry)));
-    if (it != dict.end() && it->value().isGenericDict()) return state_dict_from(it->value(), origin);
+    if (it != dict.end() && it->value().isGenericDict())
+      return state_dict_from(it->value(), origin);
   }
   StateDict out;
   for (const auto& entry : dict) {

@@ -29,9 +29,9 @@ namespace fs = std::filesystem;
 
 // Settings a resumed run may change without a warning: they do not change the training math.
 const std::vector<std::string> kFreeOnResume = {
-    "epochs",      "resume",       "output-dir", "log-level",  "eval-every",
-    "save-every",  "keep-last",    "save-prefix", "init-weights", "threads",
-    "comm-timeout", "rendezvous-timeout", "backend", "device", "batch-size"};
+    "epochs",    "resume",      "output-dir",   "log-level", "eval-every",   "save-every",
+    "keep-last", "save-prefix", "init-weights", "threads",   "comm-timeout", "rendezvous-timeout",
+    "backend",   "device",      "batch-size"};
 
 at::Tensor cpu_rng_state() {
   auto generator = at::globalContext().defaultGenerator(at::kCPU);
@@ -54,8 +54,8 @@ std::string message_of(const std::exception& e) {
 // the others throw an Error naming what failed elsewhere. A collective.
 void agree_all_ok(const Distributed& dist, const std::exception_ptr& error,
                   const std::string& what) {
-  auto failed = torch::full({1}, error ? 1 : 0,
-                            torch::TensorOptions(torch::kInt).device(dist.device));
+  auto failed =
+      torch::full({1}, error ? 1 : 0, torch::TensorOptions(torch::kInt).device(dist.device));
   dist.group->all_reduce(failed, comm::ReduceOp::kMax)->wait();
   if (error) std::rethrow_exception(error);
   if (failed.cpu().item<int>() != 0) {
@@ -74,8 +74,8 @@ std::string serialized(const torch::optim::Optimizer& optimizer) {
 void Trainer::save_checkpoint(int64_t epochs_done) {
   // Every rank's RNG state, for rank 0 to write: a collective, so all ranks are here.
   const at::Tensor rng = cpu_rng_state();
-  auto all_rng = torch::empty({dist_.world_size() * rng.numel()},
-                              rng.options().device(dist_.device));
+  auto all_rng =
+      torch::empty({dist_.world_size() * rng.numel()}, rng.options().device(dist_.device));
   dist_.group->all_gather(all_rng, rng.to(dist_.device))->wait();
 
   std::exception_ptr error;
@@ -141,9 +141,10 @@ bool Trainer::resume() {
         }
       }
       if (!checkpoint && !candidates.empty()) {
-        throw InputError(fmt::format("--resume auto: none of the {} checkpoint(s) in '{}' can be "
-                                     "read (see the warnings above)",
-                                     candidates.size(), config_.output_dir));
+        throw InputError(
+            fmt::format("--resume auto: none of the {} checkpoint(s) in '{}' can be "
+                        "read (see the warnings above)",
+                        candidates.size(), config_.output_dir));
       }
     }
     if (checkpoint) apply(*checkpoint, path);
@@ -155,8 +156,7 @@ bool Trainer::resume() {
   // Every rank must continue from the same epoch (a node with another copy of the output dir
   // would silently train a different model).
   const int64_t epoch = checkpoint ? checkpoint->epoch : -1;
-  auto range = torch::tensor({epoch, -epoch}, torch::TensorOptions(torch::kLong))
-                   .to(dist_.device);
+  auto range = torch::tensor({epoch, -epoch}, torch::TensorOptions(torch::kLong)).to(dist_.device);
   dist_.group->all_reduce(range, comm::ReduceOp::kMax)->wait();
   range = range.cpu();
   if (range[0].item<int64_t>() != -range[1].item<int64_t>()) {
@@ -188,9 +188,10 @@ void Trainer::apply(const Checkpoint& c, const std::string& path) {
           c.batch_size * c.world_size));
     }
     if (dist_.is_main()) {
-      log::warn("{}: saved by {} ranks, resumed on {}: batch size per rank {} -> {} keeps the "
-                "global batch {}; the data order differs from an uninterrupted run",
-                path, c.world_size, world, c.batch_size, *batch, c.batch_size * c.world_size);
+      log::warn(
+          "{}: saved by {} ranks, resumed on {}: batch size per rank {} -> {} keeps the "
+          "global batch {}; the data order differs from an uninterrupted run",
+          path, c.world_size, world, c.batch_size, *batch, c.batch_size * c.world_size);
     }
     config_.batch_size = *batch;
   }

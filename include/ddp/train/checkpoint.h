@@ -18,11 +18,11 @@ struct Checkpoint {
   int64_t epoch = 0;  // epochs completed
   int64_t step = 0;   // optimizer steps taken: the lr schedule's position
   int64_t world_size = 1;
-  int64_t batch_size = 0;  // per rank
-  int64_t seed = 0;        // the sampler's and the model's seed
-  std::string optimizer;   // sgd, adam, adamw
-  std::string config;      // the resolved config of the run, YAML
-  StateDict model;         // keys with `module.`, as in model.pt
+  int64_t batch_size = 0;      // per rank
+  int64_t seed = 0;            // the sampler's and the model's seed
+  std::string optimizer;       // sgd, adam, adamw
+  std::string config;          // the resolved config of the run, YAML
+  StateDict model;             // keys with `module.`, as in model.pt
   at::Tensor optimizer_state;  // uint8: the optimizer's own serialization (momentum, Adam moments)
   at::Tensor rng_state;        // uint8 [world_size, n]: each rank's CPU generator state
 };

@@ -45,11 +45,11 @@ struct Config {
   std::string log_level = "info";
   int64_t eval_every = 1;  // epochs; 0: evaluate after the last epoch only
   // Checkpoints (rank 0 writes into output_dir).
-  int64_t save_every = 1;             // epochs; 0: at the end only
-  int64_t keep_last = 3;              // numbered checkpoints kept
+  int64_t save_every = 1;              // epochs; 0: at the end only
+  int64_t keep_last = 3;               // numbered checkpoints kept
   std::string save_prefix = "module";  // module: keys as nn.DataParallel; none: as the model
-  std::string resume;                 // "": start afresh; auto: newest valid checkpoint; or a path
-  std::string init_weights;           // a weights file to start from (ours or Python's)
+  std::string resume;                  // "": start afresh; auto: newest valid checkpoint; or a path
+  std::string init_weights;            // a weights file to start from (ours or Python's)
 };
 
 // One configurable key. `name` is the CLI and YAML name ("batch-size"); YAML also accepts

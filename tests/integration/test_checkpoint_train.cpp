@@ -1,0 +1,235 @@
+// ddp_train's checkpoints with real processes: exact resume on 2 ranks, a kill -9 in the middle
+// of a save, and each kind of bad input (exit code 2 and a message naming the file).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "ddp/train/checkpoint.h"
+#include "ddp/train/pt_file.h"
+#include "ranks.h"
+#include "subprocess.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using ddp::testing::ProcessResult;
+using ddp::testing::TempDir;
+using std::chrono::seconds;
+
+// A short Fashion-MNIST MLP run (SGD with momentum, so the optimizer state matters).
+std::vector<std::string> mlp_job(const std::string& out, int epochs,
+                                 std::vector<std::string> extra = {}) {
+  std::vector<std::string> argv = {DDP_TRAIN_BIN,
+                                   "--config",
+                                   std::string(DDP_SOURCE_DIR) + "/configs/fashion_mnist_mlp.yaml",
+                                   "--data",
+                                   DDP_FASHION_MNIST_DIR,
+                                   "--train-subset",
+                                   "1200",
+                                   "--batch-size",
+                                   "32",
+                                   "--epochs",
+                                   std::to_string(epochs),
+                                   "--output-dir",
+                                   out};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
+
+// The tutorial's Linear demo: the quickest run there is.
+std::vector<std::string> linear_job(const std::string& out, int epochs,
+                                    std::vector<std::string> extra = {}) {
+  std::vector<std::string> argv = {DDP_TRAIN_BIN,
+                                   "--config",
+                                   std::string(DDP_SOURCE_DIR) + "/configs/random_linear.yaml",
+                                   "--epochs",
+                                   std::to_string(epochs),
+                                   "--output-dir",
+                                   out};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
+
+void expect_all_ok(const std::vector<ProcessResult>& ranks) {
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    ASSERT_EQ(ranks[r].exit_code, 0) << "rank " << r << ":\n" << ranks[r].output;
+  }
+}
+
+ProcessResult run(const std::vector<std::string>& argv) {
+  return ddp::testing::run_process(argv, {}, seconds(120));
+}
+
+// A bad-input failure: exit code 2, one clear line, no crash.
+void expect_input_error(const ProcessResult& r, const std::string& expected) {
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(expected), std::string::npos) << "expected '" << expected << "' in\n"
+                                                        << r.output;
+  EXPECT_EQ(r.output.find("terminate called"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("Exception raised from"), std::string::npos) << r.output;
+}
+
+// The metrics lines without the timing fields, which differ from run to run.
+std::vector<std::string> metrics_without_timing(const std::string& dir) {
+  std::istringstream in(ddp::testing::read_file(dir + "/metrics.jsonl"));
+  std::vector<std::string> out;
+  for (std::string line; std::getline(in, line);) {
+    out.push_back(std::regex_replace(line, std::regex(", \"samples_per_s\".*"), ""));
+  }
+  return out;
+}
+
+void expect_same_weights(const std::string& a, const std::string& b) {
+  const auto wa = ddp::train::state_dict_from(ddp::train::read_pt_file(a), a);
+  const auto wb = ddp::train::state_dict_from(ddp::train::read_pt_file(b), b);
+  ASSERT_EQ(wa.size(), wb.size());
+  for (size_t i = 0; i < wa.size(); ++i) {
+    EXPECT_EQ(wa[i].first, wb[i].first);
+    EXPECT_TRUE(torch::equal(wa[i].second, wb[i].second)) << wa[i].first << " differs";  // bitwise
+  }
+}
+
+TEST(CheckpointTrain, ResumingOnTwoRanksEqualsAnUninterruptedRunBitwise) {
+  TempDir whole, split, from_path;
+  expect_all_ok(ddp::testing::run_env_ranks(2, mlp_job(whole.path(), 4), seconds(180)));
+  expect_all_ok(ddp::testing::run_env_ranks(2, mlp_job(split.path(), 2), seconds(180)));
+  auto resumed =
+      ddp::testing::run_env_ranks(2, mlp_job(split.path(), 4, {"--resume", "auto"}), seconds(180));
+  expect_all_ok(resumed);
+  EXPECT_NE(resumed[0].output.find("resumed from " + split.file("checkpoint-epoch-0002.pt")),
+            std::string::npos)
+      << resumed[0].output;
+  expect_same_weights(whole.file("model.pt"), split.file("model.pt"));
+  EXPECT_EQ(metrics_without_timing(split.path()), metrics_without_timing(whole.path()));
+  EXPECT_EQ(metrics_without_timing(whole.path()).size(), 4u);
+
+  // --resume PATH, into another output dir.
+  expect_all_ok(ddp::testing::run_env_ranks(
+      2, mlp_job(from_path.path(), 4, {"--resume", whole.file("checkpoint-epoch-0002.pt")}),
+      seconds(180)));
+  expect_same_weights(whole.file("model.pt"), from_path.file("model.pt"));
+}
+
+TEST(CheckpointTrain, AKillDuringASaveLeavesThePreviousCheckpointLoadable) {
+  TempDir out;
+  // Each 64 KiB of a write takes 30 ms: a save of the 2.1 MB MLP takes about 2 s.
+  ddp::testing::Child child(mlp_job(out.path(), 3), {{"DDP_TEST_WRITE_DELAY_MS", "30"}});
+  const auto deadline = std::chrono::steady_clock::now() + seconds(90);
+  bool saving_second = false;
+  while (!saving_second && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(out.path(), ec)) {
+      if (e.path().filename().string().rfind("checkpoint-epoch-0002.pt.tmp-", 0) == 0) {
+        saving_second = true;
+      }
+    }
+  }
+  ASSERT_TRUE(saving_second) << "the second save never started";
+  child.kill_group();  // SIGKILL in the middle of writing checkpoint-epoch-0002.pt
+
+  EXPECT_FALSE(fs::exists(out.file("checkpoint-epoch-0002.pt")));
+  EXPECT_EQ(ddp::train::read_checkpoint(out.file("checkpoint.pt")).epoch, 1);
+  auto resumed = run(mlp_job(out.path(), 3, {"--resume", "auto"}));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from " + out.file("checkpoint-epoch-0001.pt")),
+            std::string::npos)
+      << resumed.output;
+  EXPECT_EQ(ddp::train::read_checkpoint(out.file("checkpoint.pt")).epoch, 3);
+  for (const auto& e : fs::directory_iterator(out.path())) {
+    EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
+  }
+}
+
+TEST(CheckpointTrain, TruncatedOrCorruptCheckpointsAreInputErrors) {
+  TempDir out;
+  ASSERT_EQ(run(linear_job(out.path(), 2)).exit_code, 0);
+  const std::string good = ddp::testing::read_file(out.file("checkpoint.pt"));
+  ddp::testing::write_file(out.file("truncated.pt"), good.substr(0, good.size() / 2));
+  std::string corrupt = good;
+  for (size_t i = 100; i < 300; ++i) corrupt[i] = 'x';  // the start of the pickle
+  ddp::testing::write_file(out.file("corrupt.pt"), corrupt);
+  for (const char* bad : {"truncated.pt", "corrupt.pt"}) {
+    expect_input_error(run(linear_job(out.path(), 3, {"--resume", out.file(bad)})),
+                       out.file(bad) + ": ");
+  }
+  expect_input_error(run(linear_job(out.path(), 3, {"--resume", out.file("none.pt")})),
+                     out.file("none.pt") + ": cannot open");
+}
+
+TEST(CheckpointTrain, ResumeAutoSkipsACorruptNewestCheckpoint) {
+  TempDir out;
+  ASSERT_EQ(run(linear_job(out.path(), 2)).exit_code, 0);
+  const std::string newest = out.file("checkpoint-epoch-0002.pt");
+  const std::string good = ddp::testing::read_file(newest);
+  ddp::testing::write_file(newest, good.substr(0, good.size() - 10));
+  auto r = run(linear_job(out.path(), 3, {"--resume", "auto"}));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("[warning] --resume auto: skipping " + newest), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("resumed from " + out.file("checkpoint-epoch-0001.pt")),
+            std::string::npos)
+      << r.output;
+}
+
+TEST(CheckpointTrain, AnotherModelsCheckpointListsTheKeysThatDiffer) {
+  TempDir linear, mlp;
+  ASSERT_EQ(run(linear_job(linear.path(), 1)).exit_code, 0);
+  auto r = run(mlp_job(mlp.path(), 1, {"--resume", linear.file("checkpoint.pt")}));
+  expect_input_error(r, linear.file("checkpoint.pt") +
+                            ": the weights do not fit the model: 6 missing key(s): 1.weight, "
+                            "1.bias, 3.weight, 3.bias, 5.weight, 5.bias; 2 unexpected key(s): "
+                            "0.weight, 0.bias");
+  expect_input_error(run(mlp_job(mlp.path(), 1, {"--init-weights", linear.file("model.pt")})),
+                     linear.file("model.pt") + ": the weights do not fit the model");
+}
+
+TEST(CheckpointTrain, ANewWorldSizeKeepsTheGlobalBatchOrIsRefused) {
+  TempDir out;
+  expect_all_ok(ddp::testing::run_env_ranks(2, linear_job(out.path(), 1, {"--batch-size", "15"}),
+                                            seconds(120)));
+  auto one = run(linear_job(out.path(), 2, {"--resume", "auto"}));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_NE(one.output.find("saved by 2 ranks, resumed on 1: batch size per rank 15 -> 30 keeps "
+                            "the global batch 30"),
+            std::string::npos)
+      << one.output;
+  EXPECT_NE(one.output.find("batch 30 per rank (30 global)"), std::string::npos) << one.output;
+
+  auto four = ddp::testing::run_env_ranks(
+      4, linear_job(out.path(), 3, {"--resume", out.file("checkpoint-epoch-0001.pt")}),
+      seconds(120));
+  for (const auto& rank : four) {
+    expect_input_error(rank,
+                       "saved by 2 ranks with batch size 15 (global batch 30), which 4 "
+                       "ranks cannot share evenly");
+  }
+}
+
+TEST(CheckpointTrain, UnwritableOutputDirAndMissingWeightsAreInputErrors) {
+  // /sys refuses new files even to root, who ignores permission bits.
+  expect_input_error(run(linear_job("/sys/kernel", 1)), "output dir '/sys/kernel': not writable");
+  TempDir out;
+  expect_input_error(run(linear_job(out.path(), 1, {"--init-weights", out.file("no.pt")})),
+                     out.file("no.pt") + ": cannot open");
+}
+
+TEST(CheckpointTrain, SavePrefixNoneWritesTheModelsOwnNames) {
+  TempDir out;
+  ASSERT_EQ(
+      run(linear_job(out.path(), 1, {"--save-prefix", "none", "--save-every", "0"})).exit_code, 0);
+  const auto weights = ddp::train::state_dict_from(ddp::train::read_pt_file(out.file("model.pt")),
+                                                   out.file("model.pt"));
+  ASSERT_EQ(weights.size(), 2u);
+  EXPECT_EQ(weights[0].first, "0.weight");
+  EXPECT_EQ(weights[1].first, "0.bias");
+  // The checkpoint keeps DataParallel's names whatever model.pt uses.
+  EXPECT_EQ(ddp::train::read_checkpoint(out.file("checkpoint.pt")).model[0].first,
+            "module.0.weight");
+}
+
+}  // namespace
