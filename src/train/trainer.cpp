@@ -3,7 +3,11 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <optional>
 
@@ -72,8 +76,33 @@ core::CommHook comm_hook_of(const std::string& name) {
   return core::CommHook::kAllReduce;
 }
 
+namespace {
+// The test hook of the launcher's restart test: DDP_TEST_CRASH_AT_STEP=N kills rank
+// DDP_TEST_CRASH_RANK (default 0) with SIGKILL after its N-th optimizer step, in the first run
+// only (TORCHELASTIC_RESTART_COUNT unset or 0). 0: no crash.
+int64_t test_crash_step(const comm::Env& env, int rank) {
+  auto get = [&](const char* key, const char* fallback) {
+    auto it = env.find(key);
+    return std::strtoll(it == env.end() ? fallback : it->second.c_str(), nullptr, 10);
+  };
+  if (get("TORCHELASTIC_RESTART_COUNT", "0") != 0 || get("DDP_TEST_CRASH_RANK", "0") != rank) {
+    return 0;
+  }
+  return get("DDP_TEST_CRASH_AT_STEP", "0");
+}
+}  // namespace
+
 Trainer::Trainer(Config config)
     : config_(prepared(std::move(config))), dist_(init_distributed(config_, comm::current_env())) {
+  const comm::Env env = comm::current_env();
+  crash_at_step_ = test_crash_step(env, dist_.rank());
+  // A group the launcher (or torchrun) restarted continues from its last checkpoint.
+  auto restarts = env.find("TORCHELASTIC_RESTART_COUNT");
+  if (config_.resume.empty() && restarts != env.end() && restarts->second != "0") {
+    log::info("restart {} of the job: resuming from the newest checkpoint in '{}'",
+              restarts->second, config_.output_dir);
+    config_.resume = "auto";
+  }
   if (config_.threads > 0) torch::set_num_threads(static_cast<int>(config_.threads));
   workload_ = make_workload(config_);
   if (workload_.train_set.size() < dist_.world_size()) {
@@ -196,6 +225,7 @@ void Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
     loss.backward();
     optimizer_->step();
     ++step_;
+    if (step_ == crash_at_step_) ::kill(::getpid(), SIGKILL);  // test hook, see above
 
     loss_sum += loss.detach().to(torch::kDouble) * static_cast<double>(size);
   }

@@ -67,6 +67,19 @@ void Child::kill_group() {
   kill(-pid_, SIGKILL);
 }
 
+std::string Child::output() const {
+  return read_file(log_path_);
+}
+
+bool Child::wait_for_output(const std::string& text,
+                            std::chrono::steady_clock::time_point deadline) const {
+  while (output().find(text) == std::string::npos) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
 ProcessResult Child::wait_until(std::chrono::steady_clock::time_point deadline) {
   ProcessResult result;
   int status = 0;

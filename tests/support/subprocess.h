@@ -30,6 +30,12 @@ class Child {
   // Waits until `deadline`; past it the group is killed and timed_out set.
   ProcessResult wait_until(std::chrono::steady_clock::time_point deadline);
   void kill_group();
+  int pid() const { return pid_; }
+  // The output so far.
+  std::string output() const;
+  // Waits until the output contains `text`; false when `deadline` passes first.
+  bool wait_for_output(const std::string& text,
+                       std::chrono::steady_clock::time_point deadline) const;
 
  private:
   int pid_ = -1;

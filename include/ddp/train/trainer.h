@@ -72,8 +72,9 @@ class Trainer {
   DistributedDataParallel model_{nullptr};
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   LrSchedule schedule_;
-  int64_t step_ = 0;         // optimizer steps taken
-  int64_t start_epoch_ = 0;  // epochs done before this run (resume)
+  int64_t step_ = 0;           // optimizer steps taken
+  int64_t start_epoch_ = 0;    // epochs done before this run (resume)
+  int64_t crash_at_step_ = 0;  // test hook: DDP_TEST_CRASH_AT_STEP
 };
 
 }  // namespace ddp::train

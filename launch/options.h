@@ -1,0 +1,61 @@
+#pragma once
+// The launcher's decisions, as pure functions: its options (command line over DDP_LAUNCH_* env
+// variables), each worker's environment (torchrun's contract), how a worker's end is described.
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ddp::launch {
+
+struct LaunchOptions {
+  int nproc = 1;  // processes on this node (--nproc auto is resolved by parse_launch_args)
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;  // 0: a free port when the job is on this host, else 29500
+  int max_restarts = 0;
+  double monitor_interval = 0.1;        // seconds between checks of the workers
+  double grace_period = 5.0;            // seconds between SIGTERM and SIGKILL
+  std::string log_dir;                  // a rank<N>.log per worker
+  bool tee = false;                     // with log_dir: the console too
+  std::vector<int> local_ranks_filter;  // the local ranks shown on the console; empty: all
+  std::string run_id = "none";
+  std::vector<std::string> devices;  // GPUs, one per local rank (CUDA_VISIBLE_DEVICES)
+  std::vector<std::string> program;  // the program and its arguments
+  bool help = false;
+};
+
+// What auto means for --nproc: the GPUs visible (`cuda_visible_devices` when set, else
+// `gpus_present`), at least 1.
+int auto_nproc(const char* cuda_visible_devices, int gpus_present);
+
+// Parses `args` (argv without the program name): launcher options up to the first argument that is
+// not one (or `--`), then the program and its arguments. `env` supplies DDP_LAUNCH_<OPTION>
+// values under the command line. `gpus_present` is for --nproc auto. Throws InputError naming
+// the option or variable.
+LaunchOptions parse_launch_args(const std::vector<std::string>& args,
+                                const std::map<std::string, std::string>& env, int gpus_present);
+
+// The --help text.
+std::string launch_help();
+
+// The variables a worker gets on top of the launcher's environment (torchrun's contract).
+// `inherited` is the launcher's environment (OMP_NUM_THREADS is set only when it has none).
+std::map<std::string, std::string> worker_env(const LaunchOptions& options, int local_rank,
+                                              int master_port, int restart_count,
+                                              const std::map<std::string, std::string>& inherited);
+
+// "exit code 3" or "signal SIGKILL (9)" for a waitpid status.
+std::string describe_status(int wait_status);
+
+// The exit code of a launcher whose first failed worker ended with `wait_status`: its exit code,
+// or 128 + the signal.
+int exit_code_of(int wait_status);
+
+// The executable `program` names: itself when it has a '/', else the first match in `path`
+// (a PATH value). nullopt when there is none that is executable.
+std::optional<std::string> find_program(const std::string& program, const std::string& path);
+
+}  // namespace ddp::launch

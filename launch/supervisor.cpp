@@ -1,0 +1,368 @@
+#include "supervisor.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+
+#include "ddp/common/error.h"
+
+extern char** environ;
+
+namespace ddp::launch {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr size_t kTailLines = 20;  // of a failed worker's output, in the summary
+
+// Set by the signal handlers; the self-pipe wakes the poll() of the main loop.
+volatile sig_atomic_t g_stop_signal = 0;
+int g_wake_fd = -1;
+
+void on_signal(int sig) {
+  if (sig != SIGCHLD) g_stop_signal = sig;
+  const char byte = 0;
+  [[maybe_unused]] const ssize_t n = ::write(g_wake_fd, &byte, 1);
+}
+
+void note(const std::string& text) {
+  fmt::print(stderr, "[launcher] {}\n", text);
+  std::fflush(stderr);
+}
+
+std::string system_reason() {
+  return std::strerror(errno);
+}
+
+// A TCP port on this host that was free a moment ago (the kernel's choice).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    if (fd >= 0) ::close(fd);
+    throw Error("cannot find a free TCP port: " + system_reason());
+  }
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// Node 0 hosts the rendezvous (rank 0's store): its port must be free here.
+void check_port_free(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);  // TIME_WAIT is no obstacle
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  const std::string reason = system_reason();
+  ::close(fd);
+  if (!ok) {
+    throw InputError(
+        fmt::format("--master-port {}: cannot be used on this host ({}): another "
+                    "job may hold it; pick another or leave it out on one host",
+                    port, reason));
+  }
+}
+
+void check_resolvable(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  if (rc != 0) {
+    throw InputError(
+        fmt::format("--master-addr {}: cannot be resolved: {}", host, ::gai_strerror(rc)));
+  }
+  ::freeaddrinfo(found);
+}
+
+struct Worker {
+  int local_rank = 0;
+  int rank = 0;
+  pid_t pid = -1;
+  int out_fd = -1;  // read end of its stdout and stderr
+  bool running = false;
+  int status = 0;
+  std::string partial;  // output after the last newline
+  std::deque<std::string> tail;
+  std::unique_ptr<std::ofstream> log;
+};
+
+class Supervisor {
+ public:
+  Supervisor(const LaunchOptions& options, std::string program)
+      : o_(options), program_(std::move(program)) {}
+
+  int run() {
+    install_signal_handlers();
+    if (!o_.log_dir.empty()) {
+      std::error_code ec;
+      std::filesystem::create_directories(o_.log_dir, ec);
+      if (ec) {
+        throw InputError(
+            fmt::format("--log-dir {}: cannot create it: {}", o_.log_dir, ec.message()));
+      }
+    }
+    if (o_.node_rank > 0) check_resolvable(o_.master_addr);
+    for (int restart = 0;; ++restart) {
+      start_group(restart);
+      const Outcome outcome = watch();
+      if (outcome.stop_signal != 0) return 128 + outcome.stop_signal;
+      if (!outcome.failed) return 0;
+      if (restart >= o_.max_restarts) return exit_code_of(outcome.failed_status);
+      note(fmt::format("restarting the workers ({} of {} restarts)", restart + 1, o_.max_restarts));
+    }
+  }
+
+ private:
+  struct Outcome {
+    int stop_signal = 0;  // the launcher was told to stop
+    bool failed = false;
+    int failed_status = 0;
+  };
+
+  static void install_signal_handlers() {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) throw Error("pipe: " + system_reason());
+    g_wake_fd = fds[1];
+    wake_read_fd_ = fds[0];
+    struct sigaction action {};
+    action.sa_handler = on_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    for (int sig : {SIGINT, SIGTERM, SIGCHLD}) ::sigaction(sig, &action, nullptr);
+    std::signal(SIGPIPE, SIG_IGN);
+  }
+
+  void start_group(int restart) {
+    const bool one_host = o_.nnodes == 1;
+    int port = o_.master_port;
+    if (port == 0) port = one_host ? free_port() : 29500;
+    if (o_.node_rank == 0 && (o_.master_port != 0 || !one_host)) check_port_free(port);
+    note(fmt::format("node {} of {}: starting {} worker(s) of {} (world size {}, master {}:{}{})",
+                     o_.node_rank, o_.nnodes, o_.nproc, program_, o_.nnodes * o_.nproc,
+                     o_.master_addr, port,
+                     restart > 0 ? fmt::format(", restart {}", restart) : ""));
+
+    std::map<std::string, std::string> inherited;
+    for (char** e = environ; *e != nullptr; ++e) {
+      const std::string entry = *e;
+      const size_t eq = entry.find('=');
+      if (eq != std::string::npos) inherited[entry.substr(0, eq)] = entry.substr(eq + 1);
+    }
+    workers_.clear();
+    for (int local = 0; local < o_.nproc; ++local) {
+      auto env = inherited;
+      for (auto& [k, v] : worker_env(o_, local, port, restart, inherited)) env[k] = v;
+      workers_.push_back(spawn(local, env));
+      note(fmt::format("rank {}: pid {}", workers_.back().rank, workers_.back().pid));
+    }
+  }
+
+  Worker spawn(int local_rank, const std::map<std::string, std::string>& env) {
+    Worker w;
+    w.local_rank = local_rank;
+    w.rank = o_.node_rank * o_.nproc + local_rank;
+    if (!o_.log_dir.empty()) {
+      const std::string path = fmt::format("{}/rank{}.log", o_.log_dir, w.rank);
+      w.log = std::make_unique<std::ofstream>(path, std::ios::app);
+      if (!*w.log) throw InputError(fmt::format("--log-dir: cannot write {}", path));
+    }
+    // Everything the child needs, prepared before fork(): after it only exec-safe calls.
+    std::vector<std::string> env_strings;
+    for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
+    std::vector<char*> envp, argv;
+    for (auto& s : env_strings) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    std::vector<std::string> args = o_.program;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+
+    int out[2];
+    if (::pipe2(out, O_CLOEXEC) != 0) throw Error("pipe: " + system_reason());
+    const pid_t parent = ::getpid();
+    const pid_t pid = ::fork();
+    if (pid < 0) throw Error("fork: " + system_reason());
+    if (pid == 0) {
+      ::setpgid(0, 0);  // its own group: the launcher signals it and its children together
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);       // dies with the launcher, even by SIGKILL
+      if (::getppid() != parent) ::_exit(127);  // the launcher died before prctl
+      ::dup2(out[1], STDOUT_FILENO);
+      ::dup2(out[1], STDERR_FILENO);
+      std::signal(SIGPIPE, SIG_DFL);
+      ::execve(program_.c_str(), argv.data(), envp.data());
+      const char msg[] = "launcher: exec failed\n";
+      [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, msg, sizeof msg - 1);
+      ::_exit(127);
+    }
+    ::setpgid(pid, pid);  // also here: no signal can race the child's own setpgid
+    ::close(out[1]);
+    w.pid = pid;
+    w.out_fd = out[0];
+    w.running = true;
+    return w;
+  }
+
+  // Until all workers succeeded, one failed, or a stop signal came.
+  Outcome watch() {
+    const int interval_ms = std::max(1, static_cast<int>(o_.monitor_interval * 1000));
+    while (true) {
+      pump(interval_ms);
+      if (g_stop_signal != 0) {
+        const int sig = g_stop_signal;
+        note(fmt::format("got SIG{}: stopping the workers", sigabbrev_np(sig)));
+        stop_group(sig);
+        return {sig, false, 0};
+      }
+      reap();
+      for (const Worker& w : workers_) {
+        if (w.running || exit_code_of(w.status) == 0) continue;
+        const Outcome outcome{0, true, w.status};
+        const int rank = w.rank;
+        stop_group(SIGTERM);  // workers_ stays: the summary below reads it
+        summarize(rank);
+        return outcome;
+      }
+      if (std::none_of(workers_.begin(), workers_.end(),
+                       [](const Worker& w) { return w.running; })) {
+        drain(Clock::now() + std::chrono::seconds(1));
+        return {};
+      }
+    }
+  }
+
+  // Polls the output pipes (and the wake-up pipe) for up to `timeout_ms`, relaying what came.
+  void pump(int timeout_ms) {
+    std::vector<pollfd> fds = {{wake_read_fd_, POLLIN, 0}};
+    std::vector<Worker*> owners = {nullptr};
+    for (Worker& w : workers_) {
+      if (w.out_fd >= 0) {
+        fds.push_back({w.out_fd, POLLIN, 0});
+        owners.push_back(&w);
+      }
+    }
+    if (::poll(fds.data(), fds.size(), timeout_ms) <= 0) return;
+    char buffer[65536];
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      const ssize_t n = ::read(fds[i].fd, buffer, sizeof buffer);
+      if (owners[i] == nullptr) continue;  // drained the wake-up bytes
+      Worker& w = *owners[i];
+      if (n > 0) {
+        w.partial.append(buffer, static_cast<size_t>(n));
+        for (size_t nl; (nl = w.partial.find('\n')) != std::string::npos;) {
+          emit(w, w.partial.substr(0, nl));
+          w.partial.erase(0, nl + 1);
+        }
+      } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+        if (!w.partial.empty()) emit(w, w.partial);
+        w.partial.clear();
+        ::close(w.out_fd);
+        w.out_fd = -1;
+      }
+    }
+  }
+
+  void emit(Worker& w, const std::string& line) {
+    w.tail.push_back(line);
+    if (w.tail.size() > kTailLines) w.tail.pop_front();
+    if (w.log) *w.log << line << '\n' << std::flush;
+    const bool console = o_.log_dir.empty() || o_.tee;
+    const auto& filter = o_.local_ranks_filter;
+    if (console &&
+        (filter.empty() || std::find(filter.begin(), filter.end(), w.local_rank) != filter.end())) {
+      fmt::print(stdout, "[rank {}] {}\n", w.rank, line);
+      std::fflush(stdout);
+    }
+  }
+
+  void reap() {
+    for (Worker& w : workers_) {
+      if (w.running && ::waitpid(w.pid, &w.status, WNOHANG) == w.pid) w.running = false;
+    }
+  }
+
+  // `sig` to every running worker's group; SIGKILL to those still running after the grace
+  // period. Returns when all have ended and their output is read.
+  void stop_group(int sig) {
+    for (Worker& w : workers_) {
+      if (w.running) ::kill(-w.pid, sig);
+    }
+    const auto deadline =
+        Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o_.grace_period * 1000));
+    while (Clock::now() < deadline && std::any_of(workers_.begin(), workers_.end(),
+                                                  [](const Worker& w) { return w.running; })) {
+      pump(20);
+      reap();
+    }
+    for (Worker& w : workers_) {
+      if (!w.running) continue;
+      note(fmt::format("rank {} did not stop within {} s: SIGKILL", w.rank, o_.grace_period));
+      ::kill(-w.pid, SIGKILL);
+      ::waitpid(w.pid, &w.status, 0);
+      w.running = false;
+    }
+    drain(Clock::now() + std::chrono::seconds(1));
+  }
+
+  // Reads what is left in the pipes (until they close, or `deadline` when a grandchild keeps
+  // one open).
+  void drain(Clock::time_point deadline) {
+    while (Clock::now() < deadline && std::any_of(workers_.begin(), workers_.end(),
+                                                  [](const Worker& w) { return w.out_fd >= 0; })) {
+      pump(20);
+    }
+    for (Worker& w : workers_) {
+      if (w.out_fd >= 0) ::close(w.out_fd);
+      w.out_fd = -1;
+    }
+  }
+
+  void summarize(int failed_rank) {
+    const Worker& w = *std::find_if(workers_.begin(), workers_.end(),
+                                    [&](const Worker& x) { return x.rank == failed_rank; });
+    note(
+        fmt::format("rank {} (local rank {}, pid {}) failed first: {}; the other workers were "
+                    "stopped",
+                    w.rank, w.local_rank, w.pid, describe_status(w.status)));
+    note(fmt::format("last {} line(s) of rank {}:", w.tail.size(), w.rank));
+    for (const auto& line : w.tail) note("  " + line);
+  }
+
+  const LaunchOptions& o_;
+  std::string program_;
+  std::vector<Worker> workers_;
+  static inline int wake_read_fd_ = -1;
+};
+
+}  // namespace
+
+int supervise(const LaunchOptions& options, const std::string& program) {
+  return Supervisor(options, program).run();
+}
+
+}  // namespace ddp::launch

@@ -1,0 +1,247 @@
+// The launcher with real processes: training as under mpirun, fail-fast on a killed worker,
+// restarts that resume from the checkpoint, two launchers as two nodes, SIGINT, any program
+// (PyTorch's own DDP), and bad input.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <regex>
+
+#include "ddp/train/pt_file.h"
+#include "ddp/train/state_dict.h"
+#include "ranks.h"
+#include "subprocess.h"
+
+namespace {
+
+using ddp::testing::Child;
+using ddp::testing::ProcessResult;
+using ddp::testing::TempDir;
+using std::chrono::seconds;
+using Clock = std::chrono::steady_clock;
+
+std::string config(const char* name) {
+  return std::string(DDP_SOURCE_DIR) + "/configs/" + name;
+}
+
+// launcher OPTIONS ddp_train ARGS
+std::vector<std::string> launch(std::vector<std::string> options, std::vector<std::string> args) {
+  std::vector<std::string> argv = {DDP_LAUNCHER_BIN};
+  argv.insert(argv.end(), options.begin(), options.end());
+  argv.push_back(DDP_TRAIN_BIN);
+  argv.insert(argv.end(), args.begin(), args.end());
+  return argv;
+}
+
+// A Fashion-MNIST MLP run of `epochs` on 1200 samples.
+std::vector<std::string> mlp_args(const std::string& out, int epochs) {
+  return {"--config",       config("fashion_mnist_mlp.yaml"),
+          "--data",         DDP_FASHION_MNIST_DIR,
+          "--train-subset", "1200",
+          "--batch-size",   "32",
+          "--epochs",       std::to_string(epochs),
+          "--output-dir",   out};
+}
+
+// The pid the launcher reported for `rank`.
+int pid_of(const std::string& output, int rank) {
+  std::smatch m;
+  const std::regex line("\\[launcher\\] rank " + std::to_string(rank) + ": pid ([0-9]+)");
+  if (!std::regex_search(output, m, line)) return -1;
+  return std::stoi(m[1]);
+}
+
+bool alive(int pid) {
+  return pid > 0 && (::kill(pid, 0) == 0 || errno != ESRCH);
+}
+
+double field(const std::string& json, const std::string& name) {
+  std::smatch m;
+  EXPECT_TRUE(std::regex_search(json, m, std::regex("\"" + name + "\": ([-0-9.e+]+)"))) << json;
+  return m.empty() ? 0.0 : std::stod(m[1]);
+}
+
+void expect_same_weights(const std::string& a, const std::string& b) {
+  const auto wa = ddp::train::state_dict_from(ddp::train::read_pt_file(a), a);
+  const auto wb = ddp::train::state_dict_from(ddp::train::read_pt_file(b), b);
+  ASSERT_EQ(wa.size(), wb.size());
+  for (size_t i = 0; i < wa.size(); ++i) {
+    EXPECT_TRUE(torch::equal(wa[i].second, wb[i].second)) << wa[i].first << " differs";
+  }
+}
+
+TEST(Launcher, FourWorkersTrainAsMpirunsFourRanks) {
+  TempDir a, b;
+  auto launched =
+      ddp::testing::run_process(launch({"--nproc", "4"}, mlp_args(a.path(), 1)), {}, seconds(240));
+  ASSERT_EQ(launched.exit_code, 0) << launched.output;
+  EXPECT_NE(launched.output.find("[rank 0] "), std::string::npos) << launched.output;
+  EXPECT_NE(launched.output.find("4 rank(s), backend gloo"), std::string::npos) << launched.output;
+  std::vector<std::string> under_mpirun = mlp_args(b.path(), 1);
+  under_mpirun.insert(under_mpirun.begin(), DDP_TRAIN_BIN);
+  auto mpi = ddp::testing::run_mpirun(4, under_mpirun, seconds(240));
+  ASSERT_EQ(mpi.exit_code, 0) << mpi.output;
+  const auto ma = ddp::testing::read_file(a.file("metrics.jsonl"));
+  const auto mb = ddp::testing::read_file(b.file("metrics.jsonl"));
+  EXPECT_EQ(field(ma, "steps"), field(mb, "steps"));
+  for (const char* name : {"train_loss", "test_loss", "test_accuracy"}) {
+    // gloo and MPI add the ranks' gradients in other orders: equal up to rounding.
+    EXPECT_NEAR(field(ma, name), field(mb, name), 1e-5 * std::abs(field(mb, name))) << name;
+  }
+}
+
+TEST(Launcher, AKilledWorkerStopsTheJobWithinTenSecondsNamingRankAndSignal) {
+  TempDir out;
+  Child launcher(launch({"--nproc", "2"}, mlp_args(out.path(), 200)), {});
+  ASSERT_TRUE(launcher.wait_for_output("epoch 1/200", Clock::now() + seconds(120)))
+      << launcher.output();
+  const int rank0 = pid_of(launcher.output(), 0), rank1 = pid_of(launcher.output(), 1);
+  ASSERT_GT(rank1, 0) << launcher.output();
+  ::kill(rank1, SIGKILL);
+  const auto killed = Clock::now();
+  const ProcessResult r = launcher.wait_until(Clock::now() + seconds(30));
+  EXPECT_LE(Clock::now() - killed, seconds(10));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("rank 1 (local rank 1, pid " + std::to_string(rank1) +
+                          ") failed first: signal SIGKILL (9)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("last "), std::string::npos) << r.output;
+  EXPECT_FALSE(alive(rank0));
+  EXPECT_FALSE(alive(rank1));
+}
+
+TEST(Launcher, ARestartedGroupResumesAndEndsAsAnUninterruptedRun) {
+  TempDir whole, crashed;
+  auto clean = ddp::testing::run_process(launch({"--nproc", "2"}, mlp_args(whole.path(), 3)), {},
+                                         seconds(240));
+  ASSERT_EQ(clean.exit_code, 0) << clean.output;
+  // 1200 samples, 2 ranks, batch 32: 19 steps per epoch; rank 1 dies at step 30 (epoch 2).
+  auto r = ddp::testing::run_process(
+      launch({"--nproc", "2", "--max-restarts", "1"}, mlp_args(crashed.path(), 3)),
+      {{"DDP_TEST_CRASH_AT_STEP", "30"}, {"DDP_TEST_CRASH_RANK", "1"}}, seconds(240));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("failed first: signal SIGKILL (9)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("restarting the workers (1 of 1 restarts)"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("resumed from " + crashed.file("checkpoint-epoch-0001.pt")),
+            std::string::npos)
+      << r.output;
+  expect_same_weights(whole.file("model.pt"), crashed.file("model.pt"));
+}
+
+TEST(Launcher, TwoLaunchersAsTwoNodesTrainOneWorldOfFour) {
+  TempDir out;
+  const std::string port = std::to_string(ddp::testing::free_port());
+  const std::map<std::string, std::string> env = {{"GLOO_SOCKET_IFNAME", "lo"}};
+  auto node = [&](int rank) {
+    return launch(
+        {"--nnodes", "2", "--node-rank", std::to_string(rank), "--nproc", "2", "--master-addr",
+         "127.0.0.1", "--master-port", port},
+        {"--config", config("random_linear.yaml"), "--epochs", "2", "--output-dir", out.path()});
+  };
+  Child node0(node(0), env), node1(node(1), env);
+  const auto r1 = node1.wait_until(Clock::now() + seconds(120));
+  const auto r0 = node0.wait_until(Clock::now() + seconds(120));
+  ASSERT_EQ(r0.exit_code, 0) << r0.output;
+  ASSERT_EQ(r1.exit_code, 0) << r1.output;
+  EXPECT_NE(r0.output.find("4 rank(s), backend gloo"), std::string::npos) << r0.output;
+  EXPECT_NE(r1.output.find("[launcher] rank 3: pid"), std::string::npos) << r1.output;
+  EXPECT_NE(r0.output.find("batch 30 per rank (120 global)"), std::string::npos) << r0.output;
+}
+
+TEST(Launcher, SigintStopsAllWorkersWithinTheGracePeriodAndExits130) {
+  TempDir out;
+  Child launcher(launch({"--nproc", "2", "--grace-period", "3"}, mlp_args(out.path(), 200)), {});
+  ASSERT_TRUE(launcher.wait_for_output("epoch 1/200", Clock::now() + seconds(120)))
+      << launcher.output();
+  const int rank0 = pid_of(launcher.output(), 0), rank1 = pid_of(launcher.output(), 1);
+  ::kill(launcher.pid(), SIGINT);
+  const auto sent = Clock::now();
+  const ProcessResult r = launcher.wait_until(Clock::now() + seconds(30));
+  EXPECT_LE(Clock::now() - sent, seconds(5));
+  EXPECT_EQ(r.exit_code, 130) << r.output;
+  EXPECT_NE(r.output.find("got SIGINT: stopping the workers"), std::string::npos) << r.output;
+  EXPECT_FALSE(alive(rank0));
+  EXPECT_FALSE(alive(rank1));
+}
+
+TEST(Launcher, RunsPyTorchsOwnDdpScriptUnchanged) {
+  const std::vector<std::string> argv = {DDP_LAUNCHER_BIN,
+                                         "--nproc",
+                                         "2",
+                                         DDP_PYTHON,
+                                         std::string(DDP_SOURCE_DIR) + "/bench/ddp_reference.py",
+                                         "--data",
+                                         DDP_FASHION_MNIST_DIR,
+                                         "--epochs",
+                                         "1"};
+  auto r = ddp::testing::run_process(argv, {{"GLOO_SOCKET_IFNAME", "lo"}}, seconds(240));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("[rank 0] {\"epoch\": 1, \"samples_per_s\""), std::string::npos)
+      << r.output;
+}
+
+// Exit code 2 and one line "launcher: error: ..." before any worker starts.
+void expect_launch_error(const std::vector<std::string>& args, const std::string& expected) {
+  std::vector<std::string> argv = {DDP_LAUNCHER_BIN};
+  argv.insert(argv.end(), args.begin(), args.end());
+  auto r = ddp::testing::run_process(argv, {}, seconds(30));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(r.output, "launcher: error: " + expected + "\n");
+}
+
+TEST(Launcher, BadInputIsOneLineAndExitCode2) {
+  expect_launch_error({"--bogus", "x"}, "unknown option '--bogus' (see launcher --help)");
+  expect_launch_error({"--nproc", "0", DDP_TRAIN_BIN},
+                      "--nproc: expected a positive integer, got '0'");
+  expect_launch_error({"--nnodes", "2", "--node-rank", "2", DDP_TRAIN_BIN},
+                      "--node-rank 2 is not below --nnodes 2 (node ranks are 0 .. 1)");
+  expect_launch_error({"--nproc", "2"},
+                      "no program to launch (usage: launcher [options] PROGRAM [ARGS...])");
+  expect_launch_error({"no-such-program-xyz"},
+                      "program 'no-such-program-xyz' not found (not in PATH, or not executable)");
+  expect_launch_error(
+      {"--nnodes", "2", "--node-rank", "1", "--master-addr", "no-such-host.invalid", DDP_TRAIN_BIN},
+      "--master-addr no-such-host.invalid: cannot be resolved: Name or service "
+      "not known");
+
+  // A port another process listens on.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(fd, 1), 0);
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const std::string busy = std::to_string(ntohs(addr.sin_port));
+  expect_launch_error({"--master-port", busy, DDP_TRAIN_BIN},
+                      "--master-port " + busy +
+                          ": cannot be used on this host (Address already in use): another job "
+                          "may hold it; pick another or leave it out on one host");
+  ::close(fd);
+}
+
+TEST(Launcher, AMasterNobodyServesFailsAfterTheRendezvousTimeout) {
+  TempDir out;
+  const std::string port = std::to_string(ddp::testing::free_port());
+  auto r =
+      ddp::testing::run_process(launch({"--nnodes", "2", "--node-rank", "1", "--master-port", port},
+                                       {"--config", config("random_linear.yaml"),
+                                        "--rendezvous-timeout", "3", "--output-dir", out.path()}),
+                                {}, seconds(60));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("rendezvous at MASTER_ADDR:MASTER_PORT = 127.0.0.1:" + port +
+                          " did not complete within 3 s (world size 2)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("failed first"), std::string::npos) << r.output;
+}
+
+}  // namespace

@@ -1,0 +1,139 @@
+// The launcher's decisions without processes: options and env variables, torchrun's worker
+// environment, how a worker's end is described.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <csignal>
+#include <fstream>
+
+#include "ddp/common/error.h"
+#include "options.h"
+
+namespace {
+
+using ddp::InputError;
+using ddp::launch::LaunchOptions;
+using ddp::launch::parse_launch_args;
+using Env = std::map<std::string, std::string>;
+
+LaunchOptions parse(const std::vector<std::string>& args, const Env& env = {}, int gpus = 0) {
+  return parse_launch_args(args, env, gpus);
+}
+
+std::string error_of(const std::vector<std::string>& args, const Env& env = {}) {
+  try {
+    parse(args, env);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no InputError";
+  return "";
+}
+
+TEST(LaunchOptions, OptionsEndAtTheProgramWhoseArgumentsArePassedOn) {
+  const auto o = parse({"--nproc", "4", "--max-restarts=2", "--tee", "--log-dir", "logs",
+                        "ddp_train", "--config", "x.yaml", "--nproc", "9"});
+  EXPECT_EQ(o.nproc, 4);
+  EXPECT_EQ(o.max_restarts, 2);
+  EXPECT_TRUE(o.tee);
+  EXPECT_EQ(o.log_dir, "logs");
+  EXPECT_EQ(o.program,
+            (std::vector<std::string>{"ddp_train", "--config", "x.yaml", "--nproc", "9"}));
+  EXPECT_EQ(parse({"--", "--odd-program"}).program, std::vector<std::string>{"--odd-program"});
+  // Defaults.
+  const auto d = parse({"prog"});
+  EXPECT_EQ(d.nproc, 1);
+  EXPECT_EQ(d.nnodes, 1);
+  EXPECT_EQ(d.master_addr, "127.0.0.1");
+  EXPECT_EQ(d.master_port, 0);
+  EXPECT_EQ(d.run_id, "none");
+}
+
+TEST(LaunchOptions, EnvVariablesSetOptionsAndTheCommandLineWins) {
+  const Env env = {
+      {"DDP_LAUNCH_NPROC_PER_NODE", "3"}, {"DDP_LAUNCH_RUN_ID", "job7"}, {"DDP_LAUNCH_TEE", "1"}};
+  auto o = parse({"prog"}, env);
+  EXPECT_EQ(o.nproc, 3);
+  EXPECT_EQ(o.run_id, "job7");
+  EXPECT_TRUE(o.tee);
+  EXPECT_EQ(parse({"--nproc-per-node", "2", "prog"}, env).nproc, 2);
+  EXPECT_EQ(error_of({"prog"}, {{"DDP_LAUNCH_NPROCS", "2"}}),
+            "DDP_LAUNCH_NPROCS: no launcher option --nprocs (see launcher --help)");
+  EXPECT_EQ(error_of({"prog"}, {{"DDP_LAUNCH_NNODES", "x"}}),
+            "DDP_LAUNCH_NNODES: expected a positive integer, got 'x'");
+}
+
+TEST(LaunchOptions, NprocAutoCountsTheVisibleGpus) {
+  EXPECT_EQ(parse({"--nproc", "auto", "prog"}, {}, 0).nproc, 1);
+  EXPECT_EQ(parse({"--nproc", "auto", "prog"}, {}, 8).nproc, 8);
+  EXPECT_EQ(parse({"--nproc", "auto", "prog"}, {{"CUDA_VISIBLE_DEVICES", "2,5"}}, 8).nproc, 2);
+  EXPECT_EQ(ddp::launch::auto_nproc("", 8), 1);
+}
+
+TEST(LaunchOptions, DevicesGiveOneGpuPerLocalRank) {
+  EXPECT_EQ(parse({"--devices", "0,1", "prog"}).nproc, 2);
+  EXPECT_EQ(error_of({"--nproc", "4", "--devices", "0,1", "prog"}),
+            "--devices lists 2 GPU(s) for 4 process(es) per node: give one per local rank");
+  const auto o = parse({"--devices", "3,1", "prog"});
+  const auto env = ddp::launch::worker_env(o, 1, 29500, 0, {});
+  EXPECT_EQ(env.at("CUDA_VISIBLE_DEVICES"), "3,1");  // cuda:1 of local rank 1 is GPU 1
+}
+
+TEST(LaunchOptions, BadInputNamesTheOption) {
+  EXPECT_EQ(error_of({"--nproc", "0", "prog"}), "--nproc: expected a positive integer, got '0'");
+  EXPECT_EQ(error_of({"--bogus", "prog"}), "unknown option '--bogus' (see launcher --help)");
+  EXPECT_EQ(error_of({"--nnodes", "2", "--node-rank", "2", "prog"}),
+            "--node-rank 2 is not below --nnodes 2 (node ranks are 0 .. 1)");
+  EXPECT_EQ(error_of({"--master-port", "70000", "prog"}),
+            "--master-port: expected a port number (1-65535), got '70000'");
+  EXPECT_EQ(error_of({"--nproc", "2", "--local-ranks-filter", "0,2", "prog"}),
+            "--local-ranks-filter: local rank 2 does not exist with --nproc 2");
+  EXPECT_EQ(error_of({"--nproc", "2"}),
+            "no program to launch (usage: launcher [options] PROGRAM [ARGS...])");
+  EXPECT_EQ(error_of({"--log-dir"}), "--log-dir: expected DIR after it");
+}
+
+TEST(LaunchOptions, WorkersGetTorchrunsEnvWithRanksNumberedNodeByNode) {
+  const auto o = parse({"--nnodes", "3", "--node-rank", "1", "--nproc", "4", "--master-addr",
+                        "node0", "--max-restarts", "2", "--run-id", "r1", "prog"});
+  const auto env = ddp::launch::worker_env(o, 2, 29500, 1, {});
+  EXPECT_EQ(env, (Env{{"RANK", "6"},
+                      {"LOCAL_RANK", "2"},
+                      {"GROUP_RANK", "1"},
+                      {"LOCAL_WORLD_SIZE", "4"},
+                      {"WORLD_SIZE", "12"},
+                      {"MASTER_ADDR", "node0"},
+                      {"MASTER_PORT", "29500"},
+                      {"TORCHELASTIC_RESTART_COUNT", "1"},
+                      {"TORCHELASTIC_MAX_RESTARTS", "2"},
+                      {"TORCHELASTIC_RUN_ID", "r1"},
+                      {"OMP_NUM_THREADS", "1"}}));
+  // OMP_NUM_THREADS: only with several processes, and never over the user's.
+  EXPECT_EQ(
+      ddp::launch::worker_env(o, 0, 1, 0, {{"OMP_NUM_THREADS", "4"}}).count("OMP_NUM_THREADS"), 0u);
+  EXPECT_EQ(ddp::launch::worker_env(parse({"prog"}), 0, 1, 0, {}).count("OMP_NUM_THREADS"), 0u);
+}
+
+TEST(LaunchOptions, AWorkersEndIsDescribedWithTheSignalName) {
+  // waitpid statuses as the kernel encodes them.
+  const int killed = SIGKILL;   // terminated by signal 9
+  const int exited_3 = 3 << 8;  // exit(3)
+  EXPECT_TRUE(WIFSIGNALED(killed));
+  EXPECT_EQ(ddp::launch::describe_status(killed), "signal SIGKILL (9)");
+  EXPECT_EQ(ddp::launch::describe_status(SIGSEGV), "signal SIGSEGV (11)");
+  EXPECT_EQ(ddp::launch::describe_status(exited_3), "exit code 3");
+  EXPECT_EQ(ddp::launch::exit_code_of(killed), 137);
+  EXPECT_EQ(ddp::launch::exit_code_of(exited_3), 3);
+}
+
+TEST(LaunchOptions, ProgramsAreFoundInPathOnlyWhenExecutable) {
+  EXPECT_EQ(ddp::launch::find_program("sh", "/nonexistent:/bin:/usr/bin"), "/bin/sh");
+  EXPECT_EQ(ddp::launch::find_program("/bin/sh", ""), "/bin/sh");
+  EXPECT_FALSE(ddp::launch::find_program("no-such-program-xyz", "/bin:/usr/bin"));
+  const std::string plain = ::testing::TempDir() + "/launch-not-executable.txt";
+  std::ofstream(plain) << "data";
+  EXPECT_FALSE(ddp::launch::find_program(plain, ""));       // not executable
+  EXPECT_FALSE(ddp::launch::find_program("/usr/bin", ""));  // a directory
+}
+
+}  // namespace
