@@ -40,8 +40,9 @@ int gpus_present() {
 
 int main(int argc, char** argv) {
   try {
+    const auto env = current_env();
     const auto options = ddp::launch::parse_launch_args(
-        std::vector<std::string>(argv + 1, argv + argc), current_env(), gpus_present());
+        std::vector<std::string>(argv + 1, argv + argc), env, gpus_present());
     if (options.help) {
       fmt::print("{}", ddp::launch::launch_help());
       return 0;
@@ -52,7 +53,7 @@ int main(int argc, char** argv) {
       throw ddp::InputError(fmt::format("program '{}' not found (not in PATH, or not executable)",
                                         options.program[0]));
     }
-    return ddp::launch::supervise(options, *program);
+    return ddp::launch::supervise(options, *program, env);
   } catch (const ddp::Error& e) {
     fmt::print(stderr, "launcher: error: {}\n", e.what());
     return e.exit_code();

@@ -24,8 +24,6 @@
 
 #include "ddp/common/error.h"
 
-extern char** environ;
-
 namespace ddp::launch {
 namespace {
 
@@ -114,8 +112,9 @@ struct Worker {
 
 class Supervisor {
  public:
-  Supervisor(const LaunchOptions& options, std::string program)
-      : o_(options), program_(std::move(program)) {}
+  Supervisor(const LaunchOptions& options, std::string program,
+             std::map<std::string, std::string> inherited)
+      : o_(options), program_(std::move(program)), inherited_(std::move(inherited)) {}
 
   int run() {
     install_signal_handlers();
@@ -168,16 +167,10 @@ class Supervisor {
                      o_.master_addr, port,
                      restart > 0 ? fmt::format(", restart {}", restart) : ""));
 
-    std::map<std::string, std::string> inherited;
-    for (char** e = environ; *e != nullptr; ++e) {
-      const std::string entry = *e;
-      const size_t eq = entry.find('=');
-      if (eq != std::string::npos) inherited[entry.substr(0, eq)] = entry.substr(eq + 1);
-    }
     workers_.clear();
     for (int local = 0; local < o_.nproc; ++local) {
-      auto env = inherited;
-      for (auto& [k, v] : worker_env(o_, local, port, restart, inherited)) env[k] = v;
+      auto env = inherited_;
+      for (auto& [k, v] : worker_env(o_, local, port, restart, inherited_)) env[k] = v;
       workers_.push_back(spawn(local, env));
       note(fmt::format("rank {}: pid {}", workers_.back().rank, workers_.back().pid));
     }
@@ -355,14 +348,16 @@ class Supervisor {
 
   const LaunchOptions& o_;
   std::string program_;
+  std::map<std::string, std::string> inherited_;  // the launcher's environment
   std::vector<Worker> workers_;
   static inline int wake_read_fd_ = -1;
 };
 
 }  // namespace
 
-int supervise(const LaunchOptions& options, const std::string& program) {
-  return Supervisor(options, program).run();
+int supervise(const LaunchOptions& options, const std::string& program,
+              const std::map<std::string, std::string>& env) {
+  return Supervisor(options, program, env).run();
 }
 
 }  // namespace ddp::launch
