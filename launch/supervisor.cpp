@@ -342,6 +342,10 @@ class Supervisor {
         fmt::format("rank {} (local rank {}, pid {}) failed first: {}; the other workers were "
                     "stopped",
                     w.rank, w.local_rank, w.pid, describe_status(w.status)));
+    if (w.tail.empty()) {
+      note(fmt::format("rank {} printed nothing", w.rank));
+      return;
+    }
     note(fmt::format("last {} line(s) of rank {}:", w.tail.size(), w.rank));
     for (const auto& line : w.tail) note("  " + line);
   }
