@@ -115,7 +115,7 @@ ConfigKey string_key(std::string name, std::string Config::*member,
 std::vector<ConfigKey> make_keys() {
   using C = Config;
   return {
-      string_key("model", &C::model, {"mlp", "linear"}, "", "model to train"),
+      string_key("model", &C::model, {"mlp", "resnet18", "linear"}, "", "model to train"),
       string_key("dataset", &C::dataset, {"fashion-mnist", "random"}, "", "dataset to train on"),
       string_key("data", &C::data, {}, "PATH",
                  "dataset location (empty: /usr/share/datasets/fashion-mnist)"),
@@ -243,9 +243,9 @@ void validate(const Config& config) {
     throw InputError(fmt::format("model 'linear' trains on dataset 'random' (5 features), not '{}'",
                                  config.dataset));
   }
-  if (config.model == "mlp" && config.dataset != "fashion-mnist") {
-    throw InputError(
-        fmt::format("model 'mlp' trains on dataset 'fashion-mnist', not '{}'", config.dataset));
+  if ((config.model == "mlp" || config.model == "resnet18") && config.dataset != "fashion-mnist") {
+    throw InputError(fmt::format("model '{}' trains on dataset 'fashion-mnist', not '{}'",
+                                 config.model, config.dataset));
   }
   if (config.warmup_epochs > static_cast<double>(config.epochs)) {
     throw InputError(fmt::format("key 'warmup-epochs': {} is longer than the {} epochs of the run",

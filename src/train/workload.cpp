@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include "ddp/common/error.h"
+#include "ddp/models/resnet.h"
 #include "ddp/models/sequential_models.h"
 
 namespace ddp::train {
@@ -44,6 +45,10 @@ Workload make_workload(const Config& config) {
   torch::manual_seed(static_cast<uint64_t>(config.seed));
   if (config.model == "mlp") {
     auto net = models::make_mlp(w.train_set.inputs[0].numel(), w.train_set.num_classes);
+    w.module = net.ptr();
+    w.forward = forward_of(net);
+  } else if (config.model == "resnet18") {
+    auto net = models::make_resnet18(w.train_set.num_classes, w.train_set.inputs.size(1));
     w.module = net.ptr();
     w.forward = forward_of(net);
   } else if (config.model == "linear") {

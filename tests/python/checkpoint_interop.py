@@ -1,8 +1,10 @@
 """Python's side of the checkpoint interop tests (Debian's python3-torch).
 
-  check-ours DIR     loads DIR/model.pt (written by ddp) with torch.load's weights_only=True into
-                     nn.DataParallel(MLP) with strict=True, runs DIR/batch.pt's input and compares
-                     with the output ddp computed; exits 1 when they differ by more than 1e-5.
+  check-ours DIR MODEL TOL
+                     loads DIR/model.pt (written by ddp) with torch.load's weights_only=True into
+                     nn.DataParallel(MODEL) (mlp or resnet18) with strict=True, runs DIR/batch.pt's
+                     input in eval mode and compares with the output ddp computed; exits 1 when
+                     they differ by more than TOL.
   save-python DIR    writes an MLP's weights the ways Python users do, and its output on a batch,
                      for ddp to load:
                        plain.pt       torch.save(dict(model.state_dict()))
@@ -15,6 +17,7 @@ import sys
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 import torch.serialization
 
 
@@ -24,9 +27,57 @@ def mlp():
                          nn.ReLU(), nn.Linear(256, 10))
 
 
-def check_ours(directory):
+class Residual(nn.Module):
+    """d2l's Residual (d2l.torch.Residual), as the multi-GPU tutorial uses it."""
+
+    def __init__(self, input_channels, num_channels, use_1x1conv=False, strides=1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(input_channels, num_channels, kernel_size=3, padding=1,
+                               stride=strides)
+        self.conv2 = nn.Conv2d(num_channels, num_channels, kernel_size=3, padding=1)
+        if use_1x1conv:
+            self.conv3 = nn.Conv2d(input_channels, num_channels, kernel_size=1, stride=strides)
+        else:
+            self.conv3 = None
+        self.bn1 = nn.BatchNorm2d(num_channels)
+        self.bn2 = nn.BatchNorm2d(num_channels)
+
+    def forward(self, X):
+        Y = F.relu(self.bn1(self.conv1(X)))
+        Y = self.bn2(self.conv2(Y))
+        if self.conv3:
+            X = self.conv3(X)
+        Y += X
+        return F.relu(Y)
+
+
+def resnet18(num_classes=10, in_channels=1):
+    """The tutorial's resnet18, verbatim but for the names."""
+    def resnet_block(in_channels, out_channels, num_residuals, first_block=False):
+        blk = []
+        for i in range(num_residuals):
+            if i == 0 and not first_block:
+                blk.append(Residual(in_channels, out_channels, use_1x1conv=True, strides=2))
+            else:
+                blk.append(Residual(out_channels, out_channels))
+        return nn.Sequential(*blk)
+
+    net = nn.Sequential(
+        nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1),
+        nn.BatchNorm2d(64),
+        nn.ReLU())
+    net.add_module("resnet_block1", resnet_block(64, 64, 2, first_block=True))
+    net.add_module("resnet_block2", resnet_block(64, 128, 2))
+    net.add_module("resnet_block3", resnet_block(128, 256, 2))
+    net.add_module("resnet_block4", resnet_block(256, 512, 2))
+    net.add_module("global_avg_pool", nn.AdaptiveAvgPool2d((1, 1)))
+    net.add_module("fc", nn.Sequential(nn.Flatten(), nn.Linear(512, num_classes)))
+    return net
+
+
+def check_ours(directory, model_name="mlp", tolerance="1e-5"):
     weights = torch.load(f"{directory}/model.pt", weights_only=True)
-    model = nn.DataParallel(mlp())
+    model = nn.DataParallel({"mlp": mlp, "resnet18": resnet18}[model_name]())
     model.load_state_dict(weights, strict=True)
     batch = torch.load(f"{directory}/batch.pt", weights_only=True)
     model.eval()
@@ -34,7 +85,7 @@ def check_ours(directory):
         output = model(batch["input"])
     diff = (output - batch["output"]).abs().max().item()
     print(f"keys {sorted(weights)}; max abs diff {diff:.3g}")
-    return 0 if diff <= 1e-5 else 1
+    return 0 if diff <= float(tolerance) else 1
 
 
 def save_python(directory):
@@ -64,5 +115,5 @@ def save_python(directory):
 
 
 if __name__ == "__main__":
-    mode, directory = sys.argv[1], sys.argv[2]
-    sys.exit({"check-ours": check_ours, "save-python": save_python}[mode](directory))
+    mode = sys.argv[1]
+    sys.exit({"check-ours": check_ours, "save-python": save_python}[mode](*sys.argv[2:]))
