@@ -1,6 +1,7 @@
 #include "ddp/train/trainer.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/torch.h>
 
 #include <signal.h>
@@ -123,13 +124,19 @@ Trainer::Trainer(Config config)
                                        .gradient_as_bucket_view(config_.gradient_as_bucket_view)
                                        .comm_hook(comm_hook_of(config_.comm_hook)));
   optimizer_ = make_optimizer(config_, workload_.module->parameters());
+  const bool resumed = !config_.resume.empty() && resume();  // may change batch_size
   schedule_.kind = config_.lr_schedule;
-  schedule_.base_lr = config_.lr;
+  const int64_t global_batch = config_.batch_size * dist_.world_size();
+  schedule_.base_lr =
+      scaled_lr(config_.lr, config_.lr_scaling, global_batch, config_.reference_batch);
+  if (config_.lr_scaling == "linear") {
+    log::info("lr {} scaled linearly to {} for the global batch {} (reference batch {})",
+              config_.lr, schedule_.base_lr, global_batch, config_.reference_batch);
+  }
   schedule_.warmup_epochs = config_.warmup_epochs;
   schedule_.step_size = config_.lr_step_size;
   schedule_.gamma = config_.lr_gamma;
   schedule_.total_epochs = config_.epochs;
-  const bool resumed = !config_.resume.empty() && resume();  // may change batch_size
   if (dist_.is_main()) {
     const auto dir = std::filesystem::path(config_.output_dir);
     write_file_atomically((dir / "config.yaml").string(), to_yaml(config_));
@@ -202,7 +209,13 @@ void Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
                                    /*shuffle=*/true, static_cast<uint64_t>(config_.seed));
   sampler.set_epoch(epoch);  // here, so nobody can forget it
   const torch::Tensor order = sampler.indices();
-  const int64_t n = order.size(0);  // the same on every rank: same number of steps
+  // The same on every rank: the same number of steps.
+  const int64_t n =
+      config_.drop_last ? order.size(0) / config_.batch_size * config_.batch_size : order.size(0);
+  if (n == 0) {
+    throw InputError(fmt::format("drop-last: each rank's {} samples are fewer than one batch of {}",
+                                 order.size(0), config_.batch_size));
+  }
   const int64_t steps_per_epoch = (n + config_.batch_size - 1) / config_.batch_size;
 
   workload_.module->train();
@@ -221,6 +234,7 @@ void Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
     set_lr(*optimizer_, m.lr);
     model_->zero_grad();  // in place, so gradient_as_bucket_view keeps its views
     auto output = model_->forward_with([&] { return workload_.forward(input); });
+    if (begin == 0 && epoch == start_epoch_) log_shapes(input, output);
     auto loss = compute_loss(train_set.task, output, target);
     loss.backward();
     optimizer_->step();
@@ -241,6 +255,32 @@ void Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
   m.steps = step_;
   m.train_loss = sums[0].item<double>() / sums[1].item<double>();
   m.samples_per_s = sums[1].item<double>() / m.epoch_seconds;
+}
+
+void Trainer::log_shapes(const torch::Tensor& input, const torch::Tensor& output) {
+  // Fixed-size records so that one all_gather collects them: [rank dims of input, of output].
+  constexpr int64_t kDims = 6;
+  auto record = torch::full({2 * (kDims + 1)}, -1, torch::kLong);
+  for (const auto& [slot, t] : {std::pair{0, input}, std::pair{1, output}}) {
+    const int64_t base = slot * (kDims + 1);
+    record[base] = std::min<int64_t>(t.dim(), kDims);
+    for (int64_t d = 0; d < std::min<int64_t>(t.dim(), kDims); ++d)
+      record[base + 1 + d] = t.size(d);
+  }
+  auto all =
+      torch::empty({dist_.world_size() * record.numel()}, record.options().device(dist_.device));
+  dist_.group->all_gather(all, record.to(dist_.device))->wait();
+  all = all.cpu().view({dist_.world_size(), 2, kDims + 1});
+  auto shape = [&](int64_t rank, int64_t slot) {
+    std::vector<int64_t> dims;
+    for (int64_t d = 0; d < all[rank][slot][0].item<int64_t>(); ++d) {
+      dims.push_back(all[rank][slot][1 + d].item<int64_t>());
+    }
+    return fmt::format("[{}]", fmt::join(dims, ", "));
+  };
+  for (int64_t r = 0; r < dist_.world_size(); ++r) {
+    log::info("rank {}: input {} -> output {}", r, shape(r, 0), shape(r, 1));
+  }
 }
 
 Evaluation Trainer::evaluate() {

@@ -86,3 +86,28 @@ TEST(DdpTrain, FashionMnistOnTwoRanksLearns) {
 }
 
 }  // namespace
+
+namespace {
+
+// The DataParallel tutorial's demo: each rank logs the part of the global batch it saw, and
+// --drop-last drops the smaller last batch (50 samples per rank, batch 15: 3 steps, not 4).
+TEST(DdpTrain, EachRanksShareOfTheBatchIsLoggedAndDropLastDropsTheRest) {
+  TempDir out;
+  auto ranks = ddp::testing::run_env_ranks(
+      2,
+      job(out.path(), 15,
+          {"--epochs", "1", "--drop-last", "--lr-scaling", "linear", "--reference-batch", "60"}),
+      std::chrono::seconds(120));
+  for (const auto& r : ranks) ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string& log = ranks[0].output;
+  EXPECT_NE(log.find("rank 0: input [15, 5] -> output [15, 2]"), std::string::npos) << log;
+  EXPECT_NE(log.find("rank 1: input [15, 5] -> output [15, 2]"), std::string::npos) << log;
+  EXPECT_NE(log.find("lr 0.05 scaled linearly to 0.025 for the global batch 30 (reference batch "
+                     "60)"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(field(last_metrics(out.path()), "steps"), 3);
+  EXPECT_EQ(field(last_metrics(out.path()), "lr"), 0.025);
+}
+
+}  // namespace

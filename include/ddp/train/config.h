@@ -18,6 +18,7 @@ struct Config {
   // How long, in what batches.
   int64_t epochs = 1;
   int64_t batch_size = 64;  // per rank
+  bool drop_last = false;   // drop each epoch's last batch when it is smaller
   // Optimizer and learning rate.
   std::string optimizer = "sgd";
   double lr = 0.02;
@@ -25,6 +26,8 @@ struct Config {
   bool nesterov = false;
   double weight_decay = 0.0;
   std::string lr_schedule = "constant";
+  std::string lr_scaling = "none";  // none | linear: lr x global batch / reference_batch
+  int64_t reference_batch = 256;
   double warmup_epochs = 0.0;
   int64_t lr_step_size = 30;
   double lr_gamma = 0.1;

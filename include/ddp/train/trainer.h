@@ -57,6 +57,9 @@ class Trainer {
  private:
   // One pass over this epoch's indices; fills the training fields of `metrics`.
   void train_epoch(int64_t epoch, EpochMetrics& metrics);
+  // The DataParallel tutorial's printout, for the run's first step: the part of the global
+  // batch each rank saw ("rank 1: input [15, 5] -> output [15, 2]"). A collective.
+  void log_shapes(const torch::Tensor& input, const torch::Tensor& output);
 
   // Checkpoints (trainer_checkpoint.cpp). Both are called on every rank: see
   // Note [No collective in a rank-0 branch].
