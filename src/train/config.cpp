@@ -156,6 +156,8 @@ std::vector<ConfigKey> make_keys() {
                "DDP: allow parameters that get no gradient in an iteration"),
       bool_key("gradient-as-bucket-view", &C::gradient_as_bucket_view,
                "DDP: gradients live in the all-reduce buckets (saves a copy and memory)"),
+      bool_key("sync-bn", &C::sync_bn,
+               "BatchNorm statistics over the global batch (SyncBatchNorm), for small batches"),
       string_key("comm-hook", &C::comm_hook, {"allreduce", "fp16", "bf16"}, "",
                  "DDP: gradient communication (fp16/bf16: compressed to half the bytes)"),
       int_key("threads", &C::threads, 0, "intra-op threads per process (0: LibTorch's default)"),
@@ -251,6 +253,9 @@ void validate(const Config& config) {
   if ((config.model == "mlp" || config.model == "resnet18") && config.dataset != "fashion-mnist") {
     throw InputError(fmt::format("model '{}' trains on dataset 'fashion-mnist', not '{}'",
                                  config.model, config.dataset));
+  }
+  if (config.sync_bn && config.model != "resnet18") {
+    throw InputError(fmt::format("key 'sync-bn': model '{}' has no BatchNorm layer", config.model));
   }
   if (config.warmup_epochs > static_cast<double>(config.epochs)) {
     throw InputError(fmt::format("key 'warmup-epochs': {} is longer than the {} epochs of the run",

@@ -15,6 +15,7 @@
 #include "ddp/common/error.h"
 #include "ddp/common/files.h"
 #include "ddp/common/log.h"
+#include "ddp/core/sync_batch_norm.h"
 #include "ddp/data/distributed_sampler.h"
 #include "ddp/train/state_dict.h"
 
@@ -105,7 +106,13 @@ Trainer::Trainer(Config config)
     config_.resume = "auto";
   }
   if (config_.threads > 0) torch::set_num_threads(static_cast<int>(config_.threads));
-  workload_ = make_workload(config_);
+  models::NormFactory norm;
+  if (config_.sync_bn) {
+    norm = [group = dist_.group](int64_t channels) {
+      return torch::nn::AnyModule(SyncBatchNorm(channels, group));
+    };
+  }
+  workload_ = make_workload(config_, norm);
   if (workload_.train_set.size() < dist_.world_size()) {
     throw InputError(fmt::format("{} training samples cannot be shared by {} ranks",
                                  workload_.train_set.size(), dist_.world_size()));

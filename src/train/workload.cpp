@@ -23,7 +23,7 @@ std::function<torch::Tensor(const torch::Tensor&)> forward_of(Holder holder) {
 
 }  // namespace
 
-Workload make_workload(const Config& config) {
+Workload make_workload(const Config& config, const models::NormFactory& norm) {
   Workload w;
   if (config.dataset == "fashion-mnist") {
     const std::string dir = config.data.empty() ? kDefaultFashionMnistDir : config.data;
@@ -48,7 +48,7 @@ Workload make_workload(const Config& config) {
     w.module = net.ptr();
     w.forward = forward_of(net);
   } else if (config.model == "resnet18") {
-    auto net = models::make_resnet18(w.train_set.num_classes, w.train_set.inputs.size(1));
+    auto net = models::make_resnet18(w.train_set.num_classes, w.train_set.inputs.size(1), norm);
     w.module = net.ptr();
     w.forward = forward_of(net);
   } else if (config.model == "linear") {

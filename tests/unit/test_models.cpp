@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "ddp/core/sync_batch_norm.h"
 #include "ddp/models/resnet.h"
 #include "ddp/train/pt_file.h"
 #include "ddp/train/state_dict.h"
@@ -71,6 +72,31 @@ TEST(ResNet18, PythonLoadsItsWeightsIntoTheTutorialsModelWithEqualOutputs) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("'module.resnet_block4.1.bn2.running_var'"), std::string::npos)
       << r.output;
+}
+
+}  // namespace
+
+namespace {
+
+// --sync-bn builds the model with SyncBatchNorm layers: the same names (so the same weights files)
+// and, on one rank, the same outputs as BatchNorm in training and eval mode.
+TEST(ResNet18, WithSyncBatchNormHasTheSameStateDictAndOutputs) {
+  torch::manual_seed(5);
+  auto plain = ddp::models::make_resnet18();
+  auto synced = ddp::models::make_resnet18(10, 1, [](int64_t channels) {
+    return torch::nn::AnyModule(ddp::SyncBatchNorm(channels, nullptr));
+  });
+  const auto a = ddp::train::state_dict(*plain), b = ddp::train::state_dict(*synced);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i].first, b[i].first);
+  ddp::testing::TempDir dir;
+  ddp::train::save_weights(*plain, dir.file("w.pt"));
+  ddp::train::load_weights(*synced, dir.file("w.pt"));
+  const auto x = torch::randn({4, 1, 28, 28});
+  EXPECT_LE((plain->forward(x) - synced->forward(x)).abs().max().item<double>(), 1e-4);
+  plain->eval();
+  synced->eval();
+  EXPECT_LE((plain->forward(x) - synced->forward(x)).abs().max().item<double>(), 1e-4);
 }
 
 }  // namespace

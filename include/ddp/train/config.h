@@ -42,6 +42,7 @@ struct Config {
   bool broadcast_buffers = true;
   bool find_unused_parameters = false;
   bool gradient_as_bucket_view = false;
+  bool sync_bn = false;  // BatchNorm statistics over the global batch (SyncBatchNorm)
   std::string comm_hook = "allreduce";  // allreduce | fp16 | bf16
   int64_t threads = 0;                  // 0: leave LibTorch's default
   std::string output_dir = "runs/latest";

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "ddp/data/dataset.h"
+#include "ddp/models/resnet.h"
 #include "ddp/train/config.h"
 
 namespace ddp::train {
@@ -21,8 +22,9 @@ struct Workload {
 };
 
 // Loads the data and builds the model (on the CPU) for config.model / config.dataset.
-// Model initialisation is seeded from config.seed. Throws InputError on bad data.
-Workload make_workload(const Config& config);
+// Model initialisation is seeded from config.seed. `norm` makes the BatchNorm layers (empty:
+// plain BatchNorm; --sync-bn passes SyncBatchNorm's). Throws InputError on bad data.
+Workload make_workload(const Config& config, const models::NormFactory& norm = nullptr);
 
 // Mean loss of a batch: cross-entropy for classification, MSE for regression.
 torch::Tensor compute_loss(data::Task task, const torch::Tensor& output,
