@@ -123,6 +123,11 @@ std::vector<ConfigKey> make_keys() {
       int_key("epochs", &C::epochs, 1, "number of epochs"),
       int_key("batch-size", &C::batch_size, 1, "batch size per rank"),
       bool_key("drop-last", &C::drop_last, "drop each epoch's last batch when it is smaller"),
+      int_key("workers", &C::workers, 0, "loader threads preparing batches ahead (0: none)"),
+      bool_key("pin-memory", &C::pin_memory,
+               "batches in pinned memory, copied to the GPU without blocking"),
+      bool_key("augment", &C::augment,
+               "random crop with padding 4 and horizontal flip, seeded per rank and epoch"),
       string_key("optimizer", &C::optimizer, {"sgd", "adam", "adamw"}, "", "optimizer"),
       float_key("lr", &C::lr, 0.0, true, "learning rate"),
       float_key("momentum", &C::momentum, 0.0, false, "SGD momentum"),
@@ -253,6 +258,9 @@ void validate(const Config& config) {
   if ((config.model == "mlp" || config.model == "resnet18") && config.dataset != "fashion-mnist") {
     throw InputError(fmt::format("model '{}' trains on dataset 'fashion-mnist', not '{}'",
                                  config.model, config.dataset));
+  }
+  if (config.augment && config.dataset != "fashion-mnist") {
+    throw InputError(fmt::format("key 'augment': dataset '{}' has no images", config.dataset));
   }
   if (config.sync_bn && config.model != "resnet18") {
     throw InputError(fmt::format("key 'sync-bn': model '{}' has no BatchNorm layer", config.model));

@@ -17,6 +17,7 @@
 #include "ddp/common/log.h"
 #include "ddp/core/sync_batch_norm.h"
 #include "ddp/data/distributed_sampler.h"
+#include "ddp/data/loader.h"
 #include "ddp/train/state_dict.h"
 
 namespace ddp::train {
@@ -229,19 +230,22 @@ void Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
   // On the device, so the loop never waits for it.
   auto loss_sum = torch::zeros({}, torch::TensorOptions(torch::kDouble).device(dist_.device));
   const auto start = Clock::now();
-  for (int64_t begin = 0; begin < n; begin += config_.batch_size) {
-    // Next batch.
-    const int64_t size = std::min(config_.batch_size, n - begin);
-    data::Batch batch = train_set.gather(order.narrow(0, begin, size));
-    auto input = batch.input.to(dist_.device);
-    auto target = batch.target.to(dist_.device);
+  data::BatchLoader loader(train_set, order.narrow(0, 0, n), loader_options(epoch));
+  bool first = epoch == start_epoch_;
+  while (auto batch = loader.next()) {
+    // Next batch (pinned batches are copied while the GPU works).
+    const int64_t size = batch->size();
+    const bool async = loader_options(epoch).pin_memory;
+    auto input = batch->input.to(dist_.device, async);
+    auto target = batch->target.to(dist_.device, async);
 
     // Forward, loss, backward (buckets all-reduced as their gradients arrive), step.
     m.lr = lr_at(schedule_, step_, steps_per_epoch);
     set_lr(*optimizer_, m.lr);
     model_->zero_grad();  // in place, so gradient_as_bucket_view keeps its views
     auto output = model_->forward_with([&] { return workload_.forward(input); });
-    if (begin == 0 && epoch == start_epoch_) log_shapes(input, output);
+    if (first) log_shapes(input, output);
+    first = false;
     auto loss = compute_loss(train_set.task, output, target);
     loss.backward();
     optimizer_->step();
@@ -262,6 +266,22 @@ void Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
   m.steps = step_;
   m.train_loss = sums[0].item<double>() / sums[1].item<double>();
   m.samples_per_s = sums[1].item<double>() / m.epoch_seconds;
+}
+
+data::LoaderOptions Trainer::loader_options(int64_t epoch) const {
+  data::LoaderOptions o;
+  o.batch_size = config_.batch_size;
+  o.workers = static_cast<int>(config_.workers);
+  o.pin_memory = config_.pin_memory && dist_.device.is_cuda();  // pinning needs CUDA
+  if (config_.augment) {
+    data::Augment augment;
+    augment.pad_value = -data::kFashionMnistMean / data::kFashionMnistStd;  // black, normalised
+    o.augment = augment;
+  }
+  o.seed = static_cast<uint64_t>(config_.seed);
+  o.epoch = epoch;
+  o.rank = dist_.rank();
+  return o;
 }
 
 void Trainer::log_shapes(const torch::Tensor& input, const torch::Tensor& output) {

@@ -111,3 +111,38 @@ TEST(DdpTrain, EachRanksShareOfTheBatchIsLoggedAndDropLastDropsTheRest) {
 }
 
 }  // namespace
+
+namespace {
+
+// Loader threads prepare the same batches (augmentation included) as the training thread does.
+TEST(DdpTrain, WorkersAndAugmentationTrainTheSameAsWithoutWorkers) {
+  TempDir serial, parallel;
+  auto args = [](const std::string& out, const char* workers) {
+    return std::vector<std::string>{DDP_TRAIN_BIN,
+                                    "--config",
+                                    std::string(DDP_SOURCE_DIR) + "/configs/fashion_mnist_mlp.yaml",
+                                    "--data",
+                                    DDP_FASHION_MNIST_DIR,
+                                    "--train-subset",
+                                    "1000",
+                                    "--epochs",
+                                    "2",
+                                    "--augment",
+                                    "--workers",
+                                    workers,
+                                    "--output-dir",
+                                    out};
+  };
+  ASSERT_EQ(
+      ddp::testing::run_process(args(serial.path(), "0"), {}, std::chrono::seconds(120)).exit_code,
+      0);
+  ASSERT_EQ(ddp::testing::run_process(args(parallel.path(), "3"), {}, std::chrono::seconds(120))
+                .exit_code,
+            0);
+  for (const char* name : {"train_loss", "test_loss", "test_accuracy"}) {
+    EXPECT_EQ(field(last_metrics(serial.path()), name), field(last_metrics(parallel.path()), name))
+        << name;
+  }
+}
+
+}  // namespace

@@ -19,6 +19,9 @@ struct Config {
   int64_t epochs = 1;
   int64_t batch_size = 64;  // per rank
   bool drop_last = false;   // drop each epoch's last batch when it is smaller
+  int64_t workers = 0;      // loader threads preparing batches ahead (0: none)
+  bool pin_memory = false;  // batches in pinned memory, copied without blocking (CUDA)
+  bool augment = false;     // random crop (padding 4) and horizontal flip (images)
   // Optimizer and learning rate.
   std::string optimizer = "sgd";
   double lr = 0.02;

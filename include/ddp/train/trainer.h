@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ddp/core/distributed_data_parallel.h"
+#include "ddp/data/loader.h"
 #include "ddp/train/checkpoint.h"
 #include "ddp/train/config.h"
 #include "ddp/train/distributed.h"
@@ -60,6 +61,8 @@ class Trainer {
   // The DataParallel tutorial's printout, for the run's first step: the part of the global
   // batch each rank saw ("rank 1: input [15, 5] -> output [15, 2]"). A collective.
   void log_shapes(const torch::Tensor& input, const torch::Tensor& output);
+  // How the training batches of `epoch` are prepared (--workers, --pin-memory, --augment).
+  data::LoaderOptions loader_options(int64_t epoch) const;
 
   // Checkpoints (trainer_checkpoint.cpp). Both are called on every rank: see
   // Note [No collective in a rank-0 branch].
