@@ -232,10 +232,9 @@ class Supervisor {
         return {sig, false, 0};
       }
       reap();
-      for (const Worker& w : workers_) {
-        if (w.running || exit_code_of(w.status) == 0) continue;
-        const Outcome outcome{0, true, w.status};
-        const int rank = w.rank;
+      if (const Worker* w = first_failed()) {
+        const Outcome outcome{0, true, w->status};
+        const int rank = w->rank;
         stop_group(SIGTERM);  // workers_ stays: the summary below reads it
         summarize(rank);
         return outcome;
@@ -246,6 +245,18 @@ class Supervisor {
         return {};
       }
     }
+  }
+
+  // The failed worker to blame, among those that ended since the last check: one killed by a
+  // signal before one that exited with an error, since the others' errors usually follow a
+  // peer's death (a broken connection); then the lowest rank.
+  const Worker* first_failed() const {
+    const Worker* found = nullptr;
+    for (const Worker& w : workers_) {
+      if (w.running || exit_code_of(w.status) == 0) continue;
+      if (found == nullptr || (WIFSIGNALED(w.status) && !WIFSIGNALED(found->status))) found = &w;
+    }
+    return found;
   }
 
   // Polls the output pipes (and the wake-up pipe) for up to `timeout_ms`, relaying what came.

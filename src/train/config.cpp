@@ -122,6 +122,8 @@ std::vector<ConfigKey> make_keys() {
       int_key("train-subset", &C::train_subset, 0, "train on the first N samples only (0: all)"),
       int_key("epochs", &C::epochs, 1, "number of epochs"),
       int_key("batch-size", &C::batch_size, 1, "batch size per rank"),
+      int_key("global-batch-size", &C::global_batch_size, 0,
+              "the batch of all ranks together, split evenly over them (0: use batch-size)"),
       bool_key("drop-last", &C::drop_last, "drop each epoch's last batch when it is smaller"),
       int_key("workers", &C::workers, 0, "loader threads preparing batches ahead (0: none)"),
       bool_key("pin-memory", &C::pin_memory,

@@ -107,6 +107,14 @@ Trainer::Trainer(Config config)
     config_.resume = "auto";
   }
   if (config_.threads > 0) torch::set_num_threads(static_cast<int>(config_.threads));
+  if (config_.global_batch_size > 0) {  // DataParallel's habit: one batch split over the ranks
+    if (config_.global_batch_size % dist_.world_size() != 0) {
+      throw InputError(
+          fmt::format("key 'global-batch-size': {} samples cannot be split evenly over {} ranks",
+                      config_.global_batch_size, dist_.world_size()));
+    }
+    config_.batch_size = config_.global_batch_size / dist_.world_size();
+  }
   models::NormFactory norm;
   if (config_.sync_bn) {
     norm = [group = dist_.group](int64_t channels) {

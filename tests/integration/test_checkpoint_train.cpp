@@ -201,7 +201,9 @@ TEST(CheckpointTrain, ANewWorldSizeKeepsTheGlobalBatchOrIsRefused) {
   EXPECT_NE(one.output.find("batch 30 per rank (30 global)"), std::string::npos) << one.output;
 
   auto four = ddp::testing::run_env_ranks(
-      4, linear_job(out.path(), 3, {"--resume", out.file("checkpoint-epoch-0001.pt")}),
+      4,
+      linear_job(out.path(), 3,
+                 {"--global-batch-size", "0", "--resume", out.file("checkpoint-epoch-0001.pt")}),
       seconds(120));
   for (const auto& rank : four) {
     expect_input_error(rank,

@@ -111,9 +111,27 @@ TEST(Launcher, AKilledWorkerStopsTheJobWithinTenSecondsNamingRankAndSignal) {
                           ") failed first: signal SIGKILL (9)"),
             std::string::npos)
       << r.output;
-  EXPECT_NE(r.output.find("last "), std::string::npos) << r.output;
+  // Rank 1 of ddp_train logs only warnings and errors: it had nothing to show.
+  EXPECT_NE(r.output.find("rank 1 printed nothing"), std::string::npos) << r.output;
   EXPECT_FALSE(alive(rank0));
   EXPECT_FALSE(alive(rank1));
+}
+
+TEST(Launcher, AFailedWorkersExitCodeAndLastLinesAreReported) {
+  const auto start = Clock::now();
+  auto r = ddp::testing::run_process({DDP_LAUNCHER_BIN, "--nproc", "3", "/bin/sh", "-c",
+                                      "for i in $(seq 1 25); do echo rank $RANK line $i; done; "
+                                      "if [ $RANK = 1 ]; then exit 3; fi; exec sleep 60"},
+                                     {}, seconds(60));
+  EXPECT_LE(Clock::now() - start, seconds(10));  // the sleeping ranks were stopped
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find("rank 1 (local rank 1, pid "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("failed first: exit code 3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[launcher] last 20 line(s) of rank 1:\n[launcher]   rank 1 line 6\n"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("[launcher]   rank 1 line 25\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[rank 1] rank 1 line 1\n"), std::string::npos) << r.output;
 }
 
 TEST(Launcher, ARestartedGroupResumesAndEndsAsAnUninterruptedRun) {
@@ -140,10 +158,10 @@ TEST(Launcher, TwoLaunchersAsTwoNodesTrainOneWorldOfFour) {
   const std::string port = std::to_string(ddp::testing::free_port());
   const std::map<std::string, std::string> env = {{"GLOO_SOCKET_IFNAME", "lo"}};
   auto node = [&](int rank) {
-    return launch(
-        {"--nnodes", "2", "--node-rank", std::to_string(rank), "--nproc", "2", "--master-addr",
-         "127.0.0.1", "--master-port", port},
-        {"--config", config("random_linear.yaml"), "--epochs", "2", "--output-dir", out.path()});
+    return launch({"--nnodes", "2", "--node-rank", std::to_string(rank), "--nproc", "2",
+                   "--master-addr", "127.0.0.1", "--master-port", port},
+                  {"--config", config("random_linear.yaml"), "--epochs", "2", "--global-batch-size",
+                   "120", "--output-dir", out.path()});
   };
   Child node0(node(0), env), node1(node(1), env);
   const auto r1 = node1.wait_until(Clock::now() + seconds(120));

@@ -17,11 +17,12 @@ struct Config {
   int64_t train_subset = 0;  // 0: all training samples
   // How long, in what batches.
   int64_t epochs = 1;
-  int64_t batch_size = 64;  // per rank
-  bool drop_last = false;   // drop each epoch's last batch when it is smaller
-  int64_t workers = 0;      // loader threads preparing batches ahead (0: none)
-  bool pin_memory = false;  // batches in pinned memory, copied without blocking (CUDA)
-  bool augment = false;     // random crop (padding 4) and horizontal flip (images)
+  int64_t batch_size = 64;        // per rank
+  int64_t global_batch_size = 0;  // > 0: batch_size = this / world size (DataParallel's split)
+  bool drop_last = false;         // drop each epoch's last batch when it is smaller
+  int64_t workers = 0;            // loader threads preparing batches ahead (0: none)
+  bool pin_memory = false;        // batches in pinned memory, copied without blocking (CUDA)
+  bool augment = false;           // random crop (padding 4) and horizontal flip (images)
   // Optimizer and learning rate.
   std::string optimizer = "sgd";
   double lr = 0.02;
