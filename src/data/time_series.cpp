@@ -1,0 +1,230 @@
+#include "ddp/data/time_series.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+
+#include "ddp/common/error.h"
+
+namespace ddp::data {
+namespace {
+
+std::string trimmed(const std::string& s) {
+  const size_t begin = s.find_first_not_of(" \t\r");
+  if (begin == std::string::npos) return "";
+  return s.substr(begin, s.find_last_not_of(" \t\r") - begin + 1);
+}
+
+// The cells of one line: comma-separated, a cell in double quotes may hold commas ("" is a quote).
+std::vector<std::string> split_cells(const std::string& line) {
+  std::vector<std::string> cells;
+  std::string cell;
+  bool quoted = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (quoted) {
+      if (c == '"' && i + 1 < line.size() && line[i + 1] == '"') {
+        cell += '"';
+        ++i;
+      } else if (c == '"') {
+        quoted = false;
+      } else {
+        cell += c;
+      }
+    } else if (c == '"') {
+      quoted = true;
+    } else if (c == ',') {
+      cells.push_back(trimmed(cell));
+      cell.clear();
+    } else {
+      cell += c;
+    }
+  }
+  cells.push_back(trimmed(cell));
+  return cells;
+}
+
+// Days since 1970-01-01 of a civil date (Howard Hinnant's days_from_civil).
+int64_t days_from_civil(int64_t y, int64_t m, int64_t d) {
+  y -= m <= 2;
+  const int64_t era = (y >= 0 ? y : y - 399) / 400;
+  const int64_t yoe = y - era * 400;
+  const int64_t doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+  const int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+  return era * 146097 + doe - 719468;
+}
+
+int64_t column_index(const CsvTable& table, const std::string& name, const std::string& path,
+                     const char* what) {
+  auto it = std::find(table.columns.begin(), table.columns.end(), name);
+  if (it == table.columns.end()) {
+    std::string known;
+    for (const auto& c : table.columns) known += (known.empty() ? "" : ", ") + c;
+    throw InputError(fmt::format("{}: no {} column '{}' (columns: {})", path, what, name, known));
+  }
+  return it - table.columns.begin();
+}
+
+}  // namespace
+
+CsvTable read_csv(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw InputError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+  CsvTable table;
+  std::string line;
+  int64_t number = 0;
+  std::vector<int64_t> lines;
+  while (std::getline(in, line)) {
+    ++number;
+    if (trimmed(line).empty()) continue;
+    auto cells = split_cells(line);
+    if (table.columns.empty()) {
+      table.columns = std::move(cells);
+      continue;
+    }
+    if (cells.size() != table.columns.size()) {
+      throw InputError(fmt::format("{}:{}: {} cells where the header has {} columns", path, number,
+                                   cells.size(), table.columns.size()));
+    }
+    table.rows.push_back(std::move(cells));
+    table.lines.push_back(number);
+  }
+  if (table.columns.empty()) throw InputError(fmt::format("{}: empty file", path));
+  if (table.rows.empty()) throw InputError(fmt::format("{}: a header but no rows", path));
+  return table;
+}
+
+bool parse_time_features(const std::string& text, int values[4]) {
+  int year = 0, month = 0, day = 0, hour = 0, minute = 0, second = 0;
+  char tail = 0;
+  const int n = std::sscanf(text.c_str(), "%d-%d-%d%*[ T]%d:%d:%d%c", &year, &month, &day, &hour,
+                            &minute, &second, &tail);
+  if (n < 3 || n == 7 || month < 1 || month > 12 || day < 1 || day > 31 || hour < 0 || hour > 23) {
+    return false;
+  }
+  const int64_t days = days_from_civil(year, month, day);
+  values[0] = month;
+  values[1] = day;
+  values[2] = static_cast<int>(((days % 7) + 7 + 3) % 7);  // 1970-01-01 was a Thursday (3)
+  values[3] = n >= 4 ? hour : 0;
+  return true;
+}
+
+TimeSeriesData load_time_series(const std::string& path, const TimeSeriesOptions& o) {
+  if (o.features != "M" && o.features != "S" && o.features != "MS") {
+    throw InputError(fmt::format("features '{}': expected M, S or MS", o.features));
+  }
+  if (o.seq_len < 1 || o.pred_len < 1 || o.label_len < 0 || o.label_len > o.seq_len) {
+    throw InputError(
+        fmt::format("seq_len {}, label_len {}, pred_len {}: expected seq_len >= 1, "
+                    "pred_len >= 1 and 0 <= label_len <= seq_len",
+                    o.seq_len, o.label_len, o.pred_len));
+  }
+  const CsvTable table = read_csv(path);
+  const bool dated = !o.date_column.empty() && std::find(table.columns.begin(), table.columns.end(),
+                                                         o.date_column) != table.columns.end();
+  const int64_t date_index = dated ? column_index(table, o.date_column, path, "date") : -1;
+
+  // The value columns: every column but the date, the target moved last (Informer's order).
+  std::vector<int64_t> value_columns;
+  int64_t target = -1;
+  if (o.target.empty()) {
+    for (int64_t c = static_cast<int64_t>(table.columns.size()) - 1; c >= 0; --c) {
+      if (c != date_index) {
+        target = c;
+        break;
+      }
+    }
+    if (target < 0) throw InputError(fmt::format("{}: no value column", path));
+  } else {
+    target = column_index(table, o.target, path, "target");
+  }
+  if (o.features != "S") {
+    for (int64_t c = 0; c < static_cast<int64_t>(table.columns.size()); ++c) {
+      if (c != date_index && c != target) value_columns.push_back(c);
+    }
+  }
+  value_columns.push_back(target);
+
+  const int64_t rows = static_cast<int64_t>(table.rows.size());
+  const int64_t cols = static_cast<int64_t>(value_columns.size());
+  auto values = torch::empty({rows, cols}, torch::kDouble);
+  auto marks = torch::zeros({rows, 4}, torch::kFloat);
+  auto v = values.accessor<double, 2>();
+  auto mk = marks.accessor<float, 2>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto& row = table.rows[static_cast<size_t>(r)];
+    for (int64_t j = 0; j < cols; ++j) {
+      const std::string& cell = row[static_cast<size_t>(value_columns[static_cast<size_t>(j)])];
+      char* end = nullptr;
+      const double x = std::strtod(cell.c_str(), &end);
+      if (cell.empty() || end != cell.c_str() + cell.size() || !std::isfinite(x)) {
+        throw InputError(fmt::format("{}:{}: column '{}': '{}' is not a number", path,
+                                     table.lines[static_cast<size_t>(r)],
+                                     table.columns[static_cast<size_t>(value_columns[j])], cell));
+      }
+      v[r][j] = x;
+    }
+    if (dated) {
+      int f[4];
+      const std::string& cell = row[static_cast<size_t>(date_index)];
+      if (!parse_time_features(cell, f)) {
+        throw InputError(fmt::format("{}:{}: column '{}': '{}' is not a date (YYYY-MM-DD HH:MM:SS)",
+                                     path, table.lines[static_cast<size_t>(r)], o.date_column,
+                                     cell));
+      }
+      for (int k = 0; k < 4; ++k) mk[r][k] = static_cast<float>(f[k]);
+    }
+  }
+
+  // Informer's Dataset_Custom borders: val and test start seq_len rows early, so that their
+  // first window's encoder input is the history just before them.
+  const int64_t num_train = static_cast<int64_t>(static_cast<double>(rows) * 0.7);
+  const int64_t num_test = static_cast<int64_t>(static_cast<double>(rows) * 0.2);
+  const int64_t num_val = rows - num_train - num_test;
+  const int64_t begins[3] = {0, num_train - o.seq_len, rows - num_test - o.seq_len};
+  const int64_t ends[3] = {num_train, num_train + num_val, rows};
+  const char* names[3] = {"training", "validation", "test"};
+
+  TimeSeriesData out;
+  for (int64_t c : value_columns) out.columns.push_back(table.columns[static_cast<size_t>(c)]);
+  out.target_index = cols - 1;
+  const auto train_rows = values.narrow(0, 0, num_train);
+  out.mean = train_rows.mean(0);
+  out.std = train_rows.std(0, /*unbiased=*/false).clamp_min(1e-12);  // sklearn's StandardScaler
+  const auto scaled = ((values - out.mean) / out.std).to(torch::kFloat);
+  out.mean = out.mean.to(torch::kFloat);
+  out.std = out.std.to(torch::kFloat);
+  TimeSeriesSplit* splits[3] = {&out.train, &out.val, &out.test};
+  for (int s = 0; s < 3; ++s) {
+    const int64_t length = ends[s] - std::max<int64_t>(begins[s], 0);
+    const int64_t windows = length - o.seq_len - o.pred_len + 1;
+    if (begins[s] < 0 || windows < 1) {
+      throw InputError(fmt::format(
+          "{}: {} rows give the {} part {} rows, fewer than seq_len + pred_len = {} (use a longer "
+          "file or shorter windows)",
+          path, rows, names[s], std::max<int64_t>(length, 0), o.seq_len + o.pred_len));
+    }
+    splits[s]->values = scaled.narrow(0, begins[s], length);
+    splits[s]->marks = marks.narrow(0, begins[s], length);
+    splits[s]->num_windows = windows;
+  }
+  return out;
+}
+
+Window window(const TimeSeriesSplit& split, const TimeSeriesOptions& o, int64_t i) {
+  DDP_CHECK(i >= 0 && i < split.num_windows, "window index in [0, num_windows)");
+  const int64_t decoder_begin = i + o.seq_len - o.label_len;
+  const int64_t decoder_length = o.label_len + o.pred_len;
+  return {split.values.narrow(0, i, o.seq_len), split.marks.narrow(0, i, o.seq_len),
+          split.values.narrow(0, decoder_begin, decoder_length),
+          split.marks.narrow(0, decoder_begin, decoder_length)};
+}
+
+}  // namespace ddp::data
