@@ -40,7 +40,7 @@ def main():
             for size, t in run_job(cmd, args.world).items():
                 store.setdefault(size, []).append(t)
         print(f"round {r} done", file=sys.stderr)
-    print(f"| bytes | ddp time (us) | PyTorch time (us) | ratio PyTorch/ddp (median) | min-max |")
+    print("| bytes | ddp time (us) | PyTorch time (us) | ratio PyTorch/ddp (median) | min-max |")
     print("|---|---|---|---|---|")
     for size in sorted(ours):
         ratios = [t / o for o, t in zip(ours[size], theirs[size])]

@@ -6,7 +6,6 @@ MASTER_PORT; world size 1 included). A DistributedSampler, a DataLoader with the
 DDP with its defaults, SGD with momentum. Rank 0 prints one JSON line per epoch with the global
 training samples/s (all ranks' samples over the slowest rank's time), as ddp_train's metrics.
 """
-import argparse
 import json
 import os
 import sys
@@ -19,25 +18,19 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mlp_reference import load, make_mlp  # noqa: E402  (the same data and model)
+from mlp_reference import load, make_mlp, parse_args  # noqa: E402  (the same data and model)
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=0.02)
-    p.add_argument("--threads", type=int, default=1)
-    args = p.parse_args()
+    args = parse_args()
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     train_set = load(args.data, "train")
     model = DDP(make_mlp())
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=0)
+    sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
     loss_fn = nn.CrossEntropyLoss()
     for epoch in range(args.epochs):

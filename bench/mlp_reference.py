@@ -38,7 +38,8 @@ def make_mlp():
                          nn.ReLU(), nn.Linear(256, 10))
 
 
-def main():
+def parse_args():
+    """The options of the MLP references (this one and ddp_reference.py), ddp_train's defaults."""
     p = argparse.ArgumentParser()
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--epochs", type=int, default=1)
@@ -46,8 +47,11 @@ def main():
     p.add_argument("--lr", type=float, default=0.02)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args()
+    return p.parse_args()
 
+
+def main():
+    args = parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     train_set, test_set = load(args.data, "train"), load(args.data, "t10k")

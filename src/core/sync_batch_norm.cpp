@@ -59,10 +59,10 @@ torch::Tensor SyncBatchNormImpl::forward(const torch::Tensor& input) {
   auto output = (input - mean.view(shape)) * (invstd * weight).view(shape) + bias.view(shape);
 
   torch::NoGradGuard no_grad;
-  const double total = n.item<double>();
+  // The unbiased variance for the running estimate, as BatchNorm; on the device, no sync.
+  const auto total = n.detach();
   running_mean.mul_(1 - momentum_).add_(mean.detach(), momentum_);
-  running_var.mul_(1 - momentum_)
-      .add_(var.detach() * (total / std::max(total - 1, 1.0)), momentum_);
+  running_var.mul_(1 - momentum_).add_(var.detach() * total / (total - 1).clamp_min(1), momentum_);
   num_batches_tracked.add_(1);
   return output;
 }

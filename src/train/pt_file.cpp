@@ -13,6 +13,7 @@
 
 #include "ddp/common/error.h"
 #include "ddp/common/files.h"
+#include "torch_errors.h"
 
 namespace ddp::train {
 
@@ -467,12 +468,6 @@ class PickleReader {
   std::map<std::string, at::Tensor> storages_;
 };
 
-// c10::Error::what() carries a C++ stack trace; its message alone is what the user needs.
-std::string message_of(const c10::Error& e) {
-  const std::string& msg = e.msg();
-  return msg.substr(0, msg.find('\n'));
-}
-
 }  // namespace
 
 c10::IValue parse_pt(std::string_view bytes, const std::string& origin) {
@@ -504,7 +499,7 @@ c10::IValue parse_pt(std::string_view bytes, const std::string& origin) {
   } catch (const Corrupt& e) {
     throw InputError(fmt::format("{}: {}", origin, e.what));
   } catch (const c10::Error& e) {
-    throw InputError(fmt::format("{}: corrupt or truncated: {}", origin, message_of(e)));
+    throw InputError(fmt::format("{}: corrupt or truncated: {}", origin, first_line_of(e)));
   }
 }
 

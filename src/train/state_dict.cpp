@@ -43,14 +43,18 @@ std::string listed(const std::vector<std::string>& items, size_t max_listed) {
   return out;
 }
 
-// The state dict of `module` without the `module.` prefixes all its keys share (a DDP wrapper).
-StateDict own_state_dict(const torch::nn::Module& module) {
-  StateDict weights = state_dict(module);
+// `weights` without the `module.` prefixes all its keys share.
+StateDict without_module_prefixes(StateDict weights) {
   std::vector<std::string> keys;
   for (const auto& w : weights) keys.push_back(w.first);
   const size_t strip = common_module_prefixes(keys) * kModulePrefix.size();
   for (auto& w : weights) w.first.erase(0, strip);
   return weights;
+}
+
+// The state dict of `module` named as the module itself names it (a DDP wrapper's `module.` off).
+StateDict own_state_dict(const torch::nn::Module& module) {
+  return without_module_prefixes(state_dict(module));
 }
 
 }  // namespace
@@ -131,11 +135,8 @@ void load_state_dict(torch::nn::Module& module, const StateDict& weights,
     throw InputError(
         fmt::format("{}: the weights do not fit the model: {}", origin, describe(mismatch)));
   }
-  std::vector<std::string> file_keys;
-  for (const auto& w : weights) file_keys.push_back(w.first);
-  const size_t strip = common_module_prefixes(file_keys) * kModulePrefix.size();
   std::map<std::string, torch::Tensor> by_key;
-  for (const auto& [key, tensor] : weights) by_key[key.substr(strip)] = tensor;
+  for (auto& [key, tensor] : without_module_prefixes(weights)) by_key[key] = tensor;
 
   // In place, as Python's load_state_dict: optimizers and DDP's bucket views keep pointing at
   // these tensors. copy_ moves the values to the tensor's device and dtype.

@@ -238,14 +238,14 @@ void Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
   // On the device, so the loop never waits for it.
   auto loss_sum = torch::zeros({}, torch::TensorOptions(torch::kDouble).device(dist_.device));
   const auto start = Clock::now();
-  data::BatchLoader loader(train_set, order.narrow(0, 0, n), loader_options(epoch));
+  const data::LoaderOptions options = loader_options(epoch);
+  data::BatchLoader loader(train_set, order.narrow(0, 0, n), options);
   bool first = epoch == start_epoch_;
   while (auto batch = loader.next()) {
     // Next batch (pinned batches are copied while the GPU works).
     const int64_t size = batch->size();
-    const bool async = loader_options(epoch).pin_memory;
-    auto input = batch->input.to(dist_.device, async);
-    auto target = batch->target.to(dist_.device, async);
+    auto input = batch->input.to(dist_.device, /*non_blocking=*/options.pin_memory);
+    auto target = batch->target.to(dist_.device, /*non_blocking=*/options.pin_memory);
 
     // Forward, loss, backward (buckets all-reduced as their gradients arrive), step.
     m.lr = lr_at(schedule_, step_, steps_per_epoch);

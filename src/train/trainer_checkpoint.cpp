@@ -21,6 +21,7 @@
 #include "ddp/common/log.h"
 #include "ddp/train/pt_file.h"
 #include "ddp/train/trainer.h"
+#include "torch_errors.h"
 
 namespace ddp::train {
 namespace {
@@ -43,11 +44,6 @@ void set_cpu_rng_state(const at::Tensor& state) {
   auto generator = at::globalContext().defaultGenerator(at::kCPU);
   std::lock_guard<std::mutex> lock(generator.mutex());
   generator.set_state(state);
-}
-
-std::string message_of(const std::exception& e) {
-  if (const auto* c10 = dynamic_cast<const c10::Error*>(&e)) return c10->msg();
-  return e.what();
 }
 
 // All ranks learn whether every rank succeeded: each rank that failed rethrows its own error,
@@ -110,7 +106,7 @@ void Trainer::save_checkpoint(int64_t epochs_done) {
       }
       log::info("checkpoint after epoch {}: {}", epochs_done, numbered);
     } catch (const std::exception& e) {
-      log::error("saving the checkpoint after epoch {} failed: {}", epochs_done, message_of(e));
+      log::error("saving the checkpoint after epoch {} failed: {}", epochs_done, first_line_of(e));
       error = std::current_exception();
     }
   }
@@ -207,16 +203,16 @@ void Trainer::apply(const Checkpoint& c, const std::string& path) {
                                       static_cast<size_t>(c.optimizer_state.numel())));
     torch::load(*optimizer_, in, dist_.device);
   } catch (const c10::Error& e) {
-    throw InputError(fmt::format("{}: the optimizer state cannot be loaded: {}", path,
-                                 e.msg().substr(0, e.msg().find('\n'))));
+    throw InputError(
+        fmt::format("{}: the optimizer state cannot be loaded: {}", path, first_line_of(e)));
   }
   // Each rank continues its own random stream; a rank the checkpoint did not have takes rank 0's.
   const int64_t row = dist_.rank() < c.world_size ? dist_.rank() : 0;
   try {
     set_cpu_rng_state(c.rng_state[row].contiguous());
   } catch (const c10::Error& e) {
-    throw InputError(fmt::format("{}: the RNG state cannot be restored: {}", path,
-                                 e.msg().substr(0, e.msg().find('\n'))));
+    throw InputError(
+        fmt::format("{}: the RNG state cannot be restored: {}", path, first_line_of(e)));
   }
   step_ = c.step;
   start_epoch_ = c.epoch;

@@ -11,27 +11,23 @@
 #include "ddp/train/checkpoint.h"
 #include "ddp/train/pt_file.h"
 #include "ranks.h"
+#include "run_files.h"
 #include "subprocess.h"
 
 namespace {
 
 namespace fs = std::filesystem;
+using ddp::testing::expect_same_weights;
 using ddp::testing::ProcessResult;
 using ddp::testing::TempDir;
 using std::chrono::seconds;
 
-// A short Fashion-MNIST MLP run (SGD with momentum, so the optimizer state matters).
-std::vector<std::string> mlp_job(const std::string& out, int epochs,
-                                 std::vector<std::string> extra = {}) {
+// ddp_train with configs/`config`, `epochs` epochs into `out`, then `extra`.
+std::vector<std::string> train_job(const char* config, const std::string& out, int epochs,
+                                   std::vector<std::string> extra) {
   std::vector<std::string> argv = {DDP_TRAIN_BIN,
                                    "--config",
-                                   std::string(DDP_SOURCE_DIR) + "/configs/fashion_mnist_mlp.yaml",
-                                   "--data",
-                                   DDP_FASHION_MNIST_DIR,
-                                   "--train-subset",
-                                   "1200",
-                                   "--batch-size",
-                                   "32",
+                                   std::string(DDP_SOURCE_DIR) + "/configs/" + config,
                                    "--epochs",
                                    std::to_string(epochs),
                                    "--output-dir",
@@ -40,18 +36,18 @@ std::vector<std::string> mlp_job(const std::string& out, int epochs,
   return argv;
 }
 
+// A short Fashion-MNIST MLP run (SGD with momentum, so the optimizer state matters).
+std::vector<std::string> mlp_job(const std::string& out, int epochs,
+                                 std::vector<std::string> extra = {}) {
+  extra.insert(extra.begin(),
+               {"--data", DDP_FASHION_MNIST_DIR, "--train-subset", "1200", "--batch-size", "32"});
+  return train_job("fashion_mnist_mlp.yaml", out, epochs, std::move(extra));
+}
+
 // The tutorial's Linear demo: the quickest run there is.
 std::vector<std::string> linear_job(const std::string& out, int epochs,
                                     std::vector<std::string> extra = {}) {
-  std::vector<std::string> argv = {DDP_TRAIN_BIN,
-                                   "--config",
-                                   std::string(DDP_SOURCE_DIR) + "/configs/random_linear.yaml",
-                                   "--epochs",
-                                   std::to_string(epochs),
-                                   "--output-dir",
-                                   out};
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  return argv;
+  return train_job("random_linear.yaml", out, epochs, std::move(extra));
 }
 
 void expect_all_ok(const std::vector<ProcessResult>& ranks) {
@@ -81,16 +77,6 @@ std::vector<std::string> metrics_without_timing(const std::string& dir) {
     out.push_back(std::regex_replace(line, std::regex(", \"samples_per_s\".*"), ""));
   }
   return out;
-}
-
-void expect_same_weights(const std::string& a, const std::string& b) {
-  const auto wa = ddp::train::state_dict_from(ddp::train::read_pt_file(a), a);
-  const auto wb = ddp::train::state_dict_from(ddp::train::read_pt_file(b), b);
-  ASSERT_EQ(wa.size(), wb.size());
-  for (size_t i = 0; i < wa.size(); ++i) {
-    EXPECT_EQ(wa[i].first, wb[i].first);
-    EXPECT_TRUE(torch::equal(wa[i].second, wb[i].second)) << wa[i].first << " differs";  // bitwise
-  }
 }
 
 TEST(CheckpointTrain, ResumingOnTwoRanksEqualsAnUninterruptedRunBitwise) {

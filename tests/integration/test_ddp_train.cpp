@@ -5,9 +5,12 @@
 #include <regex>
 
 #include "ranks.h"
+#include "run_files.h"
 #include "subprocess.h"
 
 namespace {
+
+using ddp::testing::metrics_field;
 
 using ddp::testing::TempDir;
 
@@ -16,12 +19,6 @@ std::string last_metrics(const std::string& dir) {
   auto text = ddp::testing::read_file(dir + "/metrics.jsonl");
   text.pop_back();
   return text.substr(text.rfind('\n') + 1);
-}
-
-double field(const std::string& json, const std::string& name) {
-  std::smatch m;
-  EXPECT_TRUE(std::regex_search(json, m, std::regex("\"" + name + "\": ([-0-9.e+]+)"))) << json;
-  return std::stod(m[1]);
 }
 
 std::vector<std::string> job(const std::string& out, int64_t batch,
@@ -42,11 +39,13 @@ std::vector<std::string> job(const std::string& out, int64_t batch,
 void expect_same_training(const std::string& a, const std::string& b) {
   const auto ma = last_metrics(a);
   const auto mb = last_metrics(b);
-  EXPECT_EQ(field(ma, "steps"), field(mb, "steps"));
+  EXPECT_EQ(metrics_field(ma, "steps"), metrics_field(mb, "steps"));
   for (const char* name : {"train_loss", "test_loss"}) {
-    EXPECT_NEAR(field(ma, name), field(mb, name), 1e-5 * std::abs(field(mb, name))) << name << "\n"
-                                                                                    << ma << "\n"
-                                                                                    << mb;
+    EXPECT_NEAR(metrics_field(ma, name), metrics_field(mb, name),
+                1e-5 * std::abs(metrics_field(mb, name)))
+        << name << "\n"
+        << ma << "\n"
+        << mb;
   }
 }
 
@@ -82,7 +81,7 @@ TEST(DdpTrain, FashionMnistOnTwoRanksLearns) {
        "--epochs", "1", "--output-dir", out.path()},
       std::chrono::seconds(200));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_GE(field(last_metrics(out.path()), "test_accuracy"), 0.80);
+  EXPECT_GE(metrics_field(last_metrics(out.path()), "test_accuracy"), 0.80);
 }
 
 }  // namespace
@@ -106,8 +105,8 @@ TEST(DdpTrain, EachRanksShareOfTheBatchIsLoggedAndDropLastDropsTheRest) {
                      "60)"),
             std::string::npos)
       << log;
-  EXPECT_EQ(field(last_metrics(out.path()), "steps"), 3);
-  EXPECT_EQ(field(last_metrics(out.path()), "lr"), 0.025);
+  EXPECT_EQ(metrics_field(last_metrics(out.path()), "steps"), 3);
+  EXPECT_EQ(metrics_field(last_metrics(out.path()), "lr"), 0.025);
 }
 
 }  // namespace
@@ -140,7 +139,8 @@ TEST(DdpTrain, WorkersAndAugmentationTrainTheSameAsWithoutWorkers) {
                 .exit_code,
             0);
   for (const char* name : {"train_loss", "test_loss", "test_accuracy"}) {
-    EXPECT_EQ(field(last_metrics(serial.path()), name), field(last_metrics(parallel.path()), name))
+    EXPECT_EQ(metrics_field(last_metrics(serial.path()), name),
+              metrics_field(last_metrics(parallel.path()), name))
         << name;
   }
 }

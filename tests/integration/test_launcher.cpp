@@ -15,11 +15,14 @@
 #include "ddp/train/pt_file.h"
 #include "ddp/train/state_dict.h"
 #include "ranks.h"
+#include "run_files.h"
 #include "subprocess.h"
 
 namespace {
 
 using ddp::testing::Child;
+using ddp::testing::expect_same_weights;
+using ddp::testing::metrics_field;
 using ddp::testing::ProcessResult;
 using ddp::testing::TempDir;
 using std::chrono::seconds;
@@ -60,21 +63,6 @@ bool alive(int pid) {
   return pid > 0 && (::kill(pid, 0) == 0 || errno != ESRCH);
 }
 
-double field(const std::string& json, const std::string& name) {
-  std::smatch m;
-  EXPECT_TRUE(std::regex_search(json, m, std::regex("\"" + name + "\": ([-0-9.e+]+)"))) << json;
-  return m.empty() ? 0.0 : std::stod(m[1]);
-}
-
-void expect_same_weights(const std::string& a, const std::string& b) {
-  const auto wa = ddp::train::state_dict_from(ddp::train::read_pt_file(a), a);
-  const auto wb = ddp::train::state_dict_from(ddp::train::read_pt_file(b), b);
-  ASSERT_EQ(wa.size(), wb.size());
-  for (size_t i = 0; i < wa.size(); ++i) {
-    EXPECT_TRUE(torch::equal(wa[i].second, wb[i].second)) << wa[i].first << " differs";
-  }
-}
-
 TEST(Launcher, FourWorkersTrainAsMpirunsFourRanks) {
   TempDir a, b;
   auto launched =
@@ -88,10 +76,12 @@ TEST(Launcher, FourWorkersTrainAsMpirunsFourRanks) {
   ASSERT_EQ(mpi.exit_code, 0) << mpi.output;
   const auto ma = ddp::testing::read_file(a.file("metrics.jsonl"));
   const auto mb = ddp::testing::read_file(b.file("metrics.jsonl"));
-  EXPECT_EQ(field(ma, "steps"), field(mb, "steps"));
+  EXPECT_EQ(metrics_field(ma, "steps"), metrics_field(mb, "steps"));
   for (const char* name : {"train_loss", "test_loss", "test_accuracy"}) {
     // gloo and MPI add the ranks' gradients in other orders: equal up to rounding.
-    EXPECT_NEAR(field(ma, name), field(mb, name), 1e-5 * std::abs(field(mb, name))) << name;
+    EXPECT_NEAR(metrics_field(ma, name), metrics_field(mb, name),
+                1e-5 * std::abs(metrics_field(mb, name)))
+        << name;
   }
 }
 

@@ -1,0 +1,34 @@
+#pragma once
+// Reading what a ddp_train run wrote, for tests: a metrics field, and weights files compared
+// bitwise. Header-only: tests that include it link ddp::train.
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <regex>
+#include <string>
+
+#include "ddp/train/pt_file.h"
+#include "ddp/train/state_dict.h"
+
+namespace ddp::testing {
+
+// The number after "name": in a metrics JSON line (0 and a test failure when absent).
+inline double metrics_field(const std::string& json, const std::string& name) {
+  std::smatch m;
+  EXPECT_TRUE(std::regex_search(json, m, std::regex("\"" + name + "\": ([-0-9.e+]+)"))) << json;
+  return m.empty() ? 0.0 : std::stod(m[1]);
+}
+
+// The two weights files hold the same keys, in order, with bitwise equal tensors.
+inline void expect_same_weights(const std::string& a, const std::string& b) {
+  const auto wa = ddp::train::state_dict_from(ddp::train::read_pt_file(a), a);
+  const auto wb = ddp::train::state_dict_from(ddp::train::read_pt_file(b), b);
+  ASSERT_EQ(wa.size(), wb.size());
+  for (size_t i = 0; i < wa.size(); ++i) {
+    EXPECT_EQ(wa[i].first, wb[i].first);
+    EXPECT_TRUE(torch::equal(wa[i].second, wb[i].second)) << wa[i].first << " differs";
+  }
+}
+
+}  // namespace ddp::testing
