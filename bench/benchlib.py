@@ -1,7 +1,10 @@
-"""What the comparison drivers share: starting the ranks of a job with torchrun's env contract."""
+"""What the comparison drivers share: starting the ranks of a job with torchrun's env contract, and
+interleaved rounds."""
 import os
 import socket
+import statistics
 import subprocess
+import sys
 
 
 def free_port():
@@ -22,3 +25,23 @@ def env_job(cmd, world, timeout=900):
     if any(p.returncode for p in procs):
         raise SystemExit(f"{cmd[0]} failed: exit codes {[p.returncode for p in procs]}")
     return outs[0]
+
+
+def interleaved_rounds(ours, python, rounds, label):
+    """Runs ours() and python() (each returning samples/s) `rounds` times, alternating which goes
+    first so that neither always meets a cold or a warm machine; prints each round to stderr.
+    Returns (median ours, median python, median ratio, min ratio, max ratio), ratios taken within
+    a round."""
+    a, b, ratios = [], [], []
+    for r in range(rounds):
+        if r % 2 == 0:
+            x = ours()
+            y = python()
+        else:
+            y = python()
+            x = ours()
+        a.append(x)
+        b.append(y)
+        ratios.append(x / y)
+        print(f"{label} round {r}: ours {x:.1f} python {y:.1f} ratio {x / y:.2f}", file=sys.stderr)
+    return statistics.median(a), statistics.median(b), statistics.median(ratios), min(ratios), max(ratios)

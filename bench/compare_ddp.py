@@ -9,12 +9,10 @@ the env contract. Prints a Markdown table for docs/benchmarks.md.
 import argparse
 import json
 import os
-import statistics
 import subprocess
-import sys
 import tempfile
 
-from benchlib import env_job
+from benchlib import env_job, interleaved_rounds
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -48,21 +46,9 @@ def main():
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for world, launcher in configs:
-            a, b, ratios = [], [], []
-            for r in range(args.rounds):
-                if r % 2 == 0:
-                    x = ours(args.binary, world, launcher, tmp)
-                    y = python(world)
-                else:
-                    y = python(world)
-                    x = ours(args.binary, world, launcher, tmp)
-                a.append(x)
-                b.append(y)
-                ratios.append(x / y)
-                print(f"world {world} {launcher} round {r}: ours {x:.0f} python {y:.0f} ratio {x / y:.2f}",
-                      file=sys.stderr)
-            rows.append((world, launcher, statistics.median(a), statistics.median(b), statistics.median(ratios),
-                         min(ratios), max(ratios)))
+            rows.append((world, launcher) + interleaved_rounds(
+                lambda: ours(args.binary, world, launcher, tmp), lambda: python(world), args.rounds,
+                f"world {world} {launcher}"))
     print("| world | ddp_train (backend) | ddp_train samples/s | PyTorch DDP gloo samples/s | ratio (median) | min-max |")
     print("|---|---|---|---|---|---|")
     names = {"plain": "local", "env": "gloo", "mpirun": "mpi"}

@@ -8,10 +8,11 @@ Prints a Markdown table for docs/benchmarks.md.
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
+
+from benchlib import interleaved_rounds
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -39,19 +40,9 @@ def main():
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for threads in [int(t) for t in args.threads.split(",")]:
-            cpp, py, ratios = [], [], []
-            for r in range(args.rounds):
-                order = [0, 1] if r % 2 == 0 else [1, 0]
-                result = {}
-                for which in order:
-                    result[which] = run_cpp(args.binary, threads, tmp) if which == 0 else run_python(threads)
-                cpp.append(result[0])
-                py.append(result[1])
-                ratios.append(result[0] / result[1])
-                print(f"threads {threads} round {r}: ddp_train {result[0]:.0f}, python {result[1]:.0f}, "
-                      f"ratio {ratios[-1]:.2f}", file=sys.stderr)
-            rows.append((threads, statistics.median(cpp), statistics.median(py),
-                         statistics.median(ratios), min(ratios), max(ratios)))
+            rows.append((threads,) + interleaved_rounds(lambda: run_cpp(args.binary, threads, tmp),
+                                                        lambda: run_python(threads), args.rounds,
+                                                        f"threads {threads}"))
     print("| threads | ddp_train samples/s | PyTorch samples/s | ratio (median) | ratio (min-max) |")
     print("|---|---|---|---|---|")
     for t, c, p_, m, lo, hi in rows:

@@ -11,7 +11,9 @@
 
 #include "ddp/comm/rendezvous.h"
 #include "ddp/common/error.h"
+#include "ddp/common/files.h"
 #include "ddp/common/log.h"
+#include "ddp/data/time_series.h"
 #include "ddp/train/config.h"
 #include "ddp/train/trainer.h"
 #include "ddp/version.h"
@@ -25,7 +27,10 @@ cxxopts::Options make_options() {
       "config", "YAML config file; command-line options override its keys",
       cxxopts::value<std::string>(), "PATH")("h,help", "print this help and exit")(
       "version", "print the version, the LibTorch version and the compiled backends")(
-      "list-devices", "print the visible CUDA devices (index, name, memory) and exit");
+      "list-devices", "print the visible CUDA devices (index, name, memory) and exit")(
+      "make-timeseries-csv",
+      "write the synthetic 10,000 x 12 time series (the csv dataset's default) to PATH and exit",
+      cxxopts::value<std::string>(), "PATH");
   // One option per config key, generated from the same table the YAML loader uses.
   const ddp::train::Config defaults;
   auto adder = options.add_options("Training");
@@ -70,7 +75,7 @@ int rank_hint(const ddp::comm::Env& env) {
 }
 
 // Parses the command line into a Config: defaults, then the file, then the command line.
-// Returns false when the program should exit 0 (--help, --version).
+// Returns false when the program should exit 0 (--help, --version, --make-timeseries-csv).
 bool parse_command_line(int argc, char** argv, ddp::train::Config& config) {
   auto options = make_options();
   cxxopts::ParseResult result;
@@ -89,6 +94,12 @@ bool parse_command_line(int argc, char** argv, ddp::train::Config& config) {
   }
   if (result.count("list-devices") != 0U) {
     std::cout << devices_text();
+    return false;
+  }
+  if (result.count("make-timeseries-csv") != 0U) {
+    const auto path = result["make-timeseries-csv"].as<std::string>();
+    ddp::write_file_atomically(path, ddp::data::synthetic_time_series_csv());
+    std::cout << "wrote " << path << "\n";
     return false;
   }
   if (!result.unmatched().empty()) {

@@ -76,6 +76,10 @@ int64_t column_index(const CsvTable& table, const std::string& name, const std::
 CsvTable read_csv(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw InputError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+  return parse_csv(in, path);
+}
+
+CsvTable parse_csv(std::istream& in, const std::string& path) {
   CsvTable table;
   std::string line;
   int64_t number = 0;
@@ -116,7 +120,8 @@ bool parse_time_features(const std::string& text, int values[4]) {
   return true;
 }
 
-TimeSeriesData load_time_series(const std::string& path, const TimeSeriesOptions& o) {
+namespace {
+void check_options(const TimeSeriesOptions& o) {
   if (o.features != "M" && o.features != "S" && o.features != "MS") {
     throw InputError(fmt::format("features '{}': expected M, S or MS", o.features));
   }
@@ -126,7 +131,17 @@ TimeSeriesData load_time_series(const std::string& path, const TimeSeriesOptions
                     "pred_len >= 1 and 0 <= label_len <= seq_len",
                     o.seq_len, o.label_len, o.pred_len));
   }
-  const CsvTable table = read_csv(path);
+}
+}  // namespace
+
+TimeSeriesData load_time_series(const std::string& path, const TimeSeriesOptions& o) {
+  check_options(o);
+  return load_time_series(read_csv(path), path, o);
+}
+
+TimeSeriesData load_time_series(const CsvTable& table, const std::string& path,
+                                const TimeSeriesOptions& o) {
+  check_options(o);
   const bool dated = !o.date_column.empty() && std::find(table.columns.begin(), table.columns.end(),
                                                          o.date_column) != table.columns.end();
   const int64_t date_index = dated ? column_index(table, o.date_column, path, "date") : -1;
@@ -225,6 +240,102 @@ Window window(const TimeSeriesSplit& split, const TimeSeriesOptions& o, int64_t 
   return {split.values.narrow(0, i, o.seq_len), split.marks.narrow(0, i, o.seq_len),
           split.values.narrow(0, decoder_begin, decoder_length),
           split.marks.narrow(0, decoder_begin, decoder_length)};
+}
+
+int64_t output_columns(const TimeSeriesData& data, const TimeSeriesOptions& o) {
+  return o.features == "M" ? static_cast<int64_t>(data.columns.size()) : 1;
+}
+
+TensorDataset window_dataset(const TimeSeriesData& data, const TimeSeriesSplit& split,
+                             const TimeSeriesOptions& o) {
+  const int64_t length = o.seq_len + o.pred_len;
+  const int64_t columns = split.values.size(1), outputs = output_columns(data, o);
+  TensorDataset set;
+  set.task = Task::kRegression;
+  // unfold gives [windows, features, length] views; transposed, [windows, length, features].
+  set.inputs = torch::cat({split.values, split.marks}, 1).unfold(0, length, 1).transpose(1, 2);
+  set.targets = split.values.narrow(1, columns - outputs, outputs)
+                    .narrow(0, o.seq_len, split.values.size(0) - o.seq_len)
+                    .unfold(0, o.pred_len, 1)
+                    .transpose(1, 2);
+  DDP_CHECK(set.inputs.size(0) == split.num_windows && set.targets.size(0) == split.num_windows,
+            "one input and one target per window");
+  return set;
+}
+
+namespace {
+
+constexpr double kTwoPi = 6.283185307179586;
+
+// splitmix64: a small generator whose numbers are the same everywhere (the standard library's
+// distributions are not).
+class SplitMix {
+ public:
+  explicit SplitMix(uint64_t seed) : state_(seed) {}
+  uint64_t next() {
+    uint64_t z = (state_ += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }  // [0, 1)
+  double normal() {                                                           // Box-Muller
+    const double u = 1.0 - uniform(), v = uniform();
+    return std::sqrt(-2.0 * std::log(u)) * std::cos(kTwoPi * v);
+  }
+
+ private:
+  uint64_t state_;
+};
+
+// The civil date of a day count since 1970-01-01 (Howard Hinnant's civil_from_days).
+void civil_from_days(int64_t z, int64_t& y, int64_t& m, int64_t& d) {
+  z += 719468;
+  const int64_t era = (z >= 0 ? z : z - 146096) / 146097;
+  const int64_t doe = z - era * 146097;
+  const int64_t yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+  const int64_t doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+  const int64_t mp = (5 * doy + 2) / 153;
+  d = doy - (153 * mp + 2) / 5 + 1;
+  m = mp < 10 ? mp + 3 : mp - 9;
+  y = yoe + era * 400 + (m <= 2);
+}
+
+}  // namespace
+
+std::string synthetic_time_series_csv(int64_t rows, int64_t series, uint64_t seed) {
+  SplitMix rng(seed);
+  struct Series {
+    double level, daily, daily_phase, weekly, weekly_phase, trend, shared, noise;
+  };
+  std::vector<Series> params(static_cast<size_t>(series));
+  for (auto& p : params) {
+    p = {10.0 * rng.normal(), 1.0 + 2.0 * rng.uniform(), kTwoPi * rng.uniform(),
+         0.5 + rng.uniform(), kTwoPi * rng.uniform(),    4.0 * (rng.uniform() - 0.5),
+         0.5 + rng.uniform(), 0.1 + 0.2 * rng.uniform()};
+  }
+  std::string out = "date";
+  for (int64_t j = 1; j < series; ++j) out += fmt::format(",x{}", j);
+  out += ",OT\n";
+  const int64_t start = days_from_civil(2016, 7, 1);
+  double shared = 0.0;  // an AR(1) factor in every series: their cross-correlation
+  for (int64_t t = 0; t < rows; ++t) {
+    int64_t y = 0, m = 0, d = 0;
+    civil_from_days(start + t / 24, y, m, d);
+    out += fmt::format("{:04d}-{:02d}-{:02d} {:02d}:00:00", y, m, d, t % 24);
+    shared = 0.95 * shared + 0.3 * rng.normal();
+    const double day = kTwoPi * static_cast<double>(t) / 24.0;
+    const double week = kTwoPi * static_cast<double>(t) / 168.0;
+    for (const auto& p : params) {
+      const double value = p.level + p.daily * std::sin(day + p.daily_phase) +
+                           p.weekly * std::sin(week + p.weekly_phase) +
+                           p.trend * static_cast<double>(t) / static_cast<double>(rows) +
+                           p.shared * shared + p.noise * rng.normal();
+      out += fmt::format(",{:.4f}", value);
+    }
+    out += '\n';
+  }
+  return out;
 }
 
 }  // namespace ddp::data

@@ -115,11 +115,30 @@ ConfigKey string_key(std::string name, std::string Config::*member,
 std::vector<ConfigKey> make_keys() {
   using C = Config;
   return {
-      string_key("model", &C::model, {"mlp", "resnet18", "linear"}, "", "model to train"),
-      string_key("dataset", &C::dataset, {"fashion-mnist", "random"}, "", "dataset to train on"),
+      string_key("model", &C::model, {"mlp", "resnet18", "linear", "informer"}, "",
+                 "model to train"),
+      string_key("dataset", &C::dataset, {"fashion-mnist", "random", "csv"}, "",
+                 "dataset to train on"),
       string_key("data", &C::data, {}, "PATH",
-                 "dataset location (empty: /usr/share/datasets/fashion-mnist)"),
+                 "dataset location (fashion-mnist: a directory, empty: "
+                 "/usr/share/datasets/fashion-mnist; csv: a file, empty: the synthetic series)"),
       int_key("train-subset", &C::train_subset, 0, "train on the first N samples only (0: all)"),
+      string_key("date-column", &C::date_column, {}, "NAME",
+                 "csv: the date column, source of the time features (absent: none)"),
+      string_key("target", &C::target, {}, "NAME", "csv: the column to forecast (empty: the last)"),
+      string_key("features", &C::features, {"M", "S", "MS"}, "",
+                 "csv: M all columns to all, S the target to itself, MS all columns to the target"),
+      int_key("seq-len", &C::seq_len, 1, "csv: rows of history the encoder reads"),
+      int_key("label-len", &C::label_len, 0,
+              "csv: known rows the decoder starts from (at most seq-len)"),
+      int_key("pred-len", &C::pred_len, 1, "csv: rows to forecast"),
+      int_key("factor", &C::factor, 1, "informer: ProbSparse sampling factor c"),
+      int_key("d-model", &C::d_model, 2, "informer: model width (even, a multiple of n-heads)"),
+      int_key("n-heads", &C::n_heads, 1, "informer: attention heads"),
+      int_key("e-layers", &C::e_layers, 1, "informer: encoder layers"),
+      int_key("d-layers", &C::d_layers, 1, "informer: decoder layers"),
+      int_key("d-ff", &C::d_ff, 1, "informer: feed-forward width"),
+      float_key("dropout", &C::dropout, 0.0, false, "informer: dropout probability, below 1"),
       int_key("epochs", &C::epochs, 1, "number of epochs"),
       int_key("batch-size", &C::batch_size, 1, "batch size per rank"),
       int_key("global-batch-size", &C::global_batch_size, 0,
@@ -256,6 +275,23 @@ void validate(const Config& config) {
   if (config.model == "linear" && config.dataset != "random") {
     throw InputError(fmt::format("model 'linear' trains on dataset 'random' (5 features), not '{}'",
                                  config.dataset));
+  }
+  if ((config.model == "informer") != (config.dataset == "csv")) {
+    throw InputError(
+        fmt::format("model '{}' and dataset '{}': the informer trains on csv data, "
+                    "and csv data trains the informer",
+                    config.model, config.dataset));
+  }
+  if (config.label_len > config.seq_len) {
+    throw InputError(fmt::format("key 'label-len': {} is longer than seq-len {}", config.label_len,
+                                 config.seq_len));
+  }
+  if (config.d_model % 2 != 0 || config.d_model % config.n_heads != 0) {
+    throw InputError(fmt::format("key 'd-model': {} must be even and a multiple of n-heads {}",
+                                 config.d_model, config.n_heads));
+  }
+  if (config.dropout >= 1.0) {
+    throw InputError(fmt::format("key 'dropout': {} is not below 1", config.dropout));
   }
   if ((config.model == "mlp" || config.model == "resnet18") && config.dataset != "fashion-mnist") {
     throw InputError(fmt::format("model '{}' trains on dataset 'fashion-mnist', not '{}'",

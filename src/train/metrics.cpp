@@ -14,14 +14,47 @@ std::string number_or_null(const std::optional<double>& v) {
   return v ? fmt::format("{:.9g}", *v) : "null";
 }
 
+// A field of optional scores, as an optional.
+template <class Field>
+std::optional<double> field(const std::optional<Scores>& scores, Field get) {
+  if (!scores) return std::nullopt;
+  return get(*scores);
+}
+
 }  // namespace
 
 std::string to_json(const EpochMetrics& m) {
+  const auto& v = m.val;
+  const auto& t = m.test;
   return fmt::format(
-      "{{\"epoch\": {}, \"steps\": {}, \"lr\": {:.9g}, \"train_loss\": {:.9g}, \"test_loss\": {}, "
-      "\"test_accuracy\": {}, \"samples_per_s\": {:.6g}, \"epoch_seconds\": {:.6g}}}",
-      m.epoch, m.steps, m.lr, m.train_loss, number_or_null(m.test_loss),
-      number_or_null(m.test_accuracy), m.samples_per_s, m.epoch_seconds);
+      "{{\"epoch\": {}, \"steps\": {}, \"lr\": {:.9g}, \"train_loss\": {:.9g}, \"val_loss\": {}, "
+      "\"val_mae\": {}, \"test_loss\": {}, \"test_accuracy\": {}, \"test_mae\": {}, "
+      "\"naive_test_loss\": {}, \"naive_test_mae\": {}, \"samples_per_s\": {:.6g}, "
+      "\"epoch_seconds\": {:.6g}}}",
+      m.epoch, m.steps, m.lr, m.train_loss,
+      number_or_null(field(v, [](const Scores& s) { return std::optional(s.loss); })),
+      number_or_null(field(v, [](const Scores& s) { return s.mae; })),
+      number_or_null(field(t, [](const Scores& s) { return std::optional(s.loss); })),
+      number_or_null(field(t, [](const Scores& s) { return s.accuracy; })),
+      number_or_null(field(t, [](const Scores& s) { return s.mae; })),
+      number_or_null(field(t, [](const Scores& s) { return s.naive_loss; })),
+      number_or_null(field(t, [](const Scores& s) { return s.naive_mae; })), m.samples_per_s,
+      m.epoch_seconds);
+}
+
+std::string describe(const EpochMetrics& m) {
+  std::string out = fmt::format("train loss {:.4f}", m.train_loss);
+  for (const auto& [name, scores] : {std::pair{"val", &m.val}, std::pair{"test", &m.test}}) {
+    if (!*scores) continue;
+    const Scores& s = **scores;
+    out += fmt::format(", {} loss {:.4f}", name, s.loss);
+    if (s.accuracy) out += fmt::format(", {} accuracy {:.4f}", name, *s.accuracy);
+    if (s.mae) out += fmt::format(", {} mae {:.4f}", name, *s.mae);
+    if (s.naive_loss && s.naive_mae) {
+      out += fmt::format(" (naive forecast: loss {:.4f}, mae {:.4f})", *s.naive_loss, *s.naive_mae);
+    }
+  }
+  return out;
 }
 
 std::string metrics_up_to(const std::string& jsonl, int64_t last_epoch) {

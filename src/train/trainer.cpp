@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <optional>
 
+#include "cpu_rng.h"
 #include "ddp/common/error.h"
 #include "ddp/common/files.h"
 #include "ddp/common/log.h"
@@ -186,22 +187,16 @@ TrainResult Trainer::run() {
     m.epoch = epoch + 1;
     train_epoch(epoch, m);
 
-    // Evaluate every eval_every epochs, and always after the last one (all ranks).
+    // Evaluate every eval_every epochs, and always after the last one (all ranks): the validation
+    // split when there is one, and then the test split after the last epoch only.
     const bool last = epoch + 1 == config_.epochs;
-    if (last || (config_.eval_every > 0 && (epoch + 1) % config_.eval_every == 0)) {
-      const Evaluation eval = evaluate();
-      m.test_loss = eval.loss;
-      m.test_accuracy = eval.accuracy;
-    }
+    const bool periodic = last || (config_.eval_every > 0 && (epoch + 1) % config_.eval_every == 0);
+    if (periodic && workload_.val_set) m.val = evaluate(*workload_.val_set);
+    if (periodic && (last || !workload_.val_set)) m.test = evaluate(workload_.test_set);
 
     // Log and record the epoch (rank 0).
-    log::info(
-        "epoch {}/{}: train loss {:.4f}, test loss {}, test accuracy {}, {:.0f} samples/s, "
-        "{:.2f} s, lr {:.4g}",
-        m.epoch, config_.epochs, m.train_loss,
-        m.test_loss ? fmt::format("{:.4f}", *m.test_loss) : "-",
-        m.test_accuracy ? fmt::format("{:.4f}", *m.test_accuracy) : "-", m.samples_per_s,
-        m.epoch_seconds, m.lr);
+    log::info("epoch {}/{}: {}, {:.0f} samples/s, {:.2f} s, lr {:.4g}", m.epoch, config_.epochs,
+              describe(m), m.samples_per_s, m.epoch_seconds, m.lr);
     if (metrics_file) metrics_file->write(m);
     result.epochs.push_back(m);
 
@@ -212,9 +207,7 @@ TrainResult Trainer::run() {
   }
 
   const EpochMetrics& final = result.epochs.back();
-  log::info("done: {} epochs, test loss {:.4f}{}, {:.0f} samples/s; metrics in {}", config_.epochs,
-            final.test_loss.value_or(NAN),
-            final.test_accuracy ? fmt::format(", test accuracy {:.4f}", *final.test_accuracy) : "",
+  log::info("done: {} epochs, {}, {:.0f} samples/s; metrics in {}", config_.epochs, describe(final),
             final.samples_per_s, result.metrics_path);
   return result;
 }
@@ -318,36 +311,53 @@ void Trainer::log_shapes(const torch::Tensor& input, const torch::Tensor& output
   }
 }
 
-Evaluation Trainer::evaluate() {
-  model_->pre_forward();  // rank 0's buffers, as a forward through DDP would use
+Scores Trainer::evaluate(const data::TensorDataset& set) {
+  const KeepCpuRng keep_rng;  // training's random numbers do not depend on evaluations
+  model_->pre_forward();      // rank 0's buffers, as a forward through DDP would use
   torch::NoGradGuard no_grad;
   workload_.module->eval();
-  const auto& test_set = workload_.test_set;
-  // Unpadded shards: every test sample counted once over all ranks. Ranks may run different
-  // numbers of batches, so no collective inside this loop.
+  // Unpadded shards: every sample counted once over all ranks. Ranks may run different numbers
+  // of batches, so no collective inside this loop.
   const torch::Tensor order =
-      data::evaluation_indices(test_set.size(), dist_.world_size(), dist_.rank());
+      data::evaluation_indices(set.size(), dist_.world_size(), dist_.rank());
   const int64_t n = order.size(0);
-  auto sums = torch::zeros(
-      {3}, torch::TensorOptions(torch::kDouble).device(dist_.device));  // loss, correct, count
+  const bool classification = set.task == data::Task::kClassification;
+  // Sums of: loss, correct (classification) or absolute error, naive squared and absolute errors,
+  // count.
+  enum { kLoss, kCorrectOrAbs, kNaiveLoss, kNaiveAbs, kCount, kSums };
+  auto sums = torch::zeros({kSums}, torch::TensorOptions(torch::kDouble).device(dist_.device));
+  auto add = [&](int slot, const torch::Tensor& batch_sum) {
+    sums[slot] += batch_sum.to(torch::kDouble);
+  };
   for (int64_t begin = 0; begin < n; begin += config_.batch_size) {
     const int64_t size = std::min(config_.batch_size, n - begin);
-    data::Batch batch = test_set.gather(order.narrow(0, begin, size));
-    auto target = batch.target.to(dist_.device);
-    auto output = workload_.forward(batch.input.to(dist_.device));
-    sums[0] +=
-        compute_loss(test_set.task, output, target).to(torch::kDouble) * static_cast<double>(size);
-    if (test_set.task == data::Task::kClassification) {
-      sums[1] += output.argmax(1).eq(target).sum().to(torch::kDouble);
+    const data::Batch batch = set.gather(order.narrow(0, begin, size));
+    const auto input = batch.input.to(dist_.device);
+    const auto target = batch.target.to(dist_.device);
+    const auto output = workload_.forward(input);
+    add(kLoss, compute_loss(set.task, output, target) * static_cast<double>(size));
+    if (classification) {
+      add(kCorrectOrAbs, output.argmax(1).eq(target).sum());
+    } else {  // per-sample means, as the loss
+      add(kCorrectOrAbs, torch::l1_loss(output, target) * static_cast<double>(size));
+    }
+    if (workload_.naive) {
+      const auto naive = workload_.naive(input);
+      add(kNaiveLoss, torch::mse_loss(naive, target) * static_cast<double>(size));
+      add(kNaiveAbs, torch::l1_loss(naive, target) * static_cast<double>(size));
     }
   }
-  sums[2] += static_cast<double>(n);
+  sums[kCount] += static_cast<double>(n);
   dist_.group->all_reduce(sums, comm::ReduceOp::kSum)->wait();
-  sums = sums.cpu();
-  Evaluation out;
-  out.loss = sums[0].item<double>() / sums[2].item<double>();
-  if (test_set.task == data::Task::kClassification)
-    out.accuracy = sums[1].item<double>() / sums[2].item<double>();
+  sums = sums.cpu() / sums[kCount].item<double>();
+  const auto mean = [&](int slot) { return sums[slot].item<double>(); };
+  Scores out;
+  out.loss = mean(kLoss);
+  (classification ? out.accuracy : out.mae) = mean(kCorrectOrAbs);
+  if (workload_.naive) {
+    out.naive_loss = mean(kNaiveLoss);
+    out.naive_mae = mean(kNaiveAbs);
+  }
   workload_.module->train();
   return out;
 }

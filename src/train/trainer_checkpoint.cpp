@@ -7,15 +7,14 @@
 // inside `if (is_main())`. A failure on one rank is turned into an error on all of them by
 // agree_all_ok(), instead of leaving the others blocked in the next collective.
 
-#include <ATen/core/Generator.h>
 #include <fmt/format.h>
 #include <torch/serialize.h>
 #include <torch/torch.h>
 
 #include <filesystem>
-#include <mutex>
 #include <sstream>
 
+#include "cpu_rng.h"
 #include "ddp/common/error.h"
 #include "ddp/common/files.h"
 #include "ddp/common/log.h"
@@ -33,18 +32,6 @@ const std::vector<std::string> kFreeOnResume = {
     "epochs",    "resume",      "output-dir",   "log-level", "eval-every",   "save-every",
     "keep-last", "save-prefix", "init-weights", "threads",   "comm-timeout", "rendezvous-timeout",
     "backend",   "device",      "batch-size"};
-
-at::Tensor cpu_rng_state() {
-  auto generator = at::globalContext().defaultGenerator(at::kCPU);
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  return generator.get_state();
-}
-
-void set_cpu_rng_state(const at::Tensor& state) {
-  auto generator = at::globalContext().defaultGenerator(at::kCPU);
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  generator.set_state(state);
-}
 
 // All ranks learn whether every rank succeeded: each rank that failed rethrows its own error,
 // the others throw an Error naming what failed elsewhere. A collective.

@@ -3,7 +3,11 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <sstream>
+
 #include "ddp/common/error.h"
+#include "ddp/common/log.h"
+#include "ddp/models/informer.h"
 #include "ddp/models/resnet.h"
 #include "ddp/models/sequential_models.h"
 
@@ -21,7 +25,75 @@ std::function<torch::Tensor(const torch::Tensor&)> forward_of(Holder holder) {
   return [holder](const torch::Tensor& x) mutable { return holder->forward(x); };
 }
 
+// The csv dataset: windows over the file's (or the synthetic series') training, validation and
+// test parts.
+void load_csv(const Config& config, Workload& w) {
+  const data::TimeSeriesOptions o = time_series_options(config);
+  data::TimeSeriesData series;
+  if (config.data.empty()) {
+    log::info("no data file: the synthetic series (scripts/make_timeseries_csv writes it)");
+    std::istringstream text(data::synthetic_time_series_csv());
+    series = data::load_time_series(data::parse_csv(text, "<synthetic series>"),
+                                    "<synthetic series>", o);
+  } else {
+    series = data::load_time_series(config.data, o);
+  }
+  w.train_set = data::window_dataset(series, series.train, o);
+  w.val_set = data::window_dataset(series, series.val, o);
+  w.test_set = data::window_dataset(series, series.test, o);
+}
+
+// The informer over a window dataset's inputs ([B, seq_len + pred_len, columns + 4], see
+// data::window_dataset): the encoder reads the first seq_len rows; the decoder the last label_len
+// of them followed by zeros in place of the future values (Informer's generative input), with
+// the marks of all its rows, which are known in advance.
+void make_informer(const Config& config, Workload& w) {
+  models::InformerOptions o;
+  const int64_t columns = w.train_set.inputs.size(2) - 4;
+  const int64_t outputs = w.train_set.targets.size(2);
+  o.enc_in = o.dec_in = columns;
+  o.c_out = outputs;
+  o.seq_len = config.seq_len;
+  o.label_len = config.label_len;
+  o.pred_len = config.pred_len;
+  o.factor = config.factor;
+  o.d_model = config.d_model;
+  o.n_heads = config.n_heads;
+  o.e_layers = config.e_layers;
+  o.d_layers = config.d_layers;
+  o.d_ff = config.d_ff;
+  o.dropout = config.dropout;
+  models::Informer net(o);
+  w.module = net.ptr();
+  w.forward = [net, o, columns](const torch::Tensor& window) mutable {
+    auto values = window.narrow(2, 0, columns);
+    auto marks = window.narrow(2, columns, 4);
+    auto known = values.narrow(1, o.seq_len - o.label_len, o.label_len);
+    auto x_dec = torch::cat(
+        {known, torch::zeros({window.size(0), o.pred_len, columns}, values.options())}, 1);
+    return net->forward(values.narrow(1, 0, o.seq_len), marks.narrow(1, 0, o.seq_len), x_dec,
+                        marks.narrow(1, o.seq_len - o.label_len, o.label_len + o.pred_len));
+  };
+  // The naive forecast: the last known value of each output column, repeated.
+  w.naive = [o, columns, outputs](const torch::Tensor& window) {
+    return window.narrow(1, o.seq_len - 1, 1)
+        .narrow(2, columns - outputs, outputs)
+        .expand({window.size(0), o.pred_len, outputs});
+  };
+}
+
 }  // namespace
+
+data::TimeSeriesOptions time_series_options(const Config& config) {
+  data::TimeSeriesOptions o;
+  o.date_column = config.date_column;
+  o.target = config.target;
+  o.features = config.features;
+  o.seq_len = config.seq_len;
+  o.label_len = config.label_len;
+  o.pred_len = config.pred_len;
+  return o;
+}
 
 Workload make_workload(const Config& config, const models::NormFactory& norm) {
   Workload w;
@@ -35,6 +107,8 @@ Workload make_workload(const Config& config, const models::NormFactory& norm) {
                                          static_cast<uint64_t>(config.seed));
     w.train_set = all.slice(0, kRandomRows);
     w.test_set = all.slice(kRandomRows, 2 * kRandomRows);
+  } else if (config.dataset == "csv") {
+    load_csv(config, w);
   } else {
     throw InputError(fmt::format("unknown dataset '{}'", config.dataset));
   }
@@ -55,6 +129,8 @@ Workload make_workload(const Config& config, const models::NormFactory& norm) {
     auto net = models::make_linear(w.train_set.inputs.size(1), w.train_set.targets.size(1));
     w.module = net.ptr();
     w.forward = forward_of(net);
+  } else if (config.model == "informer") {
+    make_informer(config, w);
   } else {
     throw InputError(fmt::format("unknown model '{}'", config.model));
   }

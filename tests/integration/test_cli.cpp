@@ -86,6 +86,44 @@ TEST(Cli, BadInputsExitTwoWithOneLine) {
                    "wrong IDX magic number");
 }
 
+// The csv dataset: scripts/make_timeseries_csv writes the synthetic series, and each kind of bad
+// file or setting is named.
+TEST(Cli, TimeSeriesCsvFromTheScriptAndItsBadInputs) {
+  TempDir dir;
+  auto made = run_process(
+      {std::string(DDP_SOURCE_DIR) + "/scripts/make_timeseries_csv", dir.file("data/ts.csv")},
+      {{"DDP_TRAIN", DDP_TRAIN_BIN}}, std::chrono::seconds(60));
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  const std::string csv = ddp::testing::read_file(dir.file("data/ts.csv"));
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 10001);
+  EXPECT_EQ(csv.substr(0, csv.find('\n')), "date,x1,x2,x3,x4,x5,x6,x7,x8,x9,x10,OT");
+
+  const std::vector<std::string> job = {"--config",
+                                        std::string(DDP_SOURCE_DIR) + "/configs/informer_csv.yaml",
+                                        "--output-dir", dir.file("out")};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), job.begin(), job.end());
+    return extra;
+  };
+  expect_bad_input(with({"--data", dir.file("none.csv")}), dir.file("none.csv") + ": cannot open");
+  expect_bad_input(with({"--data", dir.file("data/ts.csv"), "--target", "price"}),
+                   dir.file("data/ts.csv") + ": no target column 'price' (columns: date, x1");
+  expect_bad_input(with({"--data", dir.file("data/ts.csv"), "--seq-len", "7000"}),
+                   "10000 rows give the training part 7000 rows, fewer than seq_len + pred_len = "
+                   "7024");
+  std::string broken = csv;
+  broken.replace(broken.find(",-18.9139,"), 10, ",n/a,");  // the second row: line 3
+  ddp::testing::write_file(dir.file("broken.csv"), broken);
+  expect_bad_input(with({"--data", dir.file("broken.csv")}),
+                   dir.file("broken.csv") + ":3: column 'x1': 'n/a' is not a number");
+  ddp::testing::write_file(dir.file("empty.csv"), "");
+  expect_bad_input(with({"--data", dir.file("empty.csv")}), dir.file("empty.csv") + ": empty file");
+  expect_bad_input(with({"--label-len", "100"}), "key 'label-len': 100 is longer than seq-len 96");
+  expect_bad_input(with({"--n-heads", "3"}), "key 'd-model': 64 must be even and a multiple of");
+  expect_bad_input(with({"--dataset", "fashion-mnist"}),
+                   "the informer trains on csv data, and csv data trains the informer");
+}
+
 TEST(Cli, ListDevicesOnACpuMachineSaysSo) {
   auto r = ddp_train({"--list-devices"});
   EXPECT_EQ(r.exit_code, 0) << r.output;

@@ -90,6 +90,30 @@ namespace {
 
 // The DataParallel tutorial's demo: each rank logs the part of the global batch it saw, and
 // --drop-last drops the smaller last batch (50 samples per rank, batch 15: 3 steps, not 4).
+// The tutorials' Informer on 2 ranks: one epoch of the shipped config on the synthetic CSV file
+// forecasts the test part better than repeating the last value does.
+TEST(DdpTrain, InformerOnTwoRanksBeatsTheNaiveForecast) {
+  TempDir out;
+  auto made = ddp::testing::run_process(
+      {DDP_TRAIN_BIN, "--make-timeseries-csv", out.file("ts.csv")}, {}, std::chrono::seconds(60));
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  auto ranks = ddp::testing::run_env_ranks(
+      2,
+      {DDP_TRAIN_BIN, "--config", std::string(DDP_SOURCE_DIR) + "/configs/informer_csv.yaml",
+       "--data", out.file("ts.csv"), "--epochs", "1", "--threads", "1", "--output-dir", out.path()},
+      std::chrono::seconds(300));
+  for (const auto& r : ranks) ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(ranks[0].output.find("6881 train / 1977 test samples) on 2 rank(s)"), std::string::npos)
+      << ranks[0].output;
+  const auto m = last_metrics(out.path());
+  EXPECT_EQ(metrics_field(m, "steps"), (3441 + 31) / 32);  // 6881 windows over 2 ranks, batch 32
+  const double mse = metrics_field(m, "test_loss"), naive = metrics_field(m, "naive_test_loss");
+  EXPECT_GT(naive, 0.5) << m;  // the naive forecast misses the daily cycle
+  EXPECT_LT(mse, 0.75 * naive) << m;
+  EXPECT_LT(metrics_field(m, "test_mae"), metrics_field(m, "naive_test_mae")) << m;
+  EXPECT_GT(metrics_field(m, "val_loss"), 0.0) << m;
+}
+
 TEST(DdpTrain, EachRanksShareOfTheBatchIsLoggedAndDropLastDropsTheRest) {
   TempDir out;
   auto ranks = ddp::testing::run_env_ranks(

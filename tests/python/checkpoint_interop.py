@@ -5,6 +5,15 @@
                      nn.DataParallel(MODEL) (mlp or resnet18) with strict=True, runs DIR/batch.pt's
                      input in eval mode and compares with the output ddp computed; exits 1 when
                      they differ by more than TOL.
+  check-informer DIR TOL
+                     the same for ddp's Informer: DIR/model.pt into nn.DataParallel of
+                     bench/informer_reference.py's make_informer (Informer2020's module names),
+                     built from the sizes in DIR/batch.pt (0-dim int64 tensors enc_in, dec_in,
+                     c_out, seq_len, label_len, pred_len, factor, d_model, n_heads, e_layers,
+                     d_layers, d_ff) with dropout 0, run on its x_enc, mark_enc, x_dec, mark_dec
+                     in eval mode and compared with its output. ProbAttention samples keys at
+                     random, so the two sides agree only where every query is active: a factor
+                     with factor * ceil(ln L) >= L for each attention's query length L.
   save-python DIR    writes an MLP's weights the ways Python users do, and its output on a batch,
                      for ddp to load:
                        plain.pt       torch.save(dict(model.state_dict()))
@@ -13,6 +22,7 @@
                        cuda.pt        dict(model.state_dict()) as saved on a GPU (location cuda:0)
                        batch.pt       {"input": x, "output": model(x)}
 """
+import os
 import sys
 
 import torch
@@ -88,6 +98,24 @@ def check_ours(directory, model_name="mlp", tolerance="1e-5"):
     return 0 if diff <= float(tolerance) else 1
 
 
+def check_informer(directory, tolerance):
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+    from informer_reference import make_informer
+
+    weights = torch.load(f"{directory}/model.pt", weights_only=True)
+    batch = torch.load(f"{directory}/batch.pt", weights_only=True)
+    sizes = {k: int(batch[k]) for k in ("enc_in", "dec_in", "c_out", "seq_len", "label_len", "pred_len",
+                                        "factor", "d_model", "n_heads", "e_layers", "d_layers", "d_ff")}
+    model = nn.DataParallel(make_informer(**sizes, dropout=0.0))
+    model.load_state_dict(weights, strict=True)
+    model.eval()
+    with torch.no_grad():
+        output = model(batch["x_enc"], batch["mark_enc"], batch["x_dec"], batch["mark_dec"])
+    diff = (output - batch["output"]).abs().max().item()
+    print(f"{len(weights)} keys; max abs diff {diff:.3g}")
+    return 0 if diff <= float(tolerance) else 1
+
+
 def save_python(directory):
     torch.manual_seed(7)
     model = mlp().eval()
@@ -116,4 +144,5 @@ def save_python(directory):
 
 if __name__ == "__main__":
     mode = sys.argv[1]
-    sys.exit({"check-ours": check_ours, "save-python": save_python}[mode](*sys.argv[2:]))
+    sys.exit({"check-ours": check_ours, "check-informer": check_informer,
+              "save-python": save_python}[mode](*sys.argv[2:]))

@@ -134,4 +134,68 @@ TEST(TimeSeries, BadFilesNameFileLineAndColumn) {
   EXPECT_EQ(error_of("date,a\n"), "d.csv: a header but no rows");
 }
 
+TEST(TimeSeries, WindowDatasetViewsEachWindowAndItsFuture) {
+  ddp::testing::TempDir dir;
+  ddp::testing::write_file(dir.file("d.csv"), hourly_csv(200));
+  for (const char* features : {"M", "MS"}) {
+    auto o = small();
+    o.features = features;
+    const auto d = ddp::data::load_time_series(dir.file("d.csv"), o);
+    const auto set = ddp::data::window_dataset(d, d.test, o);
+    const int64_t outputs = std::string(features) == "M" ? 3 : 1;
+    ASSERT_EQ(set.size(), d.test.num_windows);
+    EXPECT_EQ(set.inputs.sizes(), (std::vector<int64_t>{d.test.num_windows, 30, 3 + 4}));
+    EXPECT_EQ(set.targets.sizes(), (std::vector<int64_t>{d.test.num_windows, 6, outputs}));
+    EXPECT_EQ(set.task, ddp::data::Task::kRegression);
+    for (int64_t i : {int64_t{0}, int64_t{5}, d.test.num_windows - 1}) {
+      EXPECT_TRUE(torch::equal(set.inputs[i],
+                               torch::cat({d.test.values, d.test.marks}, 1).narrow(0, i, 30)));
+      EXPECT_TRUE(torch::equal(set.targets[i],
+                               d.test.values.narrow(0, i + 24, 6).narrow(1, 3 - outputs, outputs)));
+    }
+    // A batch gathered from the views is what the windows hold.
+    const auto batch = set.gather(torch::tensor({4, 1}));
+    EXPECT_TRUE(torch::equal(batch.input[0], set.inputs[4]));
+    EXPECT_TRUE(torch::equal(batch.target[1], set.targets[1]));
+  }
+}
+
+TEST(TimeSeries, SyntheticSeriesIsReproducibleHourlyAndSeasonal) {
+  const std::string csv = ddp::data::synthetic_time_series_csv();
+  EXPECT_EQ(csv, ddp::data::synthetic_time_series_csv());
+  EXPECT_NE(csv, ddp::data::synthetic_time_series_csv(10000, 11, 1));
+  std::istringstream in(csv);
+  const auto table = ddp::data::parse_csv(in, "synthetic");
+  ASSERT_EQ(table.rows.size(), 10000u);
+  ASSERT_EQ(table.columns.size(), 12u);
+  EXPECT_EQ(table.columns.front(), "date");
+  EXPECT_EQ(table.columns.back(), "OT");
+  EXPECT_EQ(table.rows[0][0], "2016-07-01 00:00:00");
+  EXPECT_EQ(table.rows[25][0], "2016-07-02 01:00:00");
+  EXPECT_EQ(table.rows[9999][0], "2017-08-21 15:00:00");  // 416 days and 15 hours later
+
+  auto o = small();
+  o.seq_len = 96;
+  o.label_len = 48;
+  o.pred_len = 24;
+  const auto d = ddp::data::load_time_series(table, "synthetic", o);
+  const auto x = d.train.values;  // [7000, 11], scaled
+  auto correlation = [](const torch::Tensor& a, const torch::Tensor& b) {
+    const auto da = a - a.mean(), db = b - b.mean();
+    return ((da * db).sum() / (da.norm() * db.norm())).item<double>();
+  };
+  const auto ot = x.select(1, 10);
+  // A daily cycle: OT a day apart is far more alike than half a day apart.
+  EXPECT_GT(correlation(ot.narrow(0, 0, 6000), ot.narrow(0, 24, 6000)),
+            correlation(ot.narrow(0, 0, 6000), ot.narrow(0, 12, 6000)) + 0.2);
+  // Cross-correlated series: some pair of columns correlates strongly.
+  double strongest = 0.0;
+  for (int64_t i = 0; i < 11; ++i) {
+    for (int64_t j = i + 1; j < 11; ++j) {
+      strongest = std::max(strongest, std::abs(correlation(x.select(1, i), x.select(1, j))));
+    }
+  }
+  EXPECT_GT(strongest, 0.5);
+}
+
 }  // namespace

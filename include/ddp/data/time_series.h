@@ -7,8 +7,11 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <istream>
 #include <string>
 #include <vector>
+
+#include "ddp/data/dataset.h"
 
 namespace ddp::data {
 
@@ -22,6 +25,8 @@ struct CsvTable {
 // Reads `path`. Throws InputError naming the file (and line) for a missing or empty file, a
 // missing header, or a row whose number of cells differs from the header's.
 CsvTable read_csv(const std::string& path);
+// The same from a stream; `name` stands for the file in messages.
+CsvTable parse_csv(std::istream& in, const std::string& name);
 
 struct TimeSeriesOptions {
   std::string date_column = "date";  // "" or absent from the file: no time features
@@ -50,6 +55,21 @@ struct TimeSeriesData {
 // column, a non-numeric cell or an unparsable date, ragged rows, an empty file, or a split with
 // fewer rows than seq_len + pred_len.
 TimeSeriesData load_time_series(const std::string& path, const TimeSeriesOptions& options);
+// The same from a table read elsewhere; `name` stands for the file in messages.
+TimeSeriesData load_time_series(const CsvTable& table, const std::string& name,
+                                const TimeSeriesOptions& options);
+
+// How many columns the model predicts: all of them for M, the target alone for S and MS (it is
+// the last column, so the outputs are always the last ones).
+int64_t output_columns(const TimeSeriesData& data, const TimeSeriesOptions& options);
+
+// The windows of a split as a regression dataset, views of the split (no copy):
+//   input  [windows, seq_len + pred_len, columns + 4]: each window's rows, values then marks.
+//          It holds the future values too, as Informer's batch_y does: whoever builds the
+//          decoder input must replace them by zeros (see train/workload.cpp).
+//   target [windows, pred_len, output_columns]: the values to forecast.
+TensorDataset window_dataset(const TimeSeriesData& data, const TimeSeriesSplit& split,
+                             const TimeSeriesOptions& options);
 
 // Window `i` of a split: the encoder input [seq_len, D], its marks, the decoder's known part and
 // target [label_len + pred_len, D], and their marks.
@@ -57,6 +77,12 @@ struct Window {
   torch::Tensor encoder, encoder_marks, decoder, decoder_marks;
 };
 Window window(const TimeSeriesSplit& split, const TimeSeriesOptions& options, int64_t i);
+
+// A reproducible synthetic series in the ETT layout, the default data of configs/informer_csv.yaml:
+// a header "date,x1,..,x<series-1>,OT", then `rows` hourly rows from 2016-07-01 00:00:00. Each
+// series mixes a daily and a weekly cycle, a trend, a factor shared by all series (their
+// cross-correlation) and its own noise; the same text for the same arguments on every machine.
+std::string synthetic_time_series_csv(int64_t rows = 10000, int64_t series = 11, uint64_t seed = 0);
 
 // month, day, weekday (Monday 0), hour of "YYYY-MM-DD[ HH[:MM[:SS]]]"; false when unparsable.
 bool parse_time_features(const std::string& text, int values[4]);

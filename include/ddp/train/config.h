@@ -13,8 +13,23 @@ struct Config {
   // What to train.
   std::string model = "mlp";
   std::string dataset = "fashion-mnist";
-  std::string data;          // empty: the dataset's default location
+  std::string data;          // empty: the dataset's default (csv: the synthetic series)
   int64_t train_subset = 0;  // 0: all training samples
+  // Time series (dataset csv), with the Informer code's names and defaults.
+  std::string date_column = "date";  // "" or absent from the file: no time features
+  std::string target;                // "": the last column
+  std::string features = "M";        // M: all to all; S: target to target; MS: all to target
+  int64_t seq_len = 96;
+  int64_t label_len = 48;
+  int64_t pred_len = 24;
+  // Informer's size (small defaults: a CPU epoch on 10,000 rows takes about a minute).
+  int64_t factor = 5;  // ProbSparse sampling factor c
+  int64_t d_model = 64;
+  int64_t n_heads = 4;
+  int64_t e_layers = 2;
+  int64_t d_layers = 1;
+  int64_t d_ff = 128;
+  double dropout = 0.05;
   // How long, in what batches.
   int64_t epochs = 1;
   int64_t batch_size = 64;        // per rank

@@ -8,20 +8,34 @@
 
 namespace ddp::train {
 
-struct EpochMetrics {
-  int64_t epoch = 0;                    // 1-based
-  int64_t steps = 0;                    // optimizer steps so far
-  double lr = 0.0;                      // at the epoch's last step
-  double train_loss = 0.0;              // mean over the epoch's samples
-  std::optional<double> test_loss;      // when evaluated
-  std::optional<double> test_accuracy;  // classification only
-  double samples_per_s = 0.0;           // training samples (all ranks) per second of training time
-  double epoch_seconds = 0.0;           // training time, evaluation excluded
+// The figures of one pass over an evaluation set (every sample counted once over all ranks).
+struct Scores {
+  double loss = 0.0;                 // mean cross-entropy (classification) or MSE (regression)
+  std::optional<double> accuracy;    // classification
+  std::optional<double> mae;         // regression
+  std::optional<double> naive_loss;  // the naive forecast's MSE and MAE (time series)
+  std::optional<double> naive_mae;
 };
 
-// One JSON object per line: {"epoch": 1, "steps": 938, "lr": 0.1, "train_loss": ..., ...};
-// an absent value is null.
+struct EpochMetrics {
+  int64_t epoch = 0;           // 1-based
+  int64_t steps = 0;           // optimizer steps so far
+  double lr = 0.0;             // at the epoch's last step
+  double train_loss = 0.0;     // mean over the epoch's samples
+  std::optional<Scores> val;   // when evaluated, for workloads with a validation split
+  std::optional<Scores> test;  // when evaluated (with a validation split: after the last epoch)
+  double samples_per_s = 0.0;  // training samples (all ranks) per second of training time
+  double epoch_seconds = 0.0;  // training time, evaluation excluded
+};
+
+// One JSON object per line: {"epoch": 1, "steps": 938, "lr": 0.1, "train_loss": ...,
+// "val_loss", "val_mae", "test_loss", "test_accuracy", "test_mae", "naive_test_loss",
+// "naive_test_mae", "samples_per_s", "epoch_seconds"}; an absent value is null.
 std::string to_json(const EpochMetrics& m);
+
+// The epoch's log line: "train loss 0.3, test loss 0.4, test accuracy 0.9, ..." with the figures
+// it has.
+std::string describe(const EpochMetrics& m);
 
 // The lines of a metrics file for epochs up to `last_epoch`: what a run resumed after that epoch
 // keeps, so no epoch appears twice.

@@ -20,11 +20,6 @@
 
 namespace ddp::train {
 
-struct Evaluation {
-  double loss = 0.0;
-  std::optional<double> accuracy;  // classification only
-};
-
 struct TrainResult {
   std::vector<EpochMetrics> epochs;
   std::string metrics_path;
@@ -46,9 +41,11 @@ class Trainer {
   // the epochs it trained.
   TrainResult run();
 
-  // Loss (and accuracy) over the whole test set, in eval mode without gradients: each rank
-  // evaluates its unpadded shard, the sums are all-reduced (every sample counted once).
-  Evaluation evaluate();
+  // Loss (and accuracy, or MAE and the naive forecast's) over the whole of `set`, in eval mode
+  // without gradients: each rank evaluates its unpadded shard, the sums are all-reduced (every
+  // sample counted once). A collective.
+  Scores evaluate(const data::TensorDataset& set);
+  Scores evaluate() { return evaluate(workload_.test_set); }
 
   // The model without the DDP wrapper.
   torch::nn::Module& module() { return *workload_.module; }

@@ -6,9 +6,11 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "ddp/data/dataset.h"
+#include "ddp/data/time_series.h"
 #include "ddp/models/resnet.h"
 #include "ddp/train/config.h"
 
@@ -16,15 +18,21 @@ namespace ddp::train {
 
 struct Workload {
   data::TensorDataset train_set;
-  data::TensorDataset test_set;
+  std::optional<data::TensorDataset> val_set;  // evaluated every eval-every epochs when present;
+  data::TensorDataset test_set;                // then the test set only after the last epoch
   std::shared_ptr<torch::nn::Module> module;
   std::function<torch::Tensor(const torch::Tensor& input)> forward;
+  // The naive forecast of the time series, reported beside the model; empty elsewhere.
+  std::function<torch::Tensor(const torch::Tensor& input)> naive;
 };
 
 // Loads the data and builds the model (on the CPU) for config.model / config.dataset.
 // Model initialisation is seeded from config.seed. `norm` makes the BatchNorm layers (empty:
 // plain BatchNorm; --sync-bn passes SyncBatchNorm's). Throws InputError on bad data.
 Workload make_workload(const Config& config, const models::NormFactory& norm = nullptr);
+
+// What the csv dataset and the informer are built with, from the config.
+data::TimeSeriesOptions time_series_options(const Config& config);
 
 // Mean loss of a batch: cross-entropy for classification, MSE for regression.
 torch::Tensor compute_loss(data::Task task, const torch::Tensor& output,
