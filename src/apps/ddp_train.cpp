@@ -6,15 +6,19 @@
 #include <torch/cuda.h>
 #include <torch/version.h>
 
+#include <signal.h>
+
 #include <cxxopts.hpp>
 #include <iostream>
 
+#include "ddp/comm/flight_recorder.h"
 #include "ddp/comm/rendezvous.h"
 #include "ddp/common/error.h"
 #include "ddp/common/files.h"
 #include "ddp/common/log.h"
 #include "ddp/data/time_series.h"
 #include "ddp/train/config.h"
+#include "ddp/train/diagnose.h"
 #include "ddp/train/trainer.h"
 #include "ddp/version.h"
 
@@ -30,7 +34,11 @@ cxxopts::Options make_options() {
       "list-devices", "print the visible CUDA devices (index, name, memory) and exit")(
       "make-timeseries-csv",
       "write the synthetic 10,000 x 12 time series (the csv dataset's default) to PATH and exit",
-      cxxopts::value<std::string>(), "PATH");
+      cxxopts::value<std::string>(), "PATH")(
+      "diagnose",
+      "merge the ranks' flight records in DIR/debug (written on a failed collective or SIGUSR1) "
+      "into a report naming the lagging rank and collective, and exit",
+      cxxopts::value<std::string>(), "DIR");
   // One option per config key, generated from the same table the YAML loader uses.
   const ddp::train::Config defaults;
   auto adder = options.add_options("Training");
@@ -75,7 +83,8 @@ int rank_hint(const ddp::comm::Env& env) {
 }
 
 // Parses the command line into a Config: defaults, then the file, then the command line.
-// Returns false when the program should exit 0 (--help, --version, --make-timeseries-csv).
+// Returns false when the program should exit 0 (--help, --version, --make-timeseries-csv,
+// --diagnose).
 bool parse_command_line(int argc, char** argv, ddp::train::Config& config) {
   auto options = make_options();
   cxxopts::ParseResult result;
@@ -102,6 +111,11 @@ bool parse_command_line(int argc, char** argv, ddp::train::Config& config) {
     std::cout << "wrote " << path << "\n";
     return false;
   }
+  if (result.count("diagnose") != 0U) {
+    std::cout << ddp::train::diagnose(
+        ddp::train::read_flight_dumps(result["diagnose"].as<std::string>()));
+    return false;
+  }
   if (!result.unmatched().empty()) {
     throw ddp::InputError(
         fmt::format("command line: unexpected argument '{}' (see --help)", result.unmatched()[0]));
@@ -120,9 +134,20 @@ bool parse_command_line(int argc, char** argv, ddp::train::Config& config) {
 
 }  // namespace
 
+// SIGUSR1 asks every rank for its flight record (<output>/debug/rank<r>.json), like py-spy for a
+// hung job: the handler only sets a flag that the process group's watchdog thread acts on.
+void on_sigusr1(int /*signal*/) {
+  ddp::comm::request_flight_dump_from_signal();
+}
+
 int main(int argc, char** argv) {
   const int rank = rank_hint(ddp::comm::current_env());
   ddp::log::init(rank, "info");
+  struct sigaction action {};
+  action.sa_handler = on_sigusr1;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGUSR1, &action, nullptr);
   try {
     ddp::train::Config config;
     if (!parse_command_line(argc, argv, config)) return ddp::kExitOk;

@@ -66,11 +66,36 @@ void check_cpu(const at::Tensor& t, const CollectiveInfo& info) {
   }
 }
 
+// Progress in the rendezvous store, under keys of our own ("ddp/progress/<rank>").
+class StoreProgressBoard : public ProcessGroup::ProgressBoard {
+ public:
+  explicit StoreProgressBoard(c10::intrusive_ptr<c10d::Store> store) : store_(std::move(store)) {}
+  void publish(int rank, uint64_t seq) override {
+    const std::string value = std::to_string(seq);
+    store_->set(key(rank), std::vector<uint8_t>(value.begin(), value.end()));
+  }
+  std::vector<uint64_t> read(int world_size) override {
+    std::vector<uint64_t> seqs(static_cast<size_t>(world_size), 0);
+    for (int r = 0; r < world_size; ++r) {
+      if (!store_->check({key(r)})) continue;  // get() would wait for it
+      const auto bytes = store_->get(key(r));
+      seqs[static_cast<size_t>(r)] =
+          std::strtoull(std::string(bytes.begin(), bytes.end()).c_str(), nullptr, 10);
+    }
+    return seqs;
+  }
+
+ private:
+  static std::string key(int rank) { return "ddp/progress/" + std::to_string(rank); }
+  c10::intrusive_ptr<c10d::Store> store_;
+};
+
 class GlooProcessGroup : public ProcessGroup {
  public:
   GlooProcessGroup(const LaunchInfo& launch, const ProcessGroupOptions& options)
       : ProcessGroup(launch.rank, launch.world_size, options) {
     auto store = connect_store(launch, options.rendezvous_timeout);
+    set_progress_board(std::make_shared<StoreProgressBoard>(store));
     auto opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
     opts->devices.push_back(make_device(launch));
     opts->threads = 2;  // as torch.distributed does for one device

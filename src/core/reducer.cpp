@@ -164,6 +164,7 @@ void Reducer::launch(size_t b) {
     bucket.work = std::make_shared<comm::CompletedWork>();
     return;
   }
+  group_->set_phase(fmt::format("backward: bucket {}", b));  // for the flight recorder
   switch (options_.comm_hook) {
     case CommHook::kAllReduce:
       bucket.wire = bucket.flat;
@@ -211,6 +212,7 @@ void Reducer::finalize() {
       }
     }
     launch_ready_buckets();
+    group_->set_phase("backward: unused-parameter map");
     group_->all_reduce(used_map, comm::ReduceOp::kSum)
         ->wait();  // after the buckets: same order everywhere
     used_map = used_map.cpu();

@@ -174,6 +174,9 @@ std::vector<ConfigKey> make_keys() {
                 "seconds a collective waits for the other ranks before failing"),
       float_key("rendezvous-timeout", &C::rendezvous_timeout, 0.0, true,
                 "seconds the ranks wait for each other at start-up"),
+      float_key("stall-warning", &C::stall_warning, 0.0, false,
+                "seconds a collective may wait before a warning names the ranks that have not "
+                "joined it (0: none)"),
       float_key("bucket-cap-mb", &C::bucket_cap_mb, 0.0, true,
                 "DDP: MiB of gradients per all-reduce bucket (the first is 1 MiB)"),
       bool_key("broadcast-buffers", &C::broadcast_buffers,

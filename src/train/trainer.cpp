@@ -100,6 +100,13 @@ Trainer::Trainer(Config config)
     : config_(prepared(std::move(config))), dist_(init_distributed(config_, comm::current_env())) {
   const comm::Env env = comm::current_env();
   crash_at_step_ = test_crash_step(env, dist_.rank());
+  comm::WatchdogOptions watchdog;
+  watchdog.stall_warning =
+      std::chrono::milliseconds(static_cast<int64_t>(config_.stall_warning * 1000.0));
+  watchdog.dump_path = (std::filesystem::path(config_.output_dir) / "debug" /
+                        fmt::format("rank{}.json", dist_.rank()))
+                           .string();
+  dist_.group->start_watchdog(watchdog);
   // A group the launcher (or torchrun) restarted continues from its last checkpoint.
   auto restarts = env.find("TORCHELASTIC_RESTART_COUNT");
   if (config_.resume.empty() && restarts != env.end() && restarts->second != "0") {
@@ -166,6 +173,20 @@ Trainer::Trainer(Config config)
 }
 
 TrainResult Trainer::run() {
+  try {
+    return train();
+  } catch (const comm::CommError&) {
+    // The evidence for the hang doctor: this rank's last collectives.
+    const auto path = dist_.group->dump_flight_record("collective failed");
+    if (!path.empty()) {
+      log::error("rank {}: flight record written to {}; ddp_train --diagnose {} merges the ranks'",
+                 dist_.rank(), path, config_.output_dir);
+    }
+    throw;
+  }
+}
+
+TrainResult Trainer::train() {
   TrainResult result;
   result.metrics_path = (std::filesystem::path(config_.output_dir) / "metrics.jsonl").string();
   std::optional<MetricsWriter> metrics_file;  // rank 0 owns the files
@@ -191,6 +212,7 @@ TrainResult Trainer::run() {
     // split when there is one, and then the test split after the last epoch only.
     const bool last = epoch + 1 == config_.epochs;
     const bool periodic = last || (config_.eval_every > 0 && (epoch + 1) % config_.eval_every == 0);
+    dist_.group->set_phase(fmt::format("epoch {}: evaluation", m.epoch));
     if (periodic && workload_.val_set) m.val = evaluate(*workload_.val_set);
     if (periodic && (last || !workload_.val_set)) m.test = evaluate(workload_.test_set);
 
@@ -202,6 +224,7 @@ TrainResult Trainer::run() {
 
     // Checkpoint every save_every epochs and after the last one (all ranks; rank 0 writes).
     if (last || (config_.save_every > 0 && (epoch + 1) % config_.save_every == 0)) {
+      dist_.group->set_phase(fmt::format("epoch {}: checkpoint", m.epoch));
       save_checkpoint(epoch + 1);
     }
   }
@@ -244,10 +267,12 @@ void Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
     m.lr = lr_at(schedule_, step_, steps_per_epoch);
     set_lr(*optimizer_, m.lr);
     model_->zero_grad();  // in place, so gradient_as_bucket_view keeps its views
+    dist_.group->set_phase(fmt::format("step {}: forward", step_ + 1));
     auto output = model_->forward_with([&] { return workload_.forward(input); });
     if (first) log_shapes(input, output);
     first = false;
     auto loss = compute_loss(train_set.task, output, target);
+    dist_.group->set_phase(fmt::format("step {}: backward", step_ + 1));
     loss.backward();
     optimizer_->step();
     ++step_;
@@ -258,6 +283,7 @@ void Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
   const double seconds = seconds_since(start);
 
   // Global figures: loss over all ranks' samples; throughput bounded by the slowest rank.
+  dist_.group->set_phase(fmt::format("epoch {}: training metrics", m.epoch));
   auto sums = torch::stack({loss_sum, torch::full({}, static_cast<double>(n), loss_sum.options())});
   dist_.group->all_reduce(sums, comm::ReduceOp::kSum)->wait();
   auto slowest = torch::full({1}, seconds, loss_sum.options());

@@ -10,12 +10,18 @@
 #include <ATen/Tensor.h>
 #include <c10/core/ScalarType.h>
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "ddp/comm/flight_recorder.h"
 #include "ddp/common/error.h"
 
 namespace ddp::comm {
@@ -66,6 +72,16 @@ class Work {
 };
 using WorkPtr = std::shared_ptr<Work>;
 
+// The watchdog thread of a process group: the stall warning, and flight records on request.
+struct WatchdogOptions {
+  // A collective waited on longer than this gets one warning naming the ranks that have not
+  // entered it (where the backend can tell); 0: no warning.
+  std::chrono::milliseconds stall_warning = std::chrono::seconds(60);
+  std::string dump_path;  // where dump_flight_record() and SIGUSR1 write; "": nowhere
+  // How often ranks publish how far they are (for the stall warning's list of laggards).
+  std::chrono::milliseconds progress_interval = std::chrono::milliseconds(500);
+};
+
 struct ProcessGroupOptions {
   std::chrono::milliseconds timeout = std::chrono::seconds(600);  // per collective
   // How long ranks wait for each other to arrive at the rendezvous (store, communicators).
@@ -75,7 +91,7 @@ struct ProcessGroupOptions {
 class ProcessGroup {
  public:
   ProcessGroup(int rank, int world_size, ProcessGroupOptions options);
-  virtual ~ProcessGroup() = default;
+  virtual ~ProcessGroup();  // stops the watchdog
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
 
@@ -98,7 +114,32 @@ class ProcessGroup {
   // Sequence number of the last collective issued (0 before the first).
   uint64_t last_seq() const { return seq_; }
 
+  // The flight recorder, and the phase of the training step the next collectives belong to
+  // ("forward", "backward: bucket 2", "evaluation", ...).
+  const FlightRecorder& recorder() const { return *recorder_; }
+  void set_phase(std::string phase) { recorder_->set_phase(std::move(phase)); }
+
+  // Starts the watchdog thread (once). It warns about stalled collectives, publishes this rank's
+  // progress, and writes the flight record when SIGUSR1 asked (request_flight_dump_from_signal).
+  void start_watchdog(WatchdogOptions options);
+  // Writes the flight record to options.dump_path (atomically) with `reason`; returns the path,
+  // or "" when there is none or the write failed (logged; never throws).
+  std::string dump_flight_record(const std::string& reason);
+
+  // How far every rank is, where the backend shares a store (gloo): each rank's watchdog
+  // publishes its last issued sequence number; the stall warning reads them all.
+  class ProgressBoard {
+   public:
+    virtual ~ProgressBoard() = default;
+    virtual void publish(int rank, uint64_t seq) = 0;
+    // Each rank's last published sequence number (0 for one that has not published).
+    virtual std::vector<uint64_t> read(int world_size) = 0;
+  };
+
  protected:
+  // Called by a backend's constructor. The watchdog thread owns its use.
+  void set_progress_board(std::shared_ptr<ProgressBoard> board) { board_ = std::move(board); }
+
   // Backends implement these; `info` describes the call for error messages.
   virtual WorkPtr do_all_reduce(at::Tensor& tensor, ReduceOp op, const CollectiveInfo& info) = 0;
   virtual WorkPtr do_broadcast(at::Tensor& tensor, int root, const CollectiveInfo& info) = 0;
@@ -111,12 +152,39 @@ class ProcessGroup {
 
  private:
   CollectiveInfo next_info(std::string op, const at::Tensor* tensor);
+  // The Work that `issue` returns, recorded as done or failed once waited on (next_info recorded
+  // it as issued).
+  template <class Issue>
+  WorkPtr recorded(const CollectiveInfo& info, Issue issue);
+  void watch();  // the watchdog thread's loop
+  void check_stall();
 
   int rank_;
   int world_size_;
   ProcessGroupOptions options_;
   uint64_t seq_ = 0;
+  std::shared_ptr<FlightRecorder> recorder_ = std::make_shared<FlightRecorder>();
+  WatchdogOptions watchdog_options_;
+  std::string backend_;  // backend_name(), kept for the watchdog thread
+  std::shared_ptr<ProgressBoard> board_;
+  std::thread watchdog_;
+  std::mutex watchdog_mutex_;
+  std::condition_variable watchdog_wake_;
+  bool watchdog_stop_ = false;
+  uint64_t warned_seq_ = 0;     // the last collective the stall warning named
+  uint64_t published_seq_ = 0;  // the last progress published
+  struct {
+    uint64_t seq = 0;  // 0: no delay
+    int rank = 0;
+    double seconds = 0.0;
+  } test_delay_;  // see the constructor
 };
+
+// The stall warning's text: "rank 0: all_reduce(sum) #58 (backward: bucket 1) has waited 61 s
+// for the other ranks; not entered by rank(s) 1 (at #57)". `progress` holds each rank's last
+// issued sequence number (empty: unknown). A pure function.
+std::string stall_message(int rank, const CollectiveRecord& stalled, double waited_s,
+                          const std::vector<uint64_t>& progress);
 
 // A Work that is already complete (the local backend, empty collectives).
 class CompletedWork : public Work {

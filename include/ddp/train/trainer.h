@@ -38,7 +38,8 @@ class Trainer {
 
   // Trains up to config.epochs epochs (from where a resumed checkpoint stopped), writing metrics
   // after each and checkpoints every save_every epochs and after the last; returns the metrics of
-  // the epochs it trained.
+  // the epochs it trained. When a collective fails or times out, writes this rank's flight
+  // record to <output>/debug/rank<r>.json before rethrowing.
   TrainResult run();
 
   // Loss (and accuracy, or MAE and the naive forecast's) over the whole of `set`, in eval mode
@@ -53,6 +54,7 @@ class Trainer {
   const Config& config() const { return config_; }
 
  private:
+  TrainResult train();  // run() without the flight record
   // One pass over this epoch's indices; fills the training fields of `metrics`.
   void train_epoch(int64_t epoch, EpochMetrics& metrics);
   // The DataParallel tutorial's printout, for the run's first step: the part of the global

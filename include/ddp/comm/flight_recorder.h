@@ -1,0 +1,75 @@
+#pragma once
+// The flight recorder: every process group keeps its last collectives (sequence number, op, the
+// phase of the training step it was issued in, bytes, start and end time, state) in a ring
+// buffer, so that a hang can be explained after the fact: which rank did not enter which
+// collective, and where in the step it was. Written as JSON to <output>/debug/rank<r>.json on a
+// collective failure or timeout and on SIGUSR1; `ddp_train --diagnose DIR` merges the files.
+//
+// Thread-safe: collectives may be issued from autograd threads (DDP's hooks) while the watchdog
+// thread reads the buffer.
+
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ddp::comm {
+
+struct CollectiveInfo;
+
+enum class CollectiveState { kIssued, kDone, kFailed };
+const char* to_string(CollectiveState state);
+
+struct CollectiveRecord {
+  uint64_t seq = 0;
+  std::string op;     // "all_reduce(sum)", ...
+  std::string phase;  // "forward", "backward: bucket 2", "evaluation", ...
+  int64_t bytes = 0;
+  double start = 0.0;  // seconds since the Unix epoch (comparable across hosts)
+  double end = 0.0;    // 0 while issued
+  CollectiveState state = CollectiveState::kIssued;
+};
+
+class FlightRecorder {
+ public:
+  explicit FlightRecorder(size_t capacity = 256);
+
+  // The phase that the next collectives are issued in.
+  void set_phase(std::string phase);
+  std::string phase() const;
+
+  void issued(const CollectiveInfo& info, int64_t bytes);
+  void finished(uint64_t seq, bool ok);
+
+  // Oldest first; at most `capacity` records.
+  std::vector<CollectiveRecord> records() const;
+  // The oldest collective still issued (waited on), if any.
+  std::optional<CollectiveRecord> oldest_pending() const;
+  uint64_t last_issued() const;
+
+  // {"rank": r, "world_size": n, "backend": b, "reason": why, "time": now, "phase": current,
+  //  "last_issued": seq, "collectives": [{"seq", "op", "phase", "bytes", "start", "end",
+  //  "state"}, ...]}
+  std::string to_json(int rank, int world_size, const std::string& backend,
+                      const std::string& reason) const;
+
+ private:
+  size_t capacity_;
+  mutable std::mutex mutex_;
+  std::string phase_ = "setup";
+  uint64_t last_issued_ = 0;
+  std::deque<CollectiveRecord> records_;
+};
+
+// Seconds since the Unix epoch.
+double wall_time();
+
+// SIGUSR1's request that every process group of this process write its flight record; only sets
+// a flag, so it is async-signal-safe. The watchdog threads act on it.
+void request_flight_dump_from_signal();
+// True once after each request (the watchdog consumes it).
+bool take_flight_dump_request();
+
+}  // namespace ddp::comm

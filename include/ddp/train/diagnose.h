@@ -1,0 +1,35 @@
+#pragma once
+// The hang doctor: merges the ranks' flight records (comm/flight_recorder.h) into one report that
+// names the rank(s) that lagged, the first collective they did not enter (or entered only after
+// the others had given up on it), and the phase of the training step it belongs to.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ddp/comm/flight_recorder.h"
+
+namespace ddp::train {
+
+struct FlightDump {
+  std::string file;
+  int rank = 0;
+  int world_size = 1;
+  std::string reason;  // why it was written: the error, or SIGUSR1
+  double time = 0.0;   // when it was written
+  std::string phase;   // the phase the rank was in then
+  uint64_t last_issued = 0;
+  std::vector<comm::CollectiveRecord> collectives;  // oldest first
+};
+
+// Parses one rank<r>.json. Throws InputError naming `file` when it is not a flight record.
+FlightDump parse_flight_dump(const std::string& text, const std::string& file);
+
+// The records in `dir`/debug (or in `dir` itself when it holds rank*.json files), by rank.
+// Throws InputError when there are none or one does not parse.
+std::vector<FlightDump> read_flight_dumps(const std::string& dir);
+
+// The report, several lines ending with the diagnosis. A pure function of the dumps.
+std::string diagnose(const std::vector<FlightDump>& dumps);
+
+}  // namespace ddp::train

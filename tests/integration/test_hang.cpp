@@ -1,0 +1,85 @@
+// The hang doctor with real ranks: a rank held back before one collective (test hook
+// DDP_TEST_DELAY_SEQ) is named by the others' stall warning, every rank exits non-zero at the
+// short collective timeout, and `ddp_train --diagnose` names the rank and the collective.
+// SIGUSR1 makes a rank write its flight record while it hangs.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "ddp/train/diagnose.h"
+#include "ranks.h"
+#include "subprocess.h"
+
+namespace {
+
+using ddp::testing::TempDir;
+using std::chrono::seconds;
+
+std::vector<std::string> linear_job(const std::string& out, std::vector<std::string> extra = {}) {
+  std::vector<std::string> argv = {DDP_TRAIN_BIN, "--config",
+                                   std::string(DDP_SOURCE_DIR) + "/configs/random_linear.yaml",
+                                   "--output-dir", out};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
+
+TEST(Hang, ALateRankIsNamedByTheStallWarningAndTheDiagnosis) {
+  TempDir out;
+  constexpr int kSeq = 8;  // the third gradient all-reduce (step 3 of 4 in the first epoch)
+  const auto ranks = ddp::testing::run_env_ranks(
+      2, linear_job(out.path(), {"--comm-timeout", "4", "--stall-warning", "1"}), seconds(90),
+      {{"DDP_TEST_DELAY_SEQ", std::to_string(kSeq)},
+       {"DDP_TEST_DELAY_RANK", "1"},
+       {"DDP_TEST_DELAY_S", "8"}});
+  ASSERT_EQ(ranks.size(), 2u);
+  for (const auto& r : ranks) {
+    EXPECT_FALSE(r.timed_out) << r.output;
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_EQ(r.output.find("terminate called"), std::string::npos) << r.output;
+  }
+  // Rank 0 waited in #12 and said who had not come.
+  const std::string warning = "#" + std::to_string(kSeq) +
+                              " (backward: bucket 0) has waited 1 s for the other ranks; " +
+                              "not entered by rank(s) 1 (at #" + std::to_string(kSeq - 1) + ")";
+  EXPECT_NE(ranks[0].output.find(warning), std::string::npos) << ranks[0].output;
+  EXPECT_NE(ranks[0].output.find("flight record written to"), std::string::npos) << ranks[0].output;
+  ASSERT_TRUE(std::filesystem::exists(out.file("debug/rank0.json")));
+  ASSERT_TRUE(std::filesystem::exists(out.file("debug/rank1.json")));
+
+  auto report =
+      ddp::testing::run_process({DDP_TRAIN_BIN, "--diagnose", out.path()}, {}, seconds(30));
+  ASSERT_EQ(report.exit_code, 0) << report.output;
+  EXPECT_NE(report.output.find("flight records of 2 of 2 rank(s)"), std::string::npos)
+      << report.output;
+  EXPECT_NE(report.output.find("diagnosis: rank(s) 1 entered collective #" + std::to_string(kSeq) +
+                               " all_reduce(avg) (backward: bucket 0) only after another rank had "
+                               "given up on it"),
+            std::string::npos)
+      << report.output;
+}
+
+TEST(Hang, Sigusr1WritesTheFlightRecordOfAWaitingRank) {
+  TempDir out;
+  // A single rank held before its 3rd collective for 6 s; SIGUSR1 meanwhile.
+  ddp::testing::Child child(
+      linear_job(out.path()),
+      {{"DDP_TEST_DELAY_SEQ", "3"}, {"DDP_TEST_DELAY_RANK", "0"}, {"DDP_TEST_DELAY_S", "6"}});
+  const auto deadline = std::chrono::steady_clock::now() + seconds(60);
+  ASSERT_TRUE(child.wait_for_output("test hook: waiting", deadline)) << child.output();
+  ::kill(child.pid(), SIGUSR1);
+  const auto path = out.file("debug/rank0.json");
+  while (!std::filesystem::exists(path) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(std::filesystem::exists(path)) << child.output();
+  const auto dump = ddp::train::parse_flight_dump(ddp::testing::read_file(path), path);
+  EXPECT_EQ(dump.reason, "SIGUSR1");
+  EXPECT_EQ(dump.last_issued, 2u);
+  EXPECT_EQ(dump.phase, "step 1: forward");  // #3: the first step's all_gather of shapes
+  const auto r = child.wait_until(deadline);
+  EXPECT_EQ(r.exit_code, 0) << r.output;  // the signal did not end the run
+}
+
+}  // namespace

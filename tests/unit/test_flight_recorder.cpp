@@ -1,0 +1,151 @@
+// The flight recorder and the hang doctor as pure logic: the ring buffer, its JSON read back,
+// the stall warning's text, and the diagnosis of hand-made records.
+#include <gtest/gtest.h>
+
+#include "ddp/comm/flight_recorder.h"
+#include "ddp/comm/process_group.h"
+#include "ddp/common/error.h"
+#include "ddp/train/diagnose.h"
+
+namespace {
+
+using ddp::comm::CollectiveInfo;
+using ddp::comm::CollectiveRecord;
+using ddp::comm::CollectiveState;
+using ddp::comm::FlightRecorder;
+using ddp::train::FlightDump;
+
+CollectiveInfo info(uint64_t seq, std::string op) {
+  CollectiveInfo i;
+  i.seq = seq;
+  i.op = std::move(op);
+  return i;
+}
+
+TEST(FlightRecorder, KeepsTheLastCollectivesWithPhaseAndState) {
+  FlightRecorder recorder(3);
+  recorder.set_phase("setup");
+  recorder.issued(info(1, "broadcast(root 0)"), 40);
+  recorder.finished(1, true);
+  recorder.set_phase("backward: bucket 0");
+  for (uint64_t s = 2; s <= 4; ++s) recorder.issued(info(s, "all_reduce(avg)"), 4096);
+  recorder.finished(2, true);
+  recorder.finished(3, false);
+  const auto records = recorder.records();
+  ASSERT_EQ(records.size(), 3u);  // the oldest fell out
+  EXPECT_EQ(records[0].seq, 2u);
+  EXPECT_EQ(records[0].state, CollectiveState::kDone);
+  EXPECT_EQ(records[1].state, CollectiveState::kFailed);
+  EXPECT_EQ(records[2].state, CollectiveState::kIssued);
+  EXPECT_EQ(records[2].phase, "backward: bucket 0");
+  EXPECT_EQ(records[2].bytes, 4096);
+  EXPECT_EQ(recorder.last_issued(), 4u);
+  ASSERT_TRUE(recorder.oldest_pending().has_value());
+  EXPECT_EQ(recorder.oldest_pending()->seq, 4u);
+
+  // The JSON reads back as written, quotes in the reason included.
+  const auto dump = ddp::train::parse_flight_dump(
+      recorder.to_json(1, 2, "gloo", "rank 1: \"all_reduce\" timed out\nsecond line"), "r1.json");
+  EXPECT_EQ(dump.rank, 1);
+  EXPECT_EQ(dump.world_size, 2);
+  EXPECT_EQ(dump.reason, "rank 1: \"all_reduce\" timed out\nsecond line");
+  EXPECT_EQ(dump.last_issued, 4u);
+  ASSERT_EQ(dump.collectives.size(), 3u);
+  EXPECT_EQ(dump.collectives[1].op, "all_reduce(avg)");
+  EXPECT_EQ(dump.collectives[1].state, CollectiveState::kFailed);
+  EXPECT_NEAR(dump.collectives[2].start, records[2].start, 1e-3);
+  EXPECT_THROW(ddp::train::parse_flight_dump("{\"rank\": 1}", "bad.json"), ddp::InputError);
+}
+
+TEST(FlightRecorder, StallMessageNamesTheRanksThatHaveNotEnteredTheCollective) {
+  CollectiveRecord stalled;
+  stalled.seq = 58;
+  stalled.op = "all_reduce(avg)";
+  stalled.phase = "backward: bucket 1";
+  EXPECT_EQ(ddp::comm::stall_message(0, stalled, 61.2, {58, 57, 58, 12}),
+            "rank 0: all_reduce(avg) #58 (backward: bucket 1) has waited 61 s for the other ranks; "
+            "not entered by rank(s) 1 (at #57), 3 (at #12)");
+  EXPECT_NE(ddp::comm::stall_message(0, stalled, 61, {58, 58}).find("every rank has entered it"),
+            std::string::npos);
+  EXPECT_NE(ddp::comm::stall_message(0, stalled, 61, {}).find("unknown on this backend"),
+            std::string::npos);
+}
+
+// A rank's dump: collectives {seq, op, phase, start, end, state} up to `last`.
+FlightDump dump(int rank, int world, std::vector<CollectiveRecord> collectives,
+                std::string phase = "step 3: backward") {
+  FlightDump d;
+  d.rank = rank;
+  d.world_size = world;
+  d.reason = "collective failed";
+  d.time = 100.0;
+  d.phase = std::move(phase);
+  d.last_issued = collectives.empty() ? 0 : collectives.back().seq;
+  d.collectives = std::move(collectives);
+  return d;
+}
+
+CollectiveRecord record(uint64_t seq, std::string op, std::string phase, double start, double end,
+                        CollectiveState state) {
+  CollectiveRecord r;
+  r.seq = seq;
+  r.op = std::move(op);
+  r.phase = std::move(phase);
+  r.bytes = 64;
+  r.start = start;
+  r.end = end;
+  r.state = state;
+  return r;
+}
+
+const auto kDone = CollectiveState::kDone;
+const auto kFailed = CollectiveState::kFailed;
+const auto kIssued = CollectiveState::kIssued;
+
+TEST(Diagnose, NamesTheRankBehindAndTheCollectiveItDidNotEnter) {
+  const auto a = record(11, "all_reduce(avg)", "backward: bucket 0", 1, 2, kDone);
+  const auto b = record(12, "all_reduce(avg)", "backward: bucket 1", 3, 0, kIssued);
+  const auto report = ddp::train::diagnose(
+      {dump(0, 3, {a, b}), dump(1, 3, {a}, "step 4: forward"), dump(2, 3, {a, b})});
+  EXPECT_NE(report.find("diagnosis: rank(s) 1 did not enter collective #12 all_reduce(avg) "
+                        "(backward: bucket 1), which rank(s) 0, 2 entered; rank 1 was in "
+                        "'step 4: forward'"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("rank 0: last issued #12 all_reduce(avg) (backward: bucket 1): issued, "
+                        "waiting for 97.0 s"),
+            std::string::npos)
+      << report;
+}
+
+TEST(Diagnose, NamesARankThatEnteredOnlyAfterTheOthersGaveUp) {
+  const auto a = record(11, "broadcast(root 0)", "step 2: forward", 1, 2, kDone);
+  const auto report = ddp::train::diagnose(
+      {dump(0, 2, {a, record(12, "all_reduce(avg)", "backward: bucket 0", 3, 7, kFailed)}),
+       dump(1, 2, {a, record(12, "all_reduce(avg)", "backward: bucket 0", 11, 11.5, kFailed)})});
+  EXPECT_NE(report.find("diagnosis: rank(s) 1 entered collective #12 all_reduce(avg) (backward: "
+                        "bucket 0) only after another rank had given up on it"),
+            std::string::npos)
+      << report;
+}
+
+TEST(Diagnose, OtherCases) {
+  const auto a = record(5, "all_reduce(sum)", "epoch 1: training metrics", 1, 2, kDone);
+  // Different operations under one sequence number.
+  auto report = ddp::train::diagnose(
+      {dump(0, 2, {a}), dump(1, 2, {record(5, "barrier", "epoch 1: checkpoint", 1, 0, kIssued)})});
+  EXPECT_NE(report.find("diagnosis: ranks disagree on collective #5: rank 0 issued "
+                        "all_reduce(sum) of 64 bytes"),
+            std::string::npos)
+      << report;
+  // Everyone done; a missing rank.
+  report = ddp::train::diagnose({dump(0, 3, {a}), dump(2, 3, {a})});
+  EXPECT_NE(report.find("no record from rank(s) 1"), std::string::npos) << report;
+  EXPECT_NE(report.find("diagnosis: no rank lags"), std::string::npos) << report;
+  // Everyone entered in time and nothing completed.
+  const auto stuck = record(6, "all_reduce(avg)", "backward: bucket 0", 3, 0, kIssued);
+  report = ddp::train::diagnose({dump(0, 2, {a, stuck}), dump(1, 2, {a, stuck})});
+  EXPECT_NE(report.find("every rank entered collective #6"), std::string::npos) << report;
+}
+
+}  // namespace
