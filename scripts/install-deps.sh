@@ -11,6 +11,7 @@ packages=(
   dataset-fashion-mnist
   python3 python3-torch python3-numpy python3-yaml
   libopenblas0-openmp
+  clang libclang-rt-14-dev
 )
 
 missing=()

@@ -44,9 +44,13 @@ IdxArray parse_idx(const std::string& bytes, int expected_rank, const std::strin
   int64_t count = 1;
   for (int d = 0; d < rank; ++d) {
     const int64_t dim = read_be32(bytes, 4 + 4 * static_cast<size_t>(d));
-    if (dim <= 0 || count * dim > kMaxElements) {
+    if (dim <= 0) {
       throw InputError(
           fmt::format("{}: IDX dimension {} is {}, expected a positive size", name, d, dim));
+    }
+    if (dim > kMaxElements / count) {  // divided, not multiplied: the product may overflow
+      throw InputError(fmt::format("{}: IDX dimensions {} x .. x {} exceed {} elements", name,
+                                   out.dims.empty() ? dim : out.dims.front(), dim, kMaxElements));
     }
     count *= dim;
     out.dims.push_back(dim);

@@ -93,6 +93,14 @@ TEST(Idx, RejectsShortAndLongPayloads) {
       std::string::npos);
 }
 
+// Found by fuzz_idx: the dimensions' product overflowed int64 before the size check.
+TEST(Idx, RejectsDimensionsWhoseProductOverflows) {
+  EXPECT_EQ(error_of([] {
+              ddp::data::parse_idx(idx_bytes({0x200, 0xffffffff, 0xffffffff}, {}), 3, "f");
+            }),
+            "f: IDX dimensions 512 x .. x 4294967295 exceed 8589934592 elements");
+}
+
 TEST(Idx, RejectsTruncatedGzip) {
   TempDir dir;
   std::vector<uint8_t> values(100000);
