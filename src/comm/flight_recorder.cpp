@@ -10,8 +10,8 @@
 namespace ddp::comm {
 namespace {
 
-std::atomic<bool> g_dump_requested{false};
-static_assert(std::atomic<bool>::is_always_lock_free, "set from a signal handler");
+std::atomic<uint64_t> g_dump_requests{0};
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "incremented in a signal handler");
 
 // A JSON string literal of `s` (quotes, backslashes and control characters escaped).
 std::string json_string(const std::string& s) {
@@ -123,11 +123,11 @@ std::string FlightRecorder::to_json(int rank, int world_size, const std::string&
 }
 
 void request_flight_dump_from_signal() {
-  g_dump_requested.store(true, std::memory_order_relaxed);
+  g_dump_requests.fetch_add(1, std::memory_order_relaxed);
 }
 
-bool take_flight_dump_request() {
-  return g_dump_requested.exchange(false, std::memory_order_relaxed);
+uint64_t flight_dump_requests() {
+  return g_dump_requests.load(std::memory_order_relaxed);
 }
 
 }  // namespace ddp::comm

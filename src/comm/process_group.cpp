@@ -142,6 +142,7 @@ ProcessGroup::~ProcessGroup() {
 void ProcessGroup::start_watchdog(WatchdogOptions options) {
   if (watchdog_.joinable()) return;
   watchdog_options_ = std::move(options);
+  dump_requests_seen_ = flight_dump_requests();  // requests before it started are not its own
   backend_ = backend_name();  // the watchdog never calls a virtual function of a dying group
   watchdog_ = std::thread([this] { watch(); });
 }
@@ -151,7 +152,8 @@ void ProcessGroup::watch() {
   while (!watchdog_wake_.wait_for(lock, watchdog_options_.progress_interval,
                                   [this] { return watchdog_stop_; })) {
     lock.unlock();
-    if (take_flight_dump_request()) {
+    if (const uint64_t requests = flight_dump_requests(); requests != dump_requests_seen_) {
+      dump_requests_seen_ = requests;
       const auto path = dump_flight_record("SIGUSR1");
       if (!path.empty()) log::warn("rank {}: flight record written to {}", rank_, path);
     }

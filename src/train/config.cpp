@@ -177,6 +177,8 @@ std::vector<ConfigKey> make_keys() {
       float_key("stall-warning", &C::stall_warning, 0.0, false,
                 "seconds a collective may wait before a warning names the ranks that have not "
                 "joined it (0: none)"),
+      int_key("check-params-every", &C::check_params_every, 0,
+              "every N steps, check that the ranks' parameters are still equal (0: never)"),
       float_key("bucket-cap-mb", &C::bucket_cap_mb, 0.0, true,
                 "DDP: MiB of gradients per all-reduce bucket (the first is 1 MiB)"),
       bool_key("broadcast-buffers", &C::broadcast_buffers,

@@ -81,25 +81,29 @@ core::CommHook comm_hook_of(const std::string& name) {
 }
 
 namespace {
-// The test hook of the launcher's restart test: DDP_TEST_CRASH_AT_STEP=N kills rank
-// DDP_TEST_CRASH_RANK (default 0) with SIGKILL after its N-th optimizer step, in the first run
-// only (TORCHELASTIC_RESTART_COUNT unset or 0). 0: no crash.
-int64_t test_crash_step(const comm::Env& env, int rank) {
-  auto get = [&](const char* key, const char* fallback) {
+// The step of a test hook on this rank: DDP_TEST_<name>_AT_STEP=N acts on rank
+// DDP_TEST_<name>_RANK (default 0) after its N-th optimizer step, in the first run only
+// (TORCHELASTIC_RESTART_COUNT unset or 0). 0: never. The hooks: CRASH kills the rank with
+// SIGKILL (the launcher's restart test); PERTURB changes its first parameter (the divergence
+// check's test).
+int64_t test_hook_step(const comm::Env& env, int rank, const std::string& name) {
+  auto get = [&](const std::string& key, const char* fallback) {
     auto it = env.find(key);
     return std::strtoll(it == env.end() ? fallback : it->second.c_str(), nullptr, 10);
   };
-  if (get("TORCHELASTIC_RESTART_COUNT", "0") != 0 || get("DDP_TEST_CRASH_RANK", "0") != rank) {
+  if (get("TORCHELASTIC_RESTART_COUNT", "0") != 0 ||
+      get("DDP_TEST_" + name + "_RANK", "0") != rank) {
     return 0;
   }
-  return get("DDP_TEST_CRASH_AT_STEP", "0");
+  return get("DDP_TEST_" + name + "_AT_STEP", "0");
 }
 }  // namespace
 
 Trainer::Trainer(Config config)
     : config_(prepared(std::move(config))), dist_(init_distributed(config_, comm::current_env())) {
   const comm::Env env = comm::current_env();
-  crash_at_step_ = test_crash_step(env, dist_.rank());
+  crash_at_step_ = test_hook_step(env, dist_.rank(), "CRASH");
+  perturb_at_step_ = test_hook_step(env, dist_.rank(), "PERTURB");
   comm::WatchdogOptions watchdog;
   watchdog.stall_warning =
       std::chrono::milliseconds(static_cast<int64_t>(config_.stall_warning * 1000.0));
@@ -276,7 +280,16 @@ void Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
     loss.backward();
     optimizer_->step();
     ++step_;
-    if (step_ == crash_at_step_) ::kill(::getpid(), SIGKILL);  // test hook, see above
+    if (step_ == crash_at_step_) ::kill(::getpid(), SIGKILL);  // test hooks, see above
+    if (step_ == perturb_at_step_) {
+      torch::NoGradGuard no_grad;
+      workload_.module->parameters().front().add_(1e-3);
+    }
+
+    // Every check_params_every steps: are the ranks still training the same model?
+    if (config_.check_params_every > 0 && step_ % config_.check_params_every == 0) {
+      check_parameters();
+    }
 
     loss_sum += loss.detach().to(torch::kDouble) * static_cast<double>(size);
   }
@@ -293,6 +306,36 @@ void Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
   m.steps = step_;
   m.train_loss = sums[0].item<double>() / sums[1].item<double>();
   m.samples_per_s = sums[1].item<double>() / m.epoch_seconds;
+}
+
+void Trainer::check_parameters() {
+  dist_.group->set_phase(fmt::format("step {}: parameter check", step_));
+  // Two float64 checksums per parameter (sum and sum of squares), gathered from every rank:
+  // DDP keeps the parameters bitwise equal, so any difference is a divergence.
+  const auto named = workload_.module->named_parameters();
+  std::vector<torch::Tensor> sums;
+  for (const auto& item : named) {
+    const auto p = item.value().detach().to(torch::kDouble);
+    sums.push_back(p.sum());
+    sums.push_back(p.square().sum());
+  }
+  const auto mine = torch::stack(sums);
+  auto all = torch::empty({dist_.world_size() * mine.numel()}, mine.options());
+  dist_.group->all_gather(all, mine)->wait();
+  all = all.cpu().view({dist_.world_size(), -1, 2});
+  for (int64_t i = 0; i < all.size(1); ++i) {
+    std::vector<int64_t> differing;
+    for (int64_t r = 1; r < dist_.world_size(); ++r) {
+      if (!torch::equal(all[r][i], all[0][i])) differing.push_back(r);
+    }
+    if (!differing.empty()) {
+      throw Error(fmt::format(
+          "parameters diverged across ranks by step {}: '{}' differs between rank 0 and rank(s) "
+          "{} (sum {} on rank 0, {} on rank {}); the ranks no longer train the same model",
+          step_, named[static_cast<size_t>(i)].key(), fmt::join(differing, ", "),
+          all[0][i][0].item<double>(), all[differing[0]][i][0].item<double>(), differing[0]));
+    }
+  }
 }
 
 data::LoaderOptions Trainer::loader_options(int64_t epoch) const {

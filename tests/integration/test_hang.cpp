@@ -1,7 +1,8 @@
 // The hang doctor with real ranks: a rank held back before one collective (test hook
 // DDP_TEST_DELAY_SEQ) is named by the others' stall warning, every rank exits non-zero at the
 // short collective timeout, and `ddp_train --diagnose` names the rank and the collective.
-// SIGUSR1 makes a rank write its flight record while it hangs.
+// SIGUSR1 makes a rank write its flight record while it hangs. --check-params-every catches ranks
+// whose parameters drift apart.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -80,6 +81,27 @@ TEST(Hang, Sigusr1WritesTheFlightRecordOfAWaitingRank) {
   EXPECT_EQ(dump.phase, "step 1: forward");  // #3: the first step's all_gather of shapes
   const auto r = child.wait_until(deadline);
   EXPECT_EQ(r.exit_code, 0) << r.output;  // the signal did not end the run
+}
+
+// --check-params-every: a rank whose parameters drift (test hook DDP_TEST_PERTURB_AT_STEP) is
+// caught at the next check, on every rank, naming the parameter; unperturbed runs pass it.
+TEST(Divergence, ADriftingRankIsCaughtAtTheNextCheck) {
+  TempDir healthy, drifted;
+  for (const auto& r : ddp::testing::run_env_ranks(
+           2, linear_job(healthy.path(), {"--epochs", "2", "--check-params-every", "1"}),
+           seconds(90))) {
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+  }
+  const auto ranks = ddp::testing::run_env_ranks(
+      2, linear_job(drifted.path(), {"--epochs", "2", "--check-params-every", "2"}), seconds(90),
+      {{"DDP_TEST_PERTURB_AT_STEP", "3"}, {"DDP_TEST_PERTURB_RANK", "1"}});
+  for (const auto& r : ranks) {
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("parameters diverged across ranks by step 4: '0.weight' differs between "
+                            "rank 0 and rank(s) 1"),
+              std::string::npos)
+        << r.output;
+  }
 }
 
 }  // namespace

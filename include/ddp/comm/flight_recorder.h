@@ -66,10 +66,10 @@ class FlightRecorder {
 // Seconds since the Unix epoch.
 double wall_time();
 
-// SIGUSR1's request that every process group of this process write its flight record; only sets
-// a flag, so it is async-signal-safe. The watchdog threads act on it.
+// SIGUSR1's request that every process group of this process write its flight record: only an
+// atomic increment, so it is async-signal-safe. The watchdog threads act on it.
 void request_flight_dump_from_signal();
-// True once after each request (the watchdog consumes it).
-bool take_flight_dump_request();
+// How many requests there have been; a watchdog writes when the count moved since it last looked.
+uint64_t flight_dump_requests();
 
 }  // namespace ddp::comm

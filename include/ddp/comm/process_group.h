@@ -171,8 +171,9 @@ class ProcessGroup {
   std::mutex watchdog_mutex_;
   std::condition_variable watchdog_wake_;
   bool watchdog_stop_ = false;
-  uint64_t warned_seq_ = 0;     // the last collective the stall warning named
-  uint64_t published_seq_ = 0;  // the last progress published
+  uint64_t warned_seq_ = 0;          // the last collective the stall warning named
+  uint64_t published_seq_ = 0;       // the last progress published
+  uint64_t dump_requests_seen_ = 0;  // flight_dump_requests() when the watchdog last looked
   struct {
     uint64_t seq = 0;  // 0: no delay
     int rank = 0;

@@ -60,6 +60,9 @@ class Trainer {
   // The DataParallel tutorial's printout, for the run's first step: the part of the global
   // batch each rank saw ("rank 1: input [15, 5] -> output [15, 2]"). A collective.
   void log_shapes(const torch::Tensor& input, const torch::Tensor& output);
+  // --check-params-every: compares checksums of the parameters across ranks (a collective);
+  // throws Error naming the first parameter that differs and the ranks where it does.
+  void check_parameters();
   // How the training batches of `epoch` are prepared (--workers, --pin-memory, --augment).
   data::LoaderOptions loader_options(int64_t epoch) const;
 
@@ -77,9 +80,10 @@ class Trainer {
   DistributedDataParallel model_{nullptr};
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   LrSchedule schedule_;
-  int64_t step_ = 0;           // optimizer steps taken
-  int64_t start_epoch_ = 0;    // epochs done before this run (resume)
-  int64_t crash_at_step_ = 0;  // test hook: DDP_TEST_CRASH_AT_STEP
+  int64_t step_ = 0;             // optimizer steps taken
+  int64_t start_epoch_ = 0;      // epochs done before this run (resume)
+  int64_t crash_at_step_ = 0;    // test hook: DDP_TEST_CRASH_AT_STEP
+  int64_t perturb_at_step_ = 0;  // test hook: DDP_TEST_PERTURB_AT_STEP
 };
 
 }  // namespace ddp::train
