@@ -97,9 +97,10 @@ TEST(Divergence, ADriftingRankIsCaughtAtTheNextCheck) {
       {{"DDP_TEST_PERTURB_AT_STEP", "3"}, {"DDP_TEST_PERTURB_RANK", "1"}});
   for (const auto& r : ranks) {
     EXPECT_EQ(r.exit_code, 1) << r.output;
-    EXPECT_NE(r.output.find("parameters diverged across ranks by step 4: '0.weight' differs between "
-                            "rank 0 and rank(s) 1"),
-              std::string::npos)
+    EXPECT_NE(
+        r.output.find("parameters diverged across ranks by step 4: '0.weight' differs between "
+                      "rank 0 and rank(s) 1"),
+        std::string::npos)
         << r.output;
   }
 }
