@@ -4,11 +4,13 @@
 # tests/fuzz/corpus/<target>/ (copied: the corpus in the tree stays as committed). Exits non-zero
 # on a crash, a leak, undefined behaviour, an input slower than 10 s or above 4 GiB; the input
 # that did it is left in the working directory as crash-*, leak-*, timeout-* or oom-*.
-# Usage: scripts/fuzz.sh [target ...]   (default: idx csv config checkpoint)
+# The runs are seeded (${DDP_FUZZ_SEED:-1}), so that CI repeats the same inputs; set another seed
+# to explore further. Usage: scripts/fuzz.sh [target ...]   (default: idx csv config checkpoint)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${DDP_FUZZ_BUILD_DIR:-$root/build-fuzz}"
 seconds="${DDP_FUZZ_SECONDS:-30}"
+seed="${DDP_FUZZ_SEED:-1}"
 targets=("$@")
 [[ ${#targets[@]} -gt 0 ]] || targets=(idx csv config checkpoint)
 
@@ -21,7 +23,7 @@ for target in "${targets[@]}"; do
   cp -r "$root/tests/fuzz/corpus/$target/." "$work/"
   echo "fuzz_$target: ${seconds} s from $(ls "$work" | wc -l) seed(s)"
   # -fork would survive a finding and go on; one process stops at the first, which is what CI wants.
-  (cd "$build" && LSAN_OPTIONS="suppressions=$root/tests/fuzz/lsan.supp" "./fuzz_$target" "$work" -max_total_time="$seconds" -timeout=10 \
+  (cd "$build" && LSAN_OPTIONS="suppressions=$root/tests/fuzz/lsan.supp" "./fuzz_$target" "$work" -max_total_time="$seconds" -seed="$seed" -timeout=10 \
     -rss_limit_mb=4096 -max_len=65536 -print_final_stats=1 2>&1 | tail -n 25)
   status=${PIPESTATUS[0]}
   rm -rf "$work"

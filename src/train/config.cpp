@@ -265,7 +265,11 @@ void apply_config_file(Config& config, const std::string& path) {
   }
   for (const auto& item : root) {
     const std::string origin = fmt::format("{}:{}", path, item.first.Mark().line + 1);
-    const std::string key = item.first.as<std::string>();
+    if (!item.first.IsScalar()) {  // YAML allows "? [a, b]: 1"; a config key is a name
+      throw InputError(fmt::format("{}: expected a key name, got a {}", origin,
+                                   item.first.IsSequence() ? "list" : "mapping or null"));
+    }
+    const std::string key = item.first.Scalar();
     if (!item.second.IsScalar()) {
       if (find_config_key(key) == nullptr)
         set_config_value(config, key, "", origin);  // unknown key

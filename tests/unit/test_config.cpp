@@ -95,6 +95,16 @@ TEST(Config, SyntaxErrorNamesLine) {
   EXPECT_NE(msg.find("YAML syntax error"), std::string::npos) << msg;
 }
 
+// Found by fuzz_config: a YAML complex key ("? key") is a mapping, not a name; reading it as a
+// string threw a YAML exception that was not an InputError.
+TEST(Config, AKeyThatIsNotANameIsAnInputError) {
+  TempDir dir;
+  EXPECT_EQ(error_of([&] { load(dir, "epochs: 1\n? a: /usd\n"); }),
+            dir.file("c.yaml") + ":2: expected a key name, got a mapping or null");
+  EXPECT_EQ(error_of([&] { load(dir, "? [a, b]\n: 3\n"); }),
+            dir.file("c.yaml") + ":1: expected a key name, got a list");
+}
+
 TEST(Config, MissingFileAndNonMapping) {
   TempDir dir;
   Config c;
