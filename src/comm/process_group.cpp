@@ -193,9 +193,8 @@ std::string ProcessGroup::dump_flight_record(const std::string& reason) {
   if (path.empty()) return "";
   try {
     std::filesystem::create_directories(std::filesystem::path(path).parent_path());
-    write_file_atomically(
-        path, recorder_->to_json(rank_, world_size_, backend_.empty() ? backend_name() : backend_,
-                                 reason));
+    // dump_path is set by start_watchdog(), together with backend_.
+    write_file_atomically(path, recorder_->to_json(rank_, world_size_, backend_, reason));
     return path;
   } catch (const std::exception& e) {
     log::error("rank {}: could not write the flight record {}: {}", rank_, path, e.what());

@@ -135,7 +135,7 @@ void check_options(const TimeSeriesOptions& o) {
 }  // namespace
 
 TimeSeriesData load_time_series(const std::string& path, const TimeSeriesOptions& o) {
-  check_options(o);
+  check_options(o);  // before reading what may be a large file
   return load_time_series(read_csv(path), path, o);
 }
 

@@ -170,14 +170,22 @@ torch::Tensor DataEmbeddingImpl::forward(const torch::Tensor& x, const torch::Te
   const int64_t B = x.size(0), L = x.size(1);
   // One table serves both: FixedEmbedding's month (13), day (32), weekday (7) and hour (24)
   // tables are the first rows of the positional one.
-  const auto table = sinusoids(std::max<int64_t>(L, 32), d_model_, x.options());
-  auto time = marks.to(torch::kLong);
-  auto temporal = torch::zeros({B, L, d_model_}, x.options());
-  for (int64_t f : {3, 2, 1, 0}) {  // hour, weekday, day, month: Informer's order of the sum
-    temporal = temporal + table.index_select(0, time.select(2, f).reshape(-1)).view({B, L, -1});
-  }
+  const auto& table = this->table(std::max<int64_t>(L, 32), x.options());
+  const auto time = marks.to(torch::kLong);
+  auto embed = [&](int64_t feature) {
+    return table.index_select(0, time.select(2, feature).reshape(-1)).view({B, L, -1});
+  };
+  // hour, weekday, day, month: Informer's order of the sum
+  const auto temporal = embed(3) + embed(2) + embed(1) + embed(0);
   auto value = token_conv_(x.permute({0, 2, 1})).transpose(1, 2);
   return dropout_(value + table.narrow(0, 0, L) + temporal);
+}
+
+const torch::Tensor& DataEmbeddingImpl::table(int64_t rows, const torch::TensorOptions& options) {
+  if (!table_.defined() || table_.size(0) < rows || table_.device() != options.device()) {
+    table_ = sinusoids(rows, d_model_, options);
+  }
+  return table_;
 }
 
 InformerImpl::InformerImpl(const InformerOptions& o) : options_(o) {

@@ -216,7 +216,7 @@ TrainResult Trainer::train() {
     // split when there is one, and then the test split after the last epoch only.
     const bool last = epoch + 1 == config_.epochs;
     const bool periodic = last || (config_.eval_every > 0 && (epoch + 1) % config_.eval_every == 0);
-    dist_.group->set_phase(fmt::format("epoch {}: evaluation", m.epoch));
+    if (periodic) dist_.group->set_phase(fmt::format("epoch {}: evaluation", m.epoch));
     if (periodic && workload_.val_set) m.val = evaluate(*workload_.val_set);
     if (periodic && (last || !workload_.val_set)) m.test = evaluate(workload_.test_set);
 
@@ -323,19 +323,18 @@ void Trainer::check_parameters() {
   auto all = torch::empty({dist_.world_size() * mine.numel()}, mine.options());
   dist_.group->all_gather(all, mine)->wait();
   all = all.cpu().view({dist_.world_size(), -1, 2});
-  for (int64_t i = 0; i < all.size(1); ++i) {
-    std::vector<int64_t> differing;
-    for (int64_t r = 1; r < dist_.world_size(); ++r) {
-      if (!torch::equal(all[r][i], all[0][i])) differing.push_back(r);
-    }
-    if (!differing.empty()) {
-      throw Error(fmt::format(
-          "parameters diverged across ranks by step {}: '{}' differs between rank 0 and rank(s) "
-          "{} (sum {} on rank 0, {} on rank {}); the ranks no longer train the same model",
-          step_, named[static_cast<size_t>(i)].key(), fmt::join(differing, ", "),
-          all[0][i][0].item<double>(), all[differing[0]][i][0].item<double>(), differing[0]));
-    }
-  }
+  const auto differs = all.ne(all[0]).any(2);  // [rank, parameter]
+  const auto diverged = differs.any(0).nonzero();
+  if (diverged.numel() == 0) return;
+  const int64_t i = diverged[0][0].item<int64_t>();
+  const auto ranks = differs.select(1, i).nonzero().view({-1});
+  const int64_t first = ranks[0].item<int64_t>();
+  throw Error(fmt::format(
+      "parameters diverged across ranks by step {}: '{}' differs between rank 0 and rank(s) {} "
+      "(sum {} on rank 0, {} on rank {}); the ranks no longer train the same model",
+      step_, named[static_cast<size_t>(i)].key(),
+      fmt::join(ranks.data_ptr<int64_t>(), ranks.data_ptr<int64_t>() + ranks.numel(), ", "),
+      all[0][i][0].item<double>(), all[first][i][0].item<double>(), first));
 }
 
 data::LoaderOptions Trainer::loader_options(int64_t epoch) const {

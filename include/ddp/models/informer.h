@@ -118,9 +118,14 @@ class DataEmbeddingImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& marks);
 
  private:
+  // The sinusoid table with at least `rows` rows on `options`' device, built once and kept (row p
+  // does not depend on the table's length, so a longer one serves shorter inputs).
+  const torch::Tensor& table(int64_t rows, const torch::TensorOptions& options);
+
   int64_t d_model_;
   torch::nn::Conv1d token_conv_{nullptr};
   torch::nn::Dropout dropout_{nullptr};
+  torch::Tensor table_;  // not a buffer: derived from the sizes, never saved or broadcast
 };
 TORCH_MODULE(DataEmbedding);
 
