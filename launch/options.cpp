@@ -273,6 +273,8 @@ std::map<std::string, std::string> worker_env(const LaunchOptions& o, int local_
       {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts)},
       {"TORCHELASTIC_RUN_ID", o.run_id},
   };
+  if (!o.job_token.empty()) env["DDP_JOB_TOKEN"] = o.job_token;
+  if (!o.flight_dir.empty()) env["DDP_FLIGHT_DIR"] = o.flight_dir;
   // As torchrun: several processes sharing the cores each get one thread unless told otherwise.
   if (o.nproc > 1 && inherited.count("OMP_NUM_THREADS") == 0) env["OMP_NUM_THREADS"] = "1";
   // All of them, in order, so that cuda:LOCAL_RANK is devices[LOCAL_RANK].
@@ -282,6 +284,27 @@ std::map<std::string, std::string> worker_env(const LaunchOptions& o, int local_
     env["CUDA_VISIBLE_DEVICES"] = list;
   }
   return env;
+}
+
+std::string choose_job_token(int nnodes, const std::map<std::string, std::string>& inherited,
+                             const std::string& fresh) {
+  if (auto it = inherited.find("DDP_JOB_TOKEN"); it != inherited.end() && !it->second.empty()) {
+    return it->second;
+  }
+  return nnodes == 1 ? fresh : "";
+}
+
+bool catches_signal(const std::string& proc_status, int sig) {
+  const std::string field = "\nSigCgt:";
+  const size_t at = proc_status.find(field);
+  if (at == std::string::npos || sig < 1 || sig > 64) return false;
+  const size_t begin = proc_status.find_first_not_of(" \t", at + field.size());
+  const size_t end = proc_status.find('\n', begin);
+  const std::string hex = proc_status.substr(begin, end - begin);
+  uint64_t mask = 0;
+  const auto [ptr, ec] = std::from_chars(hex.data(), hex.data() + hex.size(), mask, 16);
+  if (ec != std::errc() || hex.empty()) return false;
+  return ((mask >> (sig - 1)) & 1U) != 0;
 }
 
 std::string describe_status(int status) {

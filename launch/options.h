@@ -25,6 +25,9 @@ struct LaunchOptions {
   std::vector<std::string> devices;  // GPUs, one per local rank (CUDA_VISIBLE_DEVICES)
   std::vector<std::string> program;  // the program and its arguments
   bool help = false;
+  // Not options: set by supervise() when the job starts.
+  std::string job_token;   // the rendezvous store's secret (DDP_JOB_TOKEN); "": none
+  std::string flight_dir;  // where workers leave a copy of their flight records (DDP_FLIGHT_DIR)
 };
 
 // What auto means for --nproc: the GPUs visible (`cuda_visible_devices` when set, else
@@ -41,11 +44,23 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args,
 // The --help text.
 std::string launch_help();
 
-// The variables a worker gets on top of the launcher's environment (torchrun's contract).
+// The variables a worker gets on top of the launcher's environment (torchrun's contract, plus
+// DDP_JOB_TOKEN and DDP_FLIGHT_DIR when set in `options`).
 // `inherited` is the launcher's environment (OMP_NUM_THREADS is set only when it has none).
 std::map<std::string, std::string> worker_env(const LaunchOptions& options, int local_rank,
                                               int master_port, int restart_count,
                                               const std::map<std::string, std::string>& inherited);
+
+// The job's token: DDP_JOB_TOKEN from `inherited` when set (every node of a multi-node job must
+// share one), else `fresh` on one node, else "" (nodes cannot agree on a fresh one: the store is
+// then open to any client, and the launcher says so).
+std::string choose_job_token(int nnodes, const std::map<std::string, std::string>& inherited,
+                             const std::string& fresh);
+
+// Whether a process whose /proc/<pid>/status is `proc_status` catches signal `sig` (SigCgt):
+// the launcher asks only such workers for flight records, as SIGUSR1 kills a program without
+// a handler.
+bool catches_signal(const std::string& proc_status, int sig);
 
 // "exit code 3" or "signal SIGKILL (9)" for a waitpid status.
 std::string describe_status(int wait_status);

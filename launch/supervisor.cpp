@@ -22,7 +22,9 @@
 #include <memory>
 #include <optional>
 
+#include "ddp/comm/diagnose.h"
 #include "ddp/common/error.h"
+#include "ddp/common/files.h"
 
 namespace ddp::launch {
 namespace {
@@ -98,6 +100,29 @@ void check_resolvable(const std::string& host) {
   ::freeaddrinfo(found);
 }
 
+// 128 random bits as hex, from the kernel.
+std::string random_token() {
+  unsigned char bytes[16];
+  std::ifstream urandom("/dev/urandom", std::ios::binary);
+  if (!urandom.read(reinterpret_cast<char*>(bytes), sizeof bytes)) {
+    throw Error("cannot read /dev/urandom for the job token");
+  }
+  std::string hex;
+  for (unsigned char b : bytes) hex += fmt::format("{:02x}", b);
+  return hex;
+}
+
+// A private directory (0700) for the workers' copies of their flight records.
+std::string make_flight_dir() {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string pattern =
+      std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/ddp-launcher-XXXXXX";
+  if (::mkdtemp(pattern.data()) == nullptr) {
+    throw Error(fmt::format("cannot create a directory like {}: {}", pattern, system_reason()));
+  }
+  return pattern;
+}
+
 struct Worker {
   int local_rank = 0;
   int rank = 0;
@@ -114,7 +139,16 @@ class Supervisor {
  public:
   Supervisor(const LaunchOptions& options, std::string program,
              std::map<std::string, std::string> inherited)
-      : o_(options), program_(std::move(program)), inherited_(std::move(inherited)) {}
+      : o_(options), program_(std::move(program)), inherited_(std::move(inherited)) {
+    o_.job_token = choose_job_token(o_.nnodes, inherited_, random_token());
+    o_.flight_dir = make_flight_dir();
+  }
+  ~Supervisor() {
+    std::error_code ec;
+    std::filesystem::remove_all(o_.flight_dir, ec);
+  }
+  Supervisor(const Supervisor&) = delete;
+  Supervisor& operator=(const Supervisor&) = delete;
 
   int run() {
     install_signal_handlers();
@@ -127,6 +161,11 @@ class Supervisor {
       }
     }
     if (o_.node_rank > 0) check_resolvable(o_.master_addr);
+    if (o_.job_token.empty()) {
+      note(
+          "no DDP_JOB_TOKEN in the environment: on several nodes the rendezvous store then "
+          "accepts any client; export the same secret DDP_JOB_TOKEN on every node");
+    }
     for (int restart = 0;; ++restart) {
       start_group(restart);
       const Outcome outcome = watch();
@@ -168,6 +207,10 @@ class Supervisor {
                      restart > 0 ? fmt::format(", restart {}", restart) : ""));
 
     workers_.clear();
+    std::error_code ec;  // records of an earlier group are not this one's
+    for (const auto& entry : std::filesystem::directory_iterator(o_.flight_dir, ec)) {
+      std::filesystem::remove(entry.path(), ec);
+    }
     for (int local = 0; local < o_.nproc; ++local) {
       auto env = inherited_;
       for (auto& [k, v] : worker_env(o_, local, port, restart, inherited_)) env[k] = v;
@@ -235,8 +278,10 @@ class Supervisor {
       if (const Worker* w = first_failed()) {
         const Outcome outcome{0, true, w->status};
         const int rank = w->rank;
+        ask_for_flight_records();
         stop_group(SIGTERM);  // workers_ stays: the summary below reads it
         summarize(rank);
+        report_flight_records();
         return outcome;
       }
       if (std::none_of(workers_.begin(), workers_.end(),
@@ -346,6 +391,61 @@ class Supervisor {
     }
   }
 
+  std::string flight_record_of(int rank) const {
+    return fmt::format("{}/rank{}.json", o_.flight_dir, rank);
+  }
+
+  // After a failure, before stopping the others: the running workers that catch SIGUSR1 (ddp_train
+  // does; a Python worker would die of it) get it and write their flight records, which show
+  // where each one was. Waits until they are written, or 3 s.
+  void ask_for_flight_records() {
+    std::vector<const Worker*> asked;
+    for (const Worker& w : workers_) {
+      if (!w.running) continue;
+      std::string status;
+      try {
+        status = read_file(fmt::format("/proc/{}/status", w.pid));
+      } catch (const std::exception&) {
+        continue;  // it just ended
+      }
+      if (!catches_signal(status, SIGUSR1)) continue;
+      std::error_code ec;
+      std::filesystem::remove(flight_record_of(w.rank), ec);  // an older one is not the answer
+      ::kill(w.pid, SIGUSR1);
+      asked.push_back(&w);
+    }
+    const auto deadline = Clock::now() + std::chrono::seconds(3);
+    auto answered = [&] {
+      return std::all_of(asked.begin(), asked.end(), [&](const Worker* w) {
+        return std::filesystem::exists(flight_record_of(w->rank));
+      });
+    };
+    while (!asked.empty() && !answered() && Clock::now() < deadline) pump(50);
+  }
+
+  // The hang doctor's report over the records the workers left, if any (comm/diagnose.h).
+  void report_flight_records() const {
+    bool any = false;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(o_.flight_dir, ec)) {
+      any = any || entry.path().extension() == ".json";
+    }
+    if (!any) return;
+    try {
+      const std::string report = comm::diagnose(comm::read_flight_dumps(o_.flight_dir));
+      note("the workers' flight records (ddp_train --diagnose):");
+      size_t begin = 0;
+      while (begin < report.size()) {
+        const size_t end = report.find('\n', begin);
+        note("  " + report.substr(begin, end - begin));
+        if (end == std::string::npos) break;
+        begin = end + 1;
+      }
+    } catch (const std::exception& e) {
+      note(fmt::format("could not merge the workers' flight records: {}", e.what()));
+    }
+  }
+
   void summarize(int failed_rank) {
     const Worker& w = *std::find_if(workers_.begin(), workers_.end(),
                                     [&](const Worker& x) { return x.rank == failed_rank; });
@@ -361,7 +461,7 @@ class Supervisor {
     for (const auto& line : w.tail) note("  " + line);
   }
 
-  const LaunchOptions& o_;
+  LaunchOptions o_;
   std::string program_;
   std::map<std::string, std::string> inherited_;  // the launcher's environment
   std::vector<Worker> workers_;

@@ -11,6 +11,7 @@
 #include <cxxopts.hpp>
 #include <iostream>
 
+#include "ddp/comm/diagnose.h"
 #include "ddp/comm/flight_recorder.h"
 #include "ddp/comm/rendezvous.h"
 #include "ddp/common/error.h"
@@ -18,7 +19,6 @@
 #include "ddp/common/log.h"
 #include "ddp/data/time_series.h"
 #include "ddp/train/config.h"
-#include "ddp/train/diagnose.h"
 #include "ddp/train/trainer.h"
 #include "ddp/version.h"
 
@@ -112,8 +112,8 @@ bool parse_command_line(int argc, char** argv, ddp::train::Config& config) {
     return false;
   }
   if (result.count("diagnose") != 0U) {
-    std::cout << ddp::train::diagnose(
-        ddp::train::read_flight_dumps(result["diagnose"].as<std::string>()));
+    std::cout << ddp::comm::diagnose(
+        ddp::comm::read_flight_dumps(result["diagnose"].as<std::string>()));
     return false;
   }
   if (!result.unmatched().empty()) {
@@ -140,6 +140,12 @@ void on_sigusr1(int /*signal*/) {
   ddp::comm::request_flight_dump_from_signal();
 }
 
+// --checkpoint-on-signal: SIGTERM (the launcher's, Slurm's or Kubernetes' stop) lets the ranks
+// finish the step and checkpoint; the handler only sets a flag the training loop reads.
+void on_sigterm(int /*signal*/) {
+  ddp::train::request_stop_from_signal();
+}
+
 int main(int argc, char** argv) {
   const int rank = rank_hint(ddp::comm::current_env());
   ddp::log::init(rank, "info");
@@ -148,13 +154,22 @@ int main(int argc, char** argv) {
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;
   sigaction(SIGUSR1, &action, nullptr);
+  // A write past RLIMIT_FSIZE then fails with EFBIG, reported like a full disk; no kill.
+  signal(SIGXFSZ, SIG_IGN);
   try {
     ddp::train::Config config;
     if (!parse_command_line(argc, argv, config)) return ddp::kExitOk;
     ddp::log::init(rank, config.log_level);
+    if (config.checkpoint_on_signal) {
+      struct sigaction stop {};
+      stop.sa_handler = on_sigterm;
+      sigemptyset(&stop.sa_mask);
+      stop.sa_flags = SA_RESTART;
+      sigaction(SIGTERM, &stop, nullptr);
+    }
     ddp::train::Trainer trainer(config);
-    trainer.run();
-    return ddp::kExitOk;
+    const auto result = trainer.run();
+    return result.stopped_by_signal ? ddp::train::kExitStoppedBySignal : ddp::kExitOk;
   } catch (const ddp::Error& e) {
     ddp::log::error("{}", e.what());
     return e.exit_code();

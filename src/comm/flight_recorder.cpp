@@ -5,8 +5,6 @@
 #include <atomic>
 #include <chrono>
 
-#include "ddp/comm/process_group.h"
-
 namespace ddp::comm {
 namespace {
 
@@ -59,17 +57,17 @@ std::string FlightRecorder::phase() const {
   return phase_;
 }
 
-void FlightRecorder::issued(const CollectiveInfo& info, int64_t bytes) {
+void FlightRecorder::issued(uint64_t seq, std::string op, int64_t bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
   CollectiveRecord r;
-  r.seq = info.seq;
-  r.op = info.op;
+  r.seq = seq;
+  r.op = std::move(op);
   r.phase = phase_;
   r.bytes = bytes;
   r.start = wall_time();
   records_.push_back(std::move(r));
   if (records_.size() > capacity_) records_.pop_front();
-  last_issued_ = info.seq;
+  last_issued_ = seq;
 }
 
 void FlightRecorder::finished(uint64_t seq, bool ok) {

@@ -1,4 +1,4 @@
-// CPU tensors through LibTorch's c10d ProcessGroupGloo over the TCP store (NOTES.md s.3).
+// CPU tensors through LibTorch's c10d ProcessGroupGloo over the job's store (NOTES.md s.3).
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -6,7 +6,7 @@
 #include <cstdlib>
 
 #include "backends.h"
-#include "tcp_store.h"
+#include "job_store.h"
 
 namespace ddp::comm {
 namespace {

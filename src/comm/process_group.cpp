@@ -189,17 +189,20 @@ void ProcessGroup::check_stall() {
 }
 
 std::string ProcessGroup::dump_flight_record(const std::string& reason) {
-  const std::string& path = watchdog_options_.dump_path;
-  if (path.empty()) return "";
-  try {
-    std::filesystem::create_directories(std::filesystem::path(path).parent_path());
-    // dump_path is set by start_watchdog(), together with backend_.
-    write_file_atomically(path, recorder_->to_json(rank_, world_size_, backend_, reason));
-    return path;
-  } catch (const std::exception& e) {
-    log::error("rank {}: could not write the flight record {}: {}", rank_, path, e.what());
-    return "";
+  // The options are set by start_watchdog(), together with backend_.
+  const std::string json = recorder_->to_json(rank_, world_size_, backend_, reason);
+  std::string written;
+  for (const std::string* path : {&watchdog_options_.dump_path, &watchdog_options_.launcher_copy}) {
+    if (path->empty()) continue;
+    try {
+      std::filesystem::create_directories(std::filesystem::path(*path).parent_path());
+      write_file_atomically(*path, json);
+      if (written.empty()) written = *path;
+    } catch (const std::exception& e) {
+      log::error("rank {}: could not write the flight record {}: {}", rank_, *path, e.what());
+    }
   }
+  return written;
 }
 
 template <class Issue>
@@ -228,7 +231,8 @@ CollectiveInfo ProcessGroup::next_info(std::string op, const at::Tensor* tensor)
     std::this_thread::sleep_for(std::chrono::duration<double>(test_delay_.seconds));
   }
   // Recorded as issued before the backend sees it: a backend call that blocks shows as waiting.
-  recorder_->issued(info, tensor == nullptr ? 0 : static_cast<int64_t>(tensor->nbytes()));
+  recorder_->issued(info.seq, info.op,
+                    tensor == nullptr ? 0 : static_cast<int64_t>(tensor->nbytes()));
   return info;
 }
 

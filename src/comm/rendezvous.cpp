@@ -6,7 +6,7 @@
 #include <charconv>
 
 #include "backends.h"
-#include "tcp_store.h"
+#include "job_store.h"
 
 extern char** environ;
 
@@ -151,6 +151,11 @@ LaunchInfo detect_launch(const Env& env) {
     check_ranks(info, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE");
     read_master(env, info, info.world_size > 1, "srun");
   }
+  if (const auto* token = find(env, "DDP_JOB_TOKEN")) info.job_token = *token;
+  if (const auto* agent = find(env, "TORCHELASTIC_USE_AGENT_STORE")) {
+    info.agent_store = *agent == "True" || *agent == "true" || *agent == "1";
+  }
+  info.restart_count = env_int_or(env, "TORCHELASTIC_RESTART_COUNT", 0, 0);
   return info;
 }
 

@@ -56,7 +56,11 @@ void write_all(int fd, std::string_view contents, const std::string& temp) {
     const ssize_t written = ::write(fd, contents.data() + done, n);
     if (written < 0) {
       if (errno == EINTR) continue;
-      throw Error(fmt::format("{}: write failed: {}", temp, system_reason(errno)));
+      const bool full = errno == ENOSPC || errno == EDQUOT || errno == EFBIG;
+      throw Error(fmt::format("{}: write failed: {}{}", temp, system_reason(errno),
+                              full ? " (the disk, a quota or the file size limit is full; the "
+                                     "file it was to replace is untouched)"
+                                   : ""));
     }
     done += static_cast<size_t>(written);
     if (delay > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay));

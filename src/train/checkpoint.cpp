@@ -30,6 +30,7 @@ class Entries {
     }
     return it->value();
   }
+  bool has(const std::string& key) const { return dict_.find(c10::IValue(key)) != dict_.end(); }
   int64_t integer(const std::string& key) const { return checked(key, get(key).isInt()).toInt(); }
   std::string string(const std::string& key) const {
     return checked(key, get(key).isString()).toStringRef();
@@ -70,6 +71,7 @@ c10::IValue to_ivalue(const Checkpoint& c) {
   dict.insert("version", kVersion);
   dict.insert("epoch", c.epoch);
   dict.insert("step", c.step);
+  if (c.epoch_step != 0) dict.insert("epoch_step", c.epoch_step);
   dict.insert("world_size", c.world_size);
   dict.insert("batch_size", c.batch_size);
   dict.insert("seed", c.seed);
@@ -97,6 +99,7 @@ Checkpoint checkpoint_from(const c10::IValue& contents, const std::string& origi
   Checkpoint c;
   c.epoch = e.integer("epoch");
   c.step = e.integer("step");
+  if (e.has("epoch_step")) c.epoch_step = e.integer("epoch_step");
   c.world_size = e.integer("world_size");
   c.batch_size = e.integer("batch_size");
   c.seed = e.integer("seed");
@@ -105,8 +108,8 @@ Checkpoint checkpoint_from(const c10::IValue& contents, const std::string& origi
   c.model = state_dict_from(e.get("model"), origin);
   c.optimizer_state = e.bytes("optimizer_state");
   c.rng_state = e.bytes("rng_state");
-  if (c.epoch < 0 || c.step < 0 || c.world_size < 1 || c.batch_size < 1 || c.rng_state.dim() != 2 ||
-      c.rng_state.size(0) != c.world_size) {
+  if (c.epoch < 0 || c.step < 0 || c.epoch_step < 0 || c.world_size < 1 || c.batch_size < 1 ||
+      c.rng_state.dim() != 2 || c.rng_state.size(0) != c.world_size) {
     throw InputError(
         fmt::format("{}: checkpoint with inconsistent values (epoch {}, step {}, "
                     "world size {}, batch size {})",
@@ -119,32 +122,47 @@ Checkpoint read_checkpoint(const std::string& path) {
   return checkpoint_from(read_pt_file(path), path);
 }
 
-std::string checkpoint_file_name(int64_t epoch) {
-  return fmt::format("checkpoint-epoch-{:04d}.pt", epoch);
+std::string checkpoint_file_name(CheckpointPosition p) {
+  if (p.epoch_step == 0) return fmt::format("checkpoint-epoch-{:04d}.pt", p.epoch);
+  return fmt::format("checkpoint-epoch-{:04d}-step-{:06d}.pt", p.epoch, p.epoch_step);
 }
 
-std::optional<int64_t> checkpoint_file_epoch(const std::string& name) {
-  const std::string head = "checkpoint-epoch-", tail = ".pt";
+std::optional<CheckpointPosition> checkpoint_file_position(const std::string& name) {
+  const std::string head = "checkpoint-epoch-", mid = "-step-", tail = ".pt";
   if (name.size() <= head.size() + tail.size() || name.rfind(head, 0) != 0 ||
       name.compare(name.size() - tail.size(), tail.size(), tail) != 0) {
     return std::nullopt;
   }
-  const std::string digits = name.substr(head.size(), name.size() - head.size() - tail.size());
-  if (digits.size() > 15 || !std::all_of(digits.begin(), digits.end(), ::isdigit)) {
-    return std::nullopt;
+  std::string body = name.substr(head.size(), name.size() - head.size() - tail.size());
+  std::string step_digits;
+  if (const size_t at = body.find(mid); at != std::string::npos) {
+    step_digits = body.substr(at + mid.size());
+    body.resize(at);
+    if (step_digits.empty()) return std::nullopt;
   }
-  return std::stoll(digits);
+  auto number = [](const std::string& digits) -> std::optional<int64_t> {
+    if (digits.empty() || digits.size() > 15 ||
+        !std::all_of(digits.begin(), digits.end(), ::isdigit)) {
+      return std::nullopt;
+    }
+    return std::stoll(digits);
+  };
+  const auto epoch = number(body);
+  const auto step = step_digits.empty() ? std::optional<int64_t>(0) : number(step_digits);
+  if (!epoch || !step) return std::nullopt;
+  return CheckpointPosition{*epoch, *step};
 }
 
 std::vector<std::string> list_checkpoints(const std::string& dir) {
-  std::vector<std::pair<int64_t, std::string>> found;
+  std::vector<std::pair<CheckpointPosition, std::string>> found;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    if (auto epoch = checkpoint_file_epoch(entry.path().filename().string())) {
-      found.emplace_back(*epoch, entry.path().string());
+    if (auto position = checkpoint_file_position(entry.path().filename().string())) {
+      found.emplace_back(*position, entry.path().string());
     }
   }
-  std::sort(found.rbegin(), found.rend());
+  std::sort(found.begin(), found.end(),
+            [](const auto& a, const auto& b) { return b.first < a.first; });
   std::vector<std::string> out;
   for (auto& f : found) out.push_back(std::move(f.second));
   return out;

@@ -179,6 +179,9 @@ std::vector<ConfigKey> make_keys() {
                 "joined it (0: none)"),
       int_key("check-params-every", &C::check_params_every, 0,
               "every N steps, check that the ranks' parameters are still equal (0: never)"),
+      bool_key("checkpoint-on-signal", &C::checkpoint_on_signal,
+               "on SIGTERM, every rank finishes its step, rank 0 writes a checkpoint, and the "
+               "run exits with 143 (--resume auto continues from that step)"),
       float_key("bucket-cap-mb", &C::bucket_cap_mb, 0.0, true,
                 "DDP: MiB of gradients per all-reduce bucket (the first is 1 MiB)"),
       bool_key("broadcast-buffers", &C::broadcast_buffers,

@@ -26,6 +26,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Set by request_stop_from_signal() (a signal handler); read once per step by stop_requested().
+volatile sig_atomic_t g_stop_requested = 0;
+
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
@@ -41,6 +44,10 @@ void make_output_dir(const std::string& dir) {
 }
 
 }  // namespace
+
+void request_stop_from_signal() {
+  g_stop_requested = 1;
+}
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Config& c,
                                                         const std::vector<torch::Tensor>& params) {
@@ -84,8 +91,9 @@ namespace {
 // The step of a test hook on this rank: DDP_TEST_<name>_AT_STEP=N acts on rank
 // DDP_TEST_<name>_RANK (default 0) after its N-th optimizer step, in the first run only
 // (TORCHELASTIC_RESTART_COUNT unset or 0). 0: never. The hooks: CRASH kills the rank with
-// SIGKILL (the launcher's restart test); PERTURB changes its first parameter (the divergence
-// check's test).
+// SIGKILL (the launcher's restart test, the fault-injection tests); PERTURB changes its first
+// parameter (the divergence check's test); SIGTERM sends the rank a SIGTERM
+// (--checkpoint-on-signal).
 int64_t test_hook_step(const comm::Env& env, int rank, const std::string& name) {
   auto get = [&](const std::string& key, const char* fallback) {
     auto it = env.find(key);
@@ -104,12 +112,17 @@ Trainer::Trainer(Config config)
   const comm::Env env = comm::current_env();
   crash_at_step_ = test_hook_step(env, dist_.rank(), "CRASH");
   perturb_at_step_ = test_hook_step(env, dist_.rank(), "PERTURB");
+  sigterm_at_step_ = test_hook_step(env, dist_.rank(), "SIGTERM");
   comm::WatchdogOptions watchdog;
   watchdog.stall_warning =
       std::chrono::milliseconds(static_cast<int64_t>(config_.stall_warning * 1000.0));
   watchdog.dump_path = (std::filesystem::path(config_.output_dir) / "debug" /
                         fmt::format("rank{}.json", dist_.rank()))
                            .string();
+  if (auto dir = env.find("DDP_FLIGHT_DIR"); dir != env.end() && !dir->second.empty()) {
+    watchdog.launcher_copy =
+        (std::filesystem::path(dir->second) / fmt::format("rank{}.json", dist_.rank())).string();
+  }
   dist_.group->start_watchdog(watchdog);
   // A group the launcher (or torchrun) restarted continues from its last checkpoint.
   auto restarts = env.find("TORCHELASTIC_RESTART_COUNT");
@@ -210,7 +223,10 @@ TrainResult Trainer::train() {
   for (int64_t epoch = start_epoch_; epoch < config_.epochs; ++epoch) {
     EpochMetrics m;
     m.epoch = epoch + 1;
-    train_epoch(epoch, m);
+    if (!train_epoch(epoch, m)) {
+      result.stopped_by_signal = true;
+      return result;
+    }
 
     // Evaluate every eval_every epochs, and always after the last one (all ranks): the validation
     // split when there is one, and then the test split after the last epoch only.
@@ -227,9 +243,18 @@ TrainResult Trainer::train() {
     result.epochs.push_back(m);
 
     // Checkpoint every save_every epochs and after the last one (all ranks; rank 0 writes).
-    if (last || (config_.save_every > 0 && (epoch + 1) % config_.save_every == 0)) {
+    const bool save = last || (config_.save_every > 0 && (epoch + 1) % config_.save_every == 0);
+    if (save) {
       dist_.group->set_phase(fmt::format("epoch {}: checkpoint", m.epoch));
-      save_checkpoint(epoch + 1);
+      save_checkpoint({epoch + 1, 0});
+    }
+
+    // A SIGTERM during the evaluation or the checkpoint stops the run here (all ranks).
+    if (!last && stop_requested()) {
+      if (!save) save_checkpoint({epoch + 1, 0});
+      log::warn("stopped by SIGTERM after epoch {}; --resume auto continues", m.epoch);
+      result.stopped_by_signal = true;
+      return result;
     }
   }
 
@@ -239,7 +264,7 @@ TrainResult Trainer::train() {
   return result;
 }
 
-void Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
+bool Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
   const auto& train_set = workload_.train_set;
   data::DistributedSampler sampler(train_set.size(), dist_.world_size(), dist_.rank(),
                                    /*shuffle=*/true, static_cast<uint64_t>(config_.seed));
@@ -261,7 +286,16 @@ void Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
   const data::LoaderOptions options = loader_options(epoch);
   data::BatchLoader loader(train_set, order.narrow(0, 0, n), options);
   bool first = epoch == start_epoch_;
+  // A checkpoint written on SIGTERM resumes after the steps it had taken of this epoch: the
+  // loader gives the same batches, and the first ones are passed over.
+  int64_t skip = epoch == start_epoch_ ? start_epoch_step_ : 0;
+  int64_t epoch_step = skip;
+  int64_t trained = 0;  // samples
   while (auto batch = loader.next()) {
+    if (skip > 0) {
+      --skip;
+      continue;
+    }
     // Next batch (pinned batches are copied while the GPU works).
     const int64_t size = batch->size();
     auto input = batch->input.to(dist_.device, /*non_blocking=*/options.pin_memory);
@@ -280,7 +314,12 @@ void Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
     loss.backward();
     optimizer_->step();
     ++step_;
-    if (step_ == crash_at_step_) ::kill(::getpid(), SIGKILL);  // test hooks, see above
+    if (step_ == crash_at_step_) {  // test hooks, see above
+      log::warn("rank {}: test hook: SIGKILL at step {}", dist_.rank(), step_);
+      spdlog::default_logger()->flush();
+      ::kill(::getpid(), SIGKILL);
+    }
+    if (step_ == sigterm_at_step_) ::kill(::getpid(), SIGTERM);
     if (step_ == perturb_at_step_) {
       torch::NoGradGuard no_grad;
       workload_.module->parameters().front().add_(1e-3);
@@ -292,12 +331,23 @@ void Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
     }
 
     loss_sum += loss.detach().to(torch::kDouble) * static_cast<double>(size);
+    trained += size;
+
+    // --checkpoint-on-signal: a SIGTERM on any rank stops every rank after this same step (the
+    // epoch's last step goes on to the epoch's end: see train()).
+    if (++epoch_step < steps_per_epoch && stop_requested()) {
+      save_checkpoint({epoch, epoch_step});
+      log::warn("stopped by SIGTERM after step {} ({} of epoch {}); --resume auto continues", step_,
+                epoch_step, epoch + 1);
+      return false;
+    }
   }
   const double seconds = seconds_since(start);
 
   // Global figures: loss over all ranks' samples; throughput bounded by the slowest rank.
   dist_.group->set_phase(fmt::format("epoch {}: training metrics", m.epoch));
-  auto sums = torch::stack({loss_sum, torch::full({}, static_cast<double>(n), loss_sum.options())});
+  auto sums =
+      torch::stack({loss_sum, torch::full({}, static_cast<double>(trained), loss_sum.options())});
   dist_.group->all_reduce(sums, comm::ReduceOp::kSum)->wait();
   auto slowest = torch::full({1}, seconds, loss_sum.options());
   dist_.group->all_reduce(slowest, comm::ReduceOp::kMax)->wait();
@@ -306,6 +356,16 @@ void Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
   m.steps = step_;
   m.train_loss = sums[0].item<double>() / sums[1].item<double>();
   m.samples_per_s = sums[1].item<double>() / m.epoch_seconds;
+  return true;
+}
+
+bool Trainer::stop_requested() {
+  if (!config_.checkpoint_on_signal) return false;
+  dist_.group->set_phase(fmt::format("step {}: signal check", step_));
+  auto stop = torch::full({1}, g_stop_requested != 0 ? 1 : 0,
+                          torch::TensorOptions(torch::kInt).device(dist_.device));
+  dist_.group->all_reduce(stop, comm::ReduceOp::kMax)->wait();
+  return stop.cpu().item<int>() != 0;
 }
 
 void Trainer::check_parameters() {

@@ -28,10 +28,24 @@ namespace {
 namespace fs = std::filesystem;
 
 // Settings a resumed run may change without a warning: they do not change the training math.
-const std::vector<std::string> kFreeOnResume = {
-    "epochs",    "resume",      "output-dir",   "log-level", "eval-every",   "save-every",
-    "keep-last", "save-prefix", "init-weights", "threads",   "comm-timeout", "rendezvous-timeout",
-    "backend",   "device",      "batch-size"};
+const std::vector<std::string> kFreeOnResume = {"epochs",
+                                                "resume",
+                                                "output-dir",
+                                                "log-level",
+                                                "eval-every",
+                                                "save-every",
+                                                "keep-last",
+                                                "save-prefix",
+                                                "init-weights",
+                                                "threads",
+                                                "comm-timeout",
+                                                "rendezvous-timeout",
+                                                "backend",
+                                                "device",
+                                                "batch-size",
+                                                "stall-warning",
+                                                "check-params-every",
+                                                "checkpoint-on-signal"};
 
 // All ranks learn whether every rank succeeded: each rank that failed rethrows its own error,
 // the others throw an Error naming what failed elsewhere. A collective.
@@ -54,7 +68,10 @@ std::string serialized(const torch::optim::Optimizer& optimizer) {
 
 }  // namespace
 
-void Trainer::save_checkpoint(int64_t epochs_done) {
+void Trainer::save_checkpoint(CheckpointPosition at) {
+  const std::string what = at.epoch_step == 0
+                               ? fmt::format("after epoch {}", at.epoch)
+                               : fmt::format("{} steps into epoch {}", at.epoch_step, at.epoch + 1);
   // Every rank's RNG state, for rank 0 to write: a collective, so all ranks are here.
   const at::Tensor rng = cpu_rng_state();
   auto all_rng =
@@ -65,7 +82,8 @@ void Trainer::save_checkpoint(int64_t epochs_done) {
   if (dist_.is_main()) {
     try {
       Checkpoint c;
-      c.epoch = epochs_done;
+      c.epoch = at.epoch;
+      c.epoch_step = at.epoch_step;
       c.step = step_;
       c.world_size = dist_.world_size();
       c.batch_size = config_.batch_size;
@@ -82,7 +100,7 @@ void Trainer::save_checkpoint(int64_t epochs_done) {
       // The numbered file first, then the names that point at the newest: a kill at any moment
       // leaves every name holding a complete file.
       const fs::path dir(config_.output_dir);
-      const std::string numbered = (dir / checkpoint_file_name(epochs_done)).string();
+      const std::string numbered = (dir / checkpoint_file_name(at)).string();
       write_pt_file(numbered, to_ivalue(c));
       link_atomically(numbered, (dir / "checkpoint.pt").string());
       save_weights(*workload_.module, (dir / "model.pt").string(),
@@ -91,9 +109,9 @@ void Trainer::save_checkpoint(int64_t epochs_done) {
         std::error_code ec;
         fs::remove(old, ec);
       }
-      log::info("checkpoint after epoch {}: {}", epochs_done, numbered);
+      log::info("checkpoint {}: {}", what, numbered);
     } catch (const std::exception& e) {
-      log::error("saving the checkpoint after epoch {} failed: {}", epochs_done, first_line_of(e));
+      log::error("saving the checkpoint {} failed: {}", what, first_line_of(e));
       error = std::current_exception();
     }
   }
@@ -139,10 +157,14 @@ bool Trainer::resume() {
   // Every rank must continue from the same epoch (a node with another copy of the output dir
   // would silently train a different model).
   const int64_t epoch = checkpoint ? checkpoint->epoch : -1;
-  auto range = torch::tensor({epoch, -epoch}, torch::TensorOptions(torch::kLong)).to(dist_.device);
+  const int64_t epoch_step = checkpoint ? checkpoint->epoch_step : -1;
+  auto range =
+      torch::tensor({epoch, -epoch, epoch_step, -epoch_step}, torch::TensorOptions(torch::kLong))
+          .to(dist_.device);
   dist_.group->all_reduce(range, comm::ReduceOp::kMax)->wait();
   range = range.cpu();
-  if (range[0].item<int64_t>() != -range[1].item<int64_t>()) {
+  if (range[0].item<int64_t>() != -range[1].item<int64_t>() ||
+      range[2].item<int64_t>() != -range[3].item<int64_t>()) {
     throw InputError(fmt::format(
         "the ranks found different checkpoints (epochs {} to {}): every rank must see the same "
         "output dir '{}'",
@@ -203,7 +225,10 @@ void Trainer::apply(const Checkpoint& c, const std::string& path) {
   }
   step_ = c.step;
   start_epoch_ = c.epoch;
-  log::info("resumed from {}: epoch {}, step {}", path, c.epoch, c.step);
+  start_epoch_step_ = c.epoch_step;
+  log::info(
+      "resumed from {}: epoch {}, step {}{}", path, c.epoch, c.step,
+      c.epoch_step == 0 ? "" : fmt::format(" ({} steps into epoch {})", c.epoch_step, c.epoch + 1));
 }
 
 }  // namespace ddp::train

@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <thread>
 
-#include "ddp/train/diagnose.h"
+#include "ddp/comm/diagnose.h"
 #include "ranks.h"
 #include "subprocess.h"
 
@@ -75,7 +75,7 @@ TEST(Hang, Sigusr1WritesTheFlightRecordOfAWaitingRank) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   ASSERT_TRUE(std::filesystem::exists(path)) << child.output();
-  const auto dump = ddp::train::parse_flight_dump(ddp::testing::read_file(path), path);
+  const auto dump = ddp::comm::parse_flight_dump(ddp::testing::read_file(path), path);
   EXPECT_EQ(dump.reason, "SIGUSR1");
   EXPECT_EQ(dump.last_issued, 2u);
   EXPECT_EQ(dump.phase, "step 1: forward");  // #3: the first step's all_gather of shapes

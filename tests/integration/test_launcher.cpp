@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <regex>
 
 #include "ddp/train/pt_file.h"
 #include "ddp/train/state_dict.h"
@@ -22,7 +21,9 @@ namespace {
 
 using ddp::testing::Child;
 using ddp::testing::expect_same_weights;
+using ddp::testing::launcher_worker_pid;
 using ddp::testing::metrics_field;
+using ddp::testing::process_alive;
 using ddp::testing::ProcessResult;
 using ddp::testing::TempDir;
 using std::chrono::seconds;
@@ -49,18 +50,6 @@ std::vector<std::string> mlp_args(const std::string& out, int epochs) {
           "--batch-size",   "32",
           "--epochs",       std::to_string(epochs),
           "--output-dir",   out};
-}
-
-// The pid the launcher reported for `rank`.
-int pid_of(const std::string& output, int rank) {
-  std::smatch m;
-  const std::regex line("\\[launcher\\] rank " + std::to_string(rank) + ": pid ([0-9]+)");
-  if (!std::regex_search(output, m, line)) return -1;
-  return std::stoi(m[1]);
-}
-
-bool alive(int pid) {
-  return pid > 0 && (::kill(pid, 0) == 0 || errno != ESRCH);
 }
 
 TEST(Launcher, FourWorkersTrainAsMpirunsFourRanks) {
@@ -90,7 +79,8 @@ TEST(Launcher, AKilledWorkerStopsTheJobWithinTenSecondsNamingRankAndSignal) {
   Child launcher(launch({"--nproc", "2"}, mlp_args(out.path(), 200)), {});
   ASSERT_TRUE(launcher.wait_for_output("epoch 1/200", Clock::now() + seconds(120)))
       << launcher.output();
-  const int rank0 = pid_of(launcher.output(), 0), rank1 = pid_of(launcher.output(), 1);
+  const int rank0 = launcher_worker_pid(launcher.output(), 0),
+            rank1 = launcher_worker_pid(launcher.output(), 1);
   ASSERT_GT(rank1, 0) << launcher.output();
   ::kill(rank1, SIGKILL);
   const auto killed = Clock::now();
@@ -103,8 +93,8 @@ TEST(Launcher, AKilledWorkerStopsTheJobWithinTenSecondsNamingRankAndSignal) {
       << r.output;
   // Rank 1 of ddp_train logs only warnings and errors: it had nothing to show.
   EXPECT_NE(r.output.find("rank 1 printed nothing"), std::string::npos) << r.output;
-  EXPECT_FALSE(alive(rank0));
-  EXPECT_FALSE(alive(rank1));
+  EXPECT_FALSE(process_alive(rank0));
+  EXPECT_FALSE(process_alive(rank1));
 }
 
 TEST(Launcher, AFailedWorkersExitCodeAndLastLinesAreReported) {
@@ -168,15 +158,16 @@ TEST(Launcher, SigintStopsAllWorkersWithinTheGracePeriodAndExits130) {
   Child launcher(launch({"--nproc", "2", "--grace-period", "3"}, mlp_args(out.path(), 200)), {});
   ASSERT_TRUE(launcher.wait_for_output("epoch 1/200", Clock::now() + seconds(120)))
       << launcher.output();
-  const int rank0 = pid_of(launcher.output(), 0), rank1 = pid_of(launcher.output(), 1);
+  const int rank0 = launcher_worker_pid(launcher.output(), 0),
+            rank1 = launcher_worker_pid(launcher.output(), 1);
   ::kill(launcher.pid(), SIGINT);
   const auto sent = Clock::now();
   const ProcessResult r = launcher.wait_until(Clock::now() + seconds(30));
   EXPECT_LE(Clock::now() - sent, seconds(5));
   EXPECT_EQ(r.exit_code, 130) << r.output;
   EXPECT_NE(r.output.find("got SIGINT: stopping the workers"), std::string::npos) << r.output;
-  EXPECT_FALSE(alive(rank0));
-  EXPECT_FALSE(alive(rank1));
+  EXPECT_FALSE(process_alive(rank0));
+  EXPECT_FALSE(process_alive(rank1));
 }
 
 TEST(Launcher, RunsPyTorchsOwnDdpScriptUnchanged) {

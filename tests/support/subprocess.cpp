@@ -8,10 +8,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -107,6 +109,16 @@ ProcessResult run_process(const std::vector<std::string>& argv,
                           std::chrono::milliseconds timeout) {
   Child child(argv, env);
   return child.wait_until(std::chrono::steady_clock::now() + timeout);
+}
+
+int launcher_worker_pid(const std::string& output, int rank) {
+  std::smatch m;
+  const std::regex line("\\[launcher\\] rank " + std::to_string(rank) + ": pid ([0-9]+)");
+  return std::regex_search(output, m, line) ? std::stoi(m[1]) : -1;
+}
+
+bool process_alive(int pid) {
+  return pid > 0 && (::kill(pid, 0) == 0 || errno != ESRCH);
 }
 
 int free_port() {

@@ -43,6 +43,12 @@ class Child {
   std::string log_path_;
 };
 
+// The pid the launcher reported for `rank` ("[launcher] rank 1: pid 1234") in its output; -1.
+int launcher_worker_pid(const std::string& launcher_output, int rank);
+
+// Whether process `pid` exists (a zombie counts); false for pid <= 0.
+bool process_alive(int pid);
+
 // A TCP port on 127.0.0.1 that was free a moment ago.
 int free_port();
 

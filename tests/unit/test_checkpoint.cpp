@@ -247,6 +247,13 @@ TEST(CheckpointFile, RoundTripsAndNamesWhatIsMissing) {
   EXPECT_EQ(back.config, "epochs: 4\n");
   EXPECT_TRUE(torch::equal(back.optimizer_state, c.optimizer_state));
   EXPECT_TRUE(torch::equal(back.rng_state, c.rng_state));
+  EXPECT_EQ(back.epoch_step, 0);  // an epoch-end checkpoint has none stored
+
+  c.epoch_step = 17;  // one written on SIGTERM, 17 steps into epoch 3
+  EXPECT_EQ(train::checkpoint_from(
+                train::parse_pt(train::serialize_pt(train::to_ivalue(c)), "c.pt"), "c.pt")
+                .epoch_step,
+            17);
 
   auto weights_only = train::to_ivalue(c.model);
   EXPECT_NE(input_error_of([&] {
@@ -256,23 +263,30 @@ TEST(CheckpointFile, RoundTripsAndNamesWhatIsMissing) {
 }
 
 TEST(CheckpointFile, NamesSortAndPruneByEpoch) {
-  EXPECT_EQ(train::checkpoint_file_name(3), "checkpoint-epoch-0003.pt");
-  EXPECT_EQ(train::checkpoint_file_epoch("checkpoint-epoch-0003.pt"), 3);
-  EXPECT_EQ(train::checkpoint_file_epoch("checkpoint-epoch-12345.pt"), 12345);
-  EXPECT_FALSE(train::checkpoint_file_epoch("checkpoint.pt"));
-  EXPECT_FALSE(train::checkpoint_file_epoch("checkpoint-epoch-0003.pt.tmp-12"));
-  EXPECT_FALSE(train::checkpoint_file_epoch("checkpoint-epoch-x.pt"));
+  using P = train::CheckpointPosition;
+  EXPECT_EQ(train::checkpoint_file_name({3, 0}), "checkpoint-epoch-0003.pt");
+  EXPECT_EQ(train::checkpoint_file_name({3, 42}), "checkpoint-epoch-0003-step-000042.pt");
+  EXPECT_EQ(train::checkpoint_file_position("checkpoint-epoch-0003.pt"), (P{3, 0}));
+  EXPECT_EQ(train::checkpoint_file_position("checkpoint-epoch-12345.pt"), (P{12345, 0}));
+  EXPECT_EQ(train::checkpoint_file_position("checkpoint-epoch-0003-step-000042.pt"), (P{3, 42}));
+  EXPECT_FALSE(train::checkpoint_file_position("checkpoint.pt"));
+  EXPECT_FALSE(train::checkpoint_file_position("checkpoint-epoch-0003.pt.tmp-12"));
+  EXPECT_FALSE(train::checkpoint_file_position("checkpoint-epoch-x.pt"));
+  EXPECT_FALSE(train::checkpoint_file_position("checkpoint-epoch-0003-step-.pt"));
+  EXPECT_FALSE(train::checkpoint_file_position("checkpoint-epoch-0003-step-4x.pt"));
 
   TempDir dir;
-  for (int e : {9, 10, 2, 1})
-    ddp::testing::write_file(dir.file(train::checkpoint_file_name(e)), "x");
+  for (P p : {P{9, 0}, P{10, 0}, P{2, 0}, P{1, 0}, P{9, 7}})
+    ddp::testing::write_file(dir.file(train::checkpoint_file_name(p)), "x");
   ddp::testing::write_file(dir.file("checkpoint.pt"), "x");
   const auto newest = train::list_checkpoints(dir.path());
-  ASSERT_EQ(newest.size(), 4u);
+  ASSERT_EQ(newest.size(), 5u);
   EXPECT_EQ(newest[0], dir.file("checkpoint-epoch-0010.pt"));
-  EXPECT_EQ(newest[3], dir.file("checkpoint-epoch-0001.pt"));
-  EXPECT_EQ(train::stale_checkpoints(newest, 2), (std::vector<std::string>{newest[2], newest[3]}));
-  EXPECT_TRUE(train::stale_checkpoints(newest, 4).empty());
+  EXPECT_EQ(newest[1], dir.file("checkpoint-epoch-0009-step-000007.pt"));  // 7 steps into 10
+  EXPECT_EQ(newest[2], dir.file("checkpoint-epoch-0009.pt"));
+  EXPECT_EQ(newest[4], dir.file("checkpoint-epoch-0001.pt"));
+  EXPECT_EQ(train::stale_checkpoints(newest, 3), (std::vector<std::string>{newest[3], newest[4]}));
+  EXPECT_TRUE(train::stale_checkpoints(newest, 5).empty());
 }
 
 TEST(CheckpointResume, ANewWorldSizeKeepsTheGlobalBatchWhenItDivides) {

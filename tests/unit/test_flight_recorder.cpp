@@ -2,33 +2,25 @@
 // the stall warning's text, and the diagnosis of hand-made records.
 #include <gtest/gtest.h>
 
+#include "ddp/comm/diagnose.h"
 #include "ddp/comm/flight_recorder.h"
 #include "ddp/comm/process_group.h"
 #include "ddp/common/error.h"
-#include "ddp/train/diagnose.h"
 
 namespace {
 
-using ddp::comm::CollectiveInfo;
 using ddp::comm::CollectiveRecord;
 using ddp::comm::CollectiveState;
+using ddp::comm::FlightDump;
 using ddp::comm::FlightRecorder;
-using ddp::train::FlightDump;
-
-CollectiveInfo info(uint64_t seq, std::string op) {
-  CollectiveInfo i;
-  i.seq = seq;
-  i.op = std::move(op);
-  return i;
-}
 
 TEST(FlightRecorder, KeepsTheLastCollectivesWithPhaseAndState) {
   FlightRecorder recorder(3);
   recorder.set_phase("setup");
-  recorder.issued(info(1, "broadcast(root 0)"), 40);
+  recorder.issued(1, "broadcast(root 0)", 40);
   recorder.finished(1, true);
   recorder.set_phase("backward: bucket 0");
-  for (uint64_t s = 2; s <= 4; ++s) recorder.issued(info(s, "all_reduce(avg)"), 4096);
+  for (uint64_t s = 2; s <= 4; ++s) recorder.issued(s, "all_reduce(avg)", 4096);
   recorder.finished(2, true);
   recorder.finished(3, false);
   const auto records = recorder.records();
@@ -44,7 +36,7 @@ TEST(FlightRecorder, KeepsTheLastCollectivesWithPhaseAndState) {
   EXPECT_EQ(recorder.oldest_pending()->seq, 4u);
 
   // The JSON reads back as written, quotes in the reason included.
-  const auto dump = ddp::train::parse_flight_dump(
+  const auto dump = ddp::comm::parse_flight_dump(
       recorder.to_json(1, 2, "gloo", "rank 1: \"all_reduce\" timed out\nsecond line"), "r1.json");
   EXPECT_EQ(dump.rank, 1);
   EXPECT_EQ(dump.world_size, 2);
@@ -54,7 +46,7 @@ TEST(FlightRecorder, KeepsTheLastCollectivesWithPhaseAndState) {
   EXPECT_EQ(dump.collectives[1].op, "all_reduce(avg)");
   EXPECT_EQ(dump.collectives[1].state, CollectiveState::kFailed);
   EXPECT_NEAR(dump.collectives[2].start, records[2].start, 1e-3);
-  EXPECT_THROW(ddp::train::parse_flight_dump("{\"rank\": 1}", "bad.json"), ddp::InputError);
+  EXPECT_THROW(ddp::comm::parse_flight_dump("{\"rank\": 1}", "bad.json"), ddp::InputError);
 }
 
 TEST(FlightRecorder, StallMessageNamesTheRanksThatHaveNotEnteredTheCollective) {
@@ -105,7 +97,7 @@ const auto kIssued = CollectiveState::kIssued;
 TEST(Diagnose, NamesTheRankBehindAndTheCollectiveItDidNotEnter) {
   const auto a = record(11, "all_reduce(avg)", "backward: bucket 0", 1, 2, kDone);
   const auto b = record(12, "all_reduce(avg)", "backward: bucket 1", 3, 0, kIssued);
-  const auto report = ddp::train::diagnose(
+  const auto report = ddp::comm::diagnose(
       {dump(0, 3, {a, b}), dump(1, 3, {a}, "step 4: forward"), dump(2, 3, {a, b})});
   EXPECT_NE(report.find("diagnosis: rank(s) 1 did not enter collective #12 all_reduce(avg) "
                         "(backward: bucket 1), which rank(s) 0, 2 entered; rank 1 was in "
@@ -120,7 +112,7 @@ TEST(Diagnose, NamesTheRankBehindAndTheCollectiveItDidNotEnter) {
 
 TEST(Diagnose, NamesARankThatEnteredOnlyAfterTheOthersGaveUp) {
   const auto a = record(11, "broadcast(root 0)", "step 2: forward", 1, 2, kDone);
-  const auto report = ddp::train::diagnose(
+  const auto report = ddp::comm::diagnose(
       {dump(0, 2, {a, record(12, "all_reduce(avg)", "backward: bucket 0", 3, 7, kFailed)}),
        dump(1, 2, {a, record(12, "all_reduce(avg)", "backward: bucket 0", 11, 11.5, kFailed)})});
   EXPECT_NE(report.find("diagnosis: rank(s) 1 entered collective #12 all_reduce(avg) (backward: "
@@ -132,19 +124,19 @@ TEST(Diagnose, NamesARankThatEnteredOnlyAfterTheOthersGaveUp) {
 TEST(Diagnose, OtherCases) {
   const auto a = record(5, "all_reduce(sum)", "epoch 1: training metrics", 1, 2, kDone);
   // Different operations under one sequence number.
-  auto report = ddp::train::diagnose(
+  auto report = ddp::comm::diagnose(
       {dump(0, 2, {a}), dump(1, 2, {record(5, "barrier", "epoch 1: checkpoint", 1, 0, kIssued)})});
   EXPECT_NE(report.find("diagnosis: ranks disagree on collective #5: rank 0 issued "
                         "all_reduce(sum) of 64 bytes"),
             std::string::npos)
       << report;
   // Everyone done; a missing rank.
-  report = ddp::train::diagnose({dump(0, 3, {a}), dump(2, 3, {a})});
+  report = ddp::comm::diagnose({dump(0, 3, {a}), dump(2, 3, {a})});
   EXPECT_NE(report.find("no record from rank(s) 1"), std::string::npos) << report;
   EXPECT_NE(report.find("diagnosis: no rank lags"), std::string::npos) << report;
   // Everyone entered in time and nothing completed.
   const auto stuck = record(6, "all_reduce(avg)", "backward: bucket 0", 3, 0, kIssued);
-  report = ddp::train::diagnose({dump(0, 2, {a, stuck}), dump(1, 2, {a, stuck})});
+  report = ddp::comm::diagnose({dump(0, 2, {a, stuck}), dump(1, 2, {a, stuck})});
   EXPECT_NE(report.find("every rank entered collective #6"), std::string::npos) << report;
 }
 

@@ -114,6 +114,35 @@ TEST(LaunchOptions, WorkersGetTorchrunsEnvWithRanksNumberedNodeByNode) {
   EXPECT_EQ(ddp::launch::worker_env(parse({"prog"}), 0, 1, 0, {}).count("OMP_NUM_THREADS"), 0u);
 }
 
+TEST(LaunchOptions, TheJobTokenAndFlightDirReachTheWorkers) {
+  auto o = parse({"prog"});
+  o.job_token = "3f9a";
+  o.flight_dir = "/tmp/ddp-launcher-x";
+  const auto env = ddp::launch::worker_env(o, 0, 29500, 0, {});
+  EXPECT_EQ(env.at("DDP_JOB_TOKEN"), "3f9a");
+  EXPECT_EQ(env.at("DDP_FLIGHT_DIR"), "/tmp/ddp-launcher-x");
+  EXPECT_EQ(ddp::launch::worker_env(parse({"prog"}), 0, 1, 0, {}).count("DDP_JOB_TOKEN"), 0u);
+
+  // One node makes up a token; nodes of one job cannot, so they share the user's or have none.
+  EXPECT_EQ(ddp::launch::choose_job_token(1, {}, "fresh"), "fresh");
+  EXPECT_EQ(ddp::launch::choose_job_token(2, {}, "fresh"), "");
+  EXPECT_EQ(ddp::launch::choose_job_token(2, {{"DDP_JOB_TOKEN", "shared"}}, "fresh"), "shared");
+  EXPECT_EQ(ddp::launch::choose_job_token(1, {{"DDP_JOB_TOKEN", "shared"}}, "fresh"), "shared");
+  EXPECT_EQ(ddp::launch::choose_job_token(1, {{"DDP_JOB_TOKEN", ""}}, "fresh"), "fresh");
+}
+
+TEST(LaunchOptions, CaughtSignalsAreReadFromProcStatus) {
+  // SigCgt of a process that catches SIGUSR1 (10) and SIGTERM (15): bits 9 and 14.
+  const std::string status =
+      "Name:\tddp_train\nSigIgn:\t0000000000001000\nSigCgt:\t0000000000004200\nCapInh:\t0\n";
+  EXPECT_TRUE(ddp::launch::catches_signal(status, SIGUSR1));
+  EXPECT_TRUE(ddp::launch::catches_signal(status, SIGTERM));
+  EXPECT_FALSE(ddp::launch::catches_signal(status, SIGUSR2));
+  EXPECT_FALSE(ddp::launch::catches_signal(status, SIGPIPE));  // ignored (SigIgn), not caught
+  EXPECT_FALSE(ddp::launch::catches_signal("Name:\tx\n", SIGUSR1));
+  EXPECT_FALSE(ddp::launch::catches_signal("Name:\tx\nSigCgt:\tzz\n", SIGUSR1));
+}
+
 TEST(LaunchOptions, AWorkersEndIsDescribedWithTheSignalName) {
   // waitpid statuses as the kernel encodes them.
   const int killed = SIGKILL;   // terminated by signal 9

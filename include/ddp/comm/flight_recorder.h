@@ -6,7 +6,8 @@
 // collective failure or timeout and on SIGUSR1; `ddp_train --diagnose DIR` merges the files.
 //
 // Thread-safe: collectives may be issued from autograd threads (DDP's hooks) while the watchdog
-// thread reads the buffer.
+// thread reads the buffer. Free of LibTorch (library ddp::flight), so the launcher can read and
+// merge the records too (comm/diagnose.h).
 
 #include <cstdint>
 #include <deque>
@@ -16,8 +17,6 @@
 #include <vector>
 
 namespace ddp::comm {
-
-struct CollectiveInfo;
 
 enum class CollectiveState { kIssued, kDone, kFailed };
 const char* to_string(CollectiveState state);
@@ -40,7 +39,7 @@ class FlightRecorder {
   void set_phase(std::string phase);
   std::string phase() const;
 
-  void issued(const CollectiveInfo& info, int64_t bytes);
+  void issued(uint64_t seq, std::string op, int64_t bytes);
   void finished(uint64_t seq, bool ok);
 
   // Oldest first; at most `capacity` records.

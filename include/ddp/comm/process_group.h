@@ -78,6 +78,8 @@ struct WatchdogOptions {
   // entered it (where the backend can tell); 0: no warning.
   std::chrono::milliseconds stall_warning = std::chrono::seconds(60);
   std::string dump_path;  // where dump_flight_record() and SIGUSR1 write; "": nowhere
+  // A second copy for the launcher, which merges the ranks' records (DDP_FLIGHT_DIR); "": none.
+  std::string launcher_copy;
   // How often ranks publish how far they are (for the stall warning's list of laggards).
   std::chrono::milliseconds progress_interval = std::chrono::milliseconds(500);
 };
@@ -122,8 +124,8 @@ class ProcessGroup {
   // Starts the watchdog thread (once). It warns about stalled collectives, publishes this rank's
   // progress, and writes the flight record when SIGUSR1 asked (request_flight_dump_from_signal).
   void start_watchdog(WatchdogOptions options);
-  // Writes the flight record to options.dump_path (atomically) with `reason`; returns the path,
-  // or "" when there is none or the write failed (logged; never throws).
+  // Writes the flight record to options.dump_path and launcher_copy (atomically) with `reason`;
+  // returns the first path written, or "" when none was (failures logged; never throws).
   std::string dump_flight_record(const std::string& reason);
 
   // How far every rank is, where the backend shares a store (gloo): each rank's watchdog

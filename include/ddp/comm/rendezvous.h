@@ -27,6 +27,13 @@ struct LaunchInfo {
   int local_world_size = 1;
   std::string master_addr;  // empty when the launcher gives none
   int master_port = 0;      // 0 when the launcher gives none
+  // DDP_JOB_TOKEN: the secret the rendezvous store asks of every client ("" when the launcher
+  // gave none: then the store accepts any client, as c10d's TCPStore does).
+  std::string job_token;
+  // torchrun's static rendezvous (its default): its agent already serves a c10d TCPStore at
+  // MASTER_ADDR:MASTER_PORT and the workers are its clients (TORCHELASTIC_USE_AGENT_STORE=True).
+  bool agent_store = false;
+  int restart_count = 0;  // TORCHELASTIC_RESTART_COUNT
 };
 
 using Env = std::map<std::string, std::string>;

@@ -17,6 +17,9 @@ namespace ddp::train {
 struct Checkpoint {
   int64_t epoch = 0;  // epochs completed
   int64_t step = 0;   // optimizer steps taken: the lr schedule's position
+  // Steps taken in epoch `epoch` (0-based) when it was saved in the middle of that epoch
+  // (--checkpoint-on-signal); 0 for one saved at an epoch's end.
+  int64_t epoch_step = 0;
   int64_t world_size = 1;
   int64_t batch_size = 0;      // per rank
   int64_t seed = 0;            // the sampler's and the model's seed
@@ -36,9 +39,22 @@ Checkpoint checkpoint_from(const c10::IValue& contents, const std::string& origi
 
 Checkpoint read_checkpoint(const std::string& path);
 
-// "checkpoint-epoch-0003.pt", and back (nullopt for any other name).
-std::string checkpoint_file_name(int64_t epoch);
-std::optional<int64_t> checkpoint_file_epoch(const std::string& file_name);
+// Where a checkpoint is in the run: epochs completed, then steps into the next one.
+struct CheckpointPosition {
+  int64_t epoch = 0;
+  int64_t epoch_step = 0;
+  bool operator<(const CheckpointPosition& o) const {
+    return epoch != o.epoch ? epoch < o.epoch : epoch_step < o.epoch_step;
+  }
+  bool operator==(const CheckpointPosition& o) const {
+    return epoch == o.epoch && epoch_step == o.epoch_step;
+  }
+};
+
+// "checkpoint-epoch-0003.pt" after 3 epochs, "checkpoint-epoch-0003-step-000042.pt" 42 steps
+// into the 4th, and back (nullopt for any other name).
+std::string checkpoint_file_name(CheckpointPosition position);
+std::optional<CheckpointPosition> checkpoint_file_position(const std::string& file_name);
 
 // The numbered checkpoints in `dir`, newest first (paths).
 std::vector<std::string> list_checkpoints(const std::string& dir);

@@ -58,6 +58,7 @@ struct Config {
   double rendezvous_timeout = 300.0;  // seconds ranks wait for each other at start-up
   double stall_warning = 60.0;        // seconds a collective waits before a warning (0: none)
   int64_t check_params_every = 0;     // steps between cross-rank parameter checksums (0: never)
+  bool checkpoint_on_signal = false;  // SIGTERM: finish the step, checkpoint, exit 143
   // DistributedDataParallel, with PyTorch's names and defaults.
   double bucket_cap_mb = 25.0;
   bool broadcast_buffers = true;

@@ -23,7 +23,14 @@ namespace ddp::train {
 struct TrainResult {
   std::vector<EpochMetrics> epochs;
   std::string metrics_path;
+  bool stopped_by_signal = false;  // --checkpoint-on-signal: a SIGTERM ended the run early
 };
+
+// --checkpoint-on-signal's SIGTERM handler calls this (async-signal-safe: it sets a flag); every
+// trainer then stops after the step that all ranks agree on.
+void request_stop_from_signal();
+// Exit status of a run stopped that way: 128 + SIGTERM, as if the signal had ended it.
+constexpr int kExitStoppedBySignal = 143;
 
 // The optimizer named by config.optimizer over `params`.
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Config& config,
@@ -55,8 +62,12 @@ class Trainer {
 
  private:
   TrainResult train();  // run() without the flight record
-  // One pass over this epoch's indices; fills the training fields of `metrics`.
-  void train_epoch(int64_t epoch, EpochMetrics& metrics);
+  // One pass over this epoch's indices; fills the training fields of `metrics`. Returns false
+  // when a SIGTERM stopped it (after a checkpoint: --checkpoint-on-signal).
+  bool train_epoch(int64_t epoch, EpochMetrics& metrics);
+  // --checkpoint-on-signal: whether a SIGTERM reached any rank (a collective, so that all ranks
+  // stop after the same step). False without the option, and then no collective.
+  bool stop_requested();
   // The DataParallel tutorial's printout, for the run's first step: the part of the global
   // batch each rank saw ("rank 1: input [15, 5] -> output [15, 2]"). A collective.
   void log_shapes(const torch::Tensor& input, const torch::Tensor& output);
@@ -68,8 +79,8 @@ class Trainer {
 
   // Checkpoints (trainer_checkpoint.cpp). Both are called on every rank: see
   // Note [No collective in a rank-0 branch].
-  // Writes checkpoint-epoch-N.pt, checkpoint.pt and model.pt (rank 0), then a barrier.
-  void save_checkpoint(int64_t epochs_done);
+  // Writes checkpoint-epoch-N[-step-S].pt, checkpoint.pt and model.pt (rank 0), then a barrier.
+  void save_checkpoint(CheckpointPosition at);
   // Loads the checkpoint config.resume names; returns false when `auto` finds none.
   bool resume();
   void apply(const Checkpoint& checkpoint, const std::string& path);
@@ -80,10 +91,12 @@ class Trainer {
   DistributedDataParallel model_{nullptr};
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   LrSchedule schedule_;
-  int64_t step_ = 0;             // optimizer steps taken
-  int64_t start_epoch_ = 0;      // epochs done before this run (resume)
-  int64_t crash_at_step_ = 0;    // test hook: DDP_TEST_CRASH_AT_STEP
-  int64_t perturb_at_step_ = 0;  // test hook: DDP_TEST_PERTURB_AT_STEP
+  int64_t step_ = 0;              // optimizer steps taken
+  int64_t start_epoch_ = 0;       // epochs done before this run (resume)
+  int64_t start_epoch_step_ = 0;  // steps of epoch start_epoch_ done before it (a SIGTERM's)
+  int64_t crash_at_step_ = 0;     // test hook: DDP_TEST_CRASH_AT_STEP
+  int64_t perturb_at_step_ = 0;   // test hook: DDP_TEST_PERTURB_AT_STEP
+  int64_t sigterm_at_step_ = 0;   // test hook: DDP_TEST_SIGTERM_AT_STEP
 };
 
 }  // namespace ddp::train

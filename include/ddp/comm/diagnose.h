@@ -9,7 +9,7 @@
 
 #include "ddp/comm/flight_recorder.h"
 
-namespace ddp::train {
+namespace ddp::comm {
 
 struct FlightDump {
   std::string file;
@@ -19,7 +19,7 @@ struct FlightDump {
   double time = 0.0;   // when it was written
   std::string phase;   // the phase the rank was in then
   uint64_t last_issued = 0;
-  std::vector<comm::CollectiveRecord> collectives;  // oldest first
+  std::vector<CollectiveRecord> collectives;  // oldest first
 };
 
 // Parses one rank<r>.json. Throws InputError naming `file` when it is not a flight record.
@@ -32,4 +32,4 @@ std::vector<FlightDump> read_flight_dumps(const std::string& dir);
 // The report, several lines ending with the diagnosis. A pure function of the dumps.
 std::string diagnose(const std::vector<FlightDump>& dumps);
 
-}  // namespace ddp::train
+}  // namespace ddp::comm

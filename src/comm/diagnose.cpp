@@ -1,4 +1,4 @@
-#include "ddp/train/diagnose.h"
+#include "ddp/comm/diagnose.h"
 
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
@@ -11,12 +11,10 @@
 #include "ddp/common/error.h"
 #include "ddp/common/files.h"
 
-namespace ddp::train {
+namespace ddp::comm {
 namespace {
 
 namespace fs = std::filesystem;
-using comm::CollectiveRecord;
-using comm::CollectiveState;
 
 CollectiveState state_of(const std::string& name, const std::string& file) {
   if (name == "issued") return CollectiveState::kIssued;
@@ -222,4 +220,4 @@ std::string diagnose(const std::vector<FlightDump>& dumps) {
                    describe(*what));
 }
 
-}  // namespace ddp::train
+}  // namespace ddp::comm
