@@ -15,3 +15,6 @@ set(DDP_NCCL_ROOT "" CACHE PATH
     "Prefix of the NCCL to use (include/nccl.h, lib/libnccl.so*). Default search: $ENV{NCCL_ROOT}, \
 the PyTorch wheel's site-packages/nvidia/nccl, the CUDA toolkit, /usr")
 
+set(DDP_SANITIZE "" CACHE STRING
+    "Sanitizers for every target, as -fsanitize= takes them (e.g. address,undefined); \"\": none. \
+scripts/sanitize.sh builds and runs the unit and multi-rank tests this way")

@@ -87,7 +87,10 @@ void BatchLoader::work(int worker) {
       ready_[static_cast<size_t>(i)] = std::move(batch);
     } catch (...) {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (!error_) error_ = std::current_exception();
+      if (!error_ || i < error_batch_) {
+        error_ = std::current_exception();
+        error_batch_ = i;
+      }
     }
     changed_.notify_all();
   }
@@ -97,10 +100,11 @@ std::optional<Batch> BatchLoader::next() {
   if (next_ >= num_batches_) return std::nullopt;
   if (threads_.empty()) return make(next_++);
   std::unique_lock<std::mutex> lock(mutex_);
-  changed_.wait(lock, [&] { return error_ || ready_[static_cast<size_t>(next_)].has_value(); });
-  if (error_) std::rethrow_exception(error_);
-  Batch batch = std::move(*ready_[static_cast<size_t>(next_)]);
-  ready_[static_cast<size_t>(next_)].reset();
+  auto& slot = ready_[static_cast<size_t>(next_)];
+  changed_.wait(lock, [&] { return slot.has_value() || (error_ && error_batch_ == next_); });
+  if (!slot.has_value()) std::rethrow_exception(error_);
+  Batch batch = std::move(*slot);
+  slot.reset();
   ++next_;
   lock.unlock();
   changed_.notify_all();
