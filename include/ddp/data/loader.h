@@ -66,8 +66,10 @@ class BatchLoader {
   std::mutex mutex_;
   std::condition_variable changed_;
   std::vector<std::optional<Batch>> ready_;  // by batch index; cleared once handed out
-  std::exception_ptr error_;  // of the lowest batch that failed: raised when next() reaches it,
-  int64_t error_batch_ = 0;    // as PyTorch's DataLoader does, not while earlier ones are due
+  // The error of the lowest batch that failed, raised when next() reaches that batch (as
+  // PyTorch's DataLoader does), not while earlier batches are still due.
+  std::exception_ptr error_;
+  int64_t error_batch_ = 0;
   bool stopping_ = false;
   std::vector<std::thread> threads_;
 };
