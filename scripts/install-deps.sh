@@ -9,7 +9,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   libcxxopts-dev libspdlog-dev libfmt-dev libgtest-dev libyaml-cpp-dev zlib1g-dev
   dataset-fashion-mnist
-  python3 python3-torch python3-numpy python3-yaml
+  python3 python3-torch python3-numpy python3-yaml python3-matplotlib
   libopenblas0-openmp
   clang libclang-rt-14-dev
 )
