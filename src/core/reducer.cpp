@@ -113,6 +113,9 @@ void Reducer::begin_iteration() {
   stats_ = IterationStats();
   stats_.first_grad = Clock::now();
   stats_.bucket_launch.assign(buckets_.size(), Clock::time_point());
+  stats_.bucket_done.assign(buckets_.size(), Clock::time_point());
+  stats_.bucket_bytes.assign(buckets_.size(), 0);
+  stats_.communicated = !passthrough_;
   // Valid only during backward, hence queued from the first hook.
   torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize(); });
 }
@@ -121,6 +124,7 @@ void Reducer::on_grad_ready(size_t index) {
   if (!require_sync_) return;  // no_sync: accumulate locally
   if (phase_ == Phase::kIdle) begin_iteration();
   mark_ready(index);
+  note_completed();
   launch_ready_buckets();
 }
 
@@ -156,6 +160,14 @@ void Reducer::launch_ready_buckets() {
     launch(next_launch_++);
 }
 
+void Reducer::note_completed() {
+  for (size_t b = 0; b < next_launch_; ++b) {
+    if (stats_.bucket_done[b] == Clock::time_point() && buckets_[b].work->is_completed()) {
+      stats_.bucket_done[b] = Clock::now();
+    }
+  }
+}
+
 void Reducer::launch(size_t b) {
   auto& bucket = buckets_[b];
   stats_.bucket_launch[b] = Clock::now();
@@ -169,6 +181,7 @@ void Reducer::launch(size_t b) {
     case CommHook::kAllReduce:
       bucket.wire = bucket.flat;
       bucket.work = group_->all_reduce(bucket.wire, comm::ReduceOp::kAvg);
+      stats_.bucket_bytes[b] = static_cast<int64_t>(bucket.wire.nbytes());
       return;
     case CommHook::kFp16Compress:
     case CommHook::kBf16Compress: {
@@ -178,6 +191,7 @@ void Reducer::launch(size_t b) {
           options_.comm_hook == CommHook::kFp16Compress ? torch::kHalf : torch::kBFloat16;
       bucket.wire = bucket.flat.div(group_->world_size()).to(dtype);
       bucket.work = group_->all_reduce(bucket.wire, comm::ReduceOp::kSum);
+      stats_.bucket_bytes[b] = static_cast<int64_t>(bucket.wire.nbytes());
       return;
     }
   }
@@ -200,7 +214,8 @@ void Reducer::report_unready() const {
 
 void Reducer::finalize() {
   if (phase_ != Phase::kBackward) return;
-  phase_ = Phase::kIdle;      // first: a failure below must not leave the reducer mid-iteration
+  phase_ = Phase::kIdle;  // first: a failure below must not leave the reducer mid-iteration
+  stats_.finalize_start = Clock::now();
   std::vector<int32_t> used;  // find_unused_parameters: how many ranks used each parameter
   if (options_.find_unused_parameters) {
     const auto device = params_.front().device();
@@ -221,8 +236,11 @@ void Reducer::finalize() {
     report_unready();
   }
 
-  for (auto& bucket : buckets_) {
+  note_completed();
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    auto& bucket = buckets_[b];
     bucket.work->wait();
+    if (stats_.bucket_done[b] == Clock::time_point()) stats_.bucket_done[b] = Clock::now();
     if (!bucket.wire.is_same(bucket.flat)) bucket.flat.copy_(bucket.wire);  // decompress
     bucket.wire = torch::Tensor();
     if (passthrough_) continue;

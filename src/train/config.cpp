@@ -183,7 +183,9 @@ std::vector<ConfigKey> make_keys() {
                "on SIGTERM, every rank finishes its step, rank 0 writes a checkpoint, and the "
                "run exits with 143 (--resume auto continues from that step)"),
       float_key("bucket-cap-mb", &C::bucket_cap_mb, 0.0, true,
-                "DDP: MiB of gradients per all-reduce bucket (the first is 1 MiB)"),
+                "DDP: MiB of gradients per all-reduce bucket (the first: first-bucket-mb)"),
+      float_key("first-bucket-mb", &C::first_bucket_mb, 0.0, true,
+                "DDP: MiB of the first bucket (the last layers' gradients, reduced first)"),
       bool_key("broadcast-buffers", &C::broadcast_buffers,
                "DDP: broadcast rank 0's buffers (BatchNorm statistics) before each forward"),
       bool_key("find-unused-parameters", &C::find_unused_parameters,
@@ -198,6 +200,14 @@ std::vector<ConfigKey> make_keys() {
       string_key("output-dir", &C::output_dir, {}, "PATH", "directory for metrics and checkpoints"),
       string_key("log-level", &C::log_level, {"trace", "debug", "info", "warn", "error", "off"}, "",
                  "log level of rank 0"),
+      string_key("progress", &C::progress, {"auto", "bar", "lines", "off"}, "",
+                 "rank 0's progress in an epoch: a bar redrawn on a terminal, or log lines "
+                 "(auto: the bar on a terminal, lines otherwise)"),
+      float_key("progress-every", &C::progress_every, 0.0, true,
+                "seconds between progress lines in a log"),
+      string_key("timeline", &C::timeline, {}, "PATH",
+                 "write a Chrome trace of every rank's steps and all-reduces to PATH after the run "
+                 "(chrome://tracing, ui.perfetto.dev)"),
       int_key("eval-every", &C::eval_every, 0,
               "evaluate every N epochs (0: after the last epoch only)"),
       int_key("save-every", &C::save_every, 0,

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <sstream>
 
@@ -10,8 +11,9 @@
 namespace ddp::train {
 namespace {
 
+// JSON has no NaN or infinity (a diverged loss): those are null, as a missing value is.
 std::string number_or_null(const std::optional<double>& v) {
-  return v ? fmt::format("{:.9g}", *v) : "null";
+  return v && std::isfinite(*v) ? fmt::format("{:.9g}", *v) : "null";
 }
 
 // A field of optional scores, as an optional.
@@ -27,11 +29,11 @@ std::string to_json(const EpochMetrics& m) {
   const auto& v = m.val;
   const auto& t = m.test;
   return fmt::format(
-      "{{\"epoch\": {}, \"steps\": {}, \"lr\": {:.9g}, \"train_loss\": {:.9g}, \"val_loss\": {}, "
+      "{{\"epoch\": {}, \"steps\": {}, \"lr\": {:.9g}, \"train_loss\": {}, \"val_loss\": {}, "
       "\"val_mae\": {}, \"test_loss\": {}, \"test_accuracy\": {}, \"test_mae\": {}, "
       "\"naive_test_loss\": {}, \"naive_test_mae\": {}, \"samples_per_s\": {:.6g}, "
       "\"epoch_seconds\": {:.6g}}}",
-      m.epoch, m.steps, m.lr, m.train_loss,
+      m.epoch, m.steps, m.lr, number_or_null(m.train_loss),
       number_or_null(field(v, [](const Scores& s) { return std::optional(s.loss); })),
       number_or_null(field(v, [](const Scores& s) { return s.mae; })),
       number_or_null(field(t, [](const Scores& s) { return std::optional(s.loss); })),

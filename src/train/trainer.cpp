@@ -19,6 +19,7 @@
 #include "ddp/core/sync_batch_norm.h"
 #include "ddp/data/distributed_sampler.h"
 #include "ddp/data/loader.h"
+#include "ddp/train/progress.h"
 #include "ddp/train/state_dict.h"
 
 namespace ddp::train {
@@ -41,6 +42,22 @@ void make_output_dir(const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw InputError(fmt::format("output dir '{}': cannot create it: {}", dir, ec.message()));
+}
+
+// The reducer's part of the backward just run, inside backward's span: the moment the last
+// gradient was ready (an all-reduce that began before it overlapped the gradients' computation),
+// the finalize, and each bucket's all-reduce from launch to completion, on the bucket's lane.
+void record_reducer(Timeline& timeline, const core::IterationStats& s, int64_t step) {
+  if (s.finalize_start == core::Clock::time_point()) return;  // no synchronised backward
+  timeline.add("last gradient ready", "compute", Timeline::kStepLane, s.last_grad, s.last_grad,
+               step);
+  timeline.add("finalize: wait for all-reduces", "comm", Timeline::kStepLane, s.finalize_start,
+               s.finalize_end, step);
+  if (!s.communicated) return;
+  for (size_t b = 0; b < s.bucket_launch.size(); ++b) {
+    timeline.add("all-reduce", "comm", Timeline::kBucketLane + static_cast<int>(b),
+                 s.bucket_launch[b], s.bucket_done[b], step, s.bucket_bytes[b]);
+  }
 }
 
 }  // namespace
@@ -77,6 +94,16 @@ Config prepared(Config config) {
   }
   make_output_dir(config.output_dir);
   check_writable_dir(config.output_dir);
+  if (!config.timeline.empty()) {  // fail now, not after the whole run
+    const auto dir = std::filesystem::absolute(config.timeline).parent_path();
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec || !std::filesystem::is_directory(dir)) {
+      throw InputError(fmt::format("key 'timeline': cannot create the directory '{}' of '{}'",
+                                   dir.string(), config.timeline));
+    }
+    check_writable_dir(dir.string());
+  }
   return config;
 }
 }  // namespace
@@ -124,6 +151,8 @@ Trainer::Trainer(Config config)
         (std::filesystem::path(dir->second) / fmt::format("rank{}.json", dist_.rank())).string();
   }
   dist_.group->start_watchdog(watchdog);
+  if (!config_.timeline.empty()) timeline_ = std::make_unique<Timeline>();
+  progress_style_ = progress_style(config_.progress, ::isatty(STDOUT_FILENO) != 0, dist_.is_main());
   // A group the launcher (or torchrun) restarted continues from its last checkpoint.
   auto restarts = env.find("TORCHELASTIC_RESTART_COUNT");
   if (config_.resume.empty() && restarts != env.end() && restarts->second != "0") {
@@ -160,6 +189,7 @@ Trainer::Trainer(Config config)
   model_ = DistributedDataParallel(workload_.module, dist_.group,
                                    DistributedDataParallelOptions()
                                        .bucket_cap_mb(config_.bucket_cap_mb)
+                                       .first_bucket_mb(config_.first_bucket_mb)
                                        .broadcast_buffers(config_.broadcast_buffers)
                                        .find_unused_parameters(config_.find_unused_parameters)
                                        .gradient_as_bucket_view(config_.gradient_as_bucket_view)
@@ -191,7 +221,9 @@ Trainer::Trainer(Config config)
 
 TrainResult Trainer::run() {
   try {
-    return train();
+    TrainResult result = train();
+    if (timeline_) write_timeline(*dist_.group, dist_.device, *timeline_, config_.timeline);
+    return result;
   } catch (const comm::CommError&) {
     // The evidence for the hang doctor: this rank's last collectives.
     const auto path = dist_.group->dump_flight_record("collective failed");
@@ -232,9 +264,12 @@ TrainResult Trainer::train() {
     // split when there is one, and then the test split after the last epoch only.
     const bool last = epoch + 1 == config_.epochs;
     const bool periodic = last || (config_.eval_every > 0 && (epoch + 1) % config_.eval_every == 0);
-    if (periodic) dist_.group->set_phase(fmt::format("epoch {}: evaluation", m.epoch));
-    if (periodic && workload_.val_set) m.val = evaluate(*workload_.val_set);
-    if (periodic && (last || !workload_.val_set)) m.test = evaluate(workload_.test_set);
+    if (periodic) {
+      const Timeline::Scope span(timeline_.get(), "evaluation", "compute");
+      dist_.group->set_phase(fmt::format("epoch {}: evaluation", m.epoch));
+      if (workload_.val_set) m.val = evaluate(*workload_.val_set);
+      if (last || !workload_.val_set) m.test = evaluate(workload_.test_set);
+    }
 
     // Log and record the epoch (rank 0).
     log::info("epoch {}/{}: {}, {:.0f} samples/s, {:.2f} s, lr {:.4g}", m.epoch, config_.epochs,
@@ -245,6 +280,7 @@ TrainResult Trainer::train() {
     // Checkpoint every save_every epochs and after the last one (all ranks; rank 0 writes).
     const bool save = last || (config_.save_every > 0 && (epoch + 1) % config_.save_every == 0);
     if (save) {
+      const Timeline::Scope span(timeline_.get(), "checkpoint", "io");
       dist_.group->set_phase(fmt::format("epoch {}: checkpoint", m.epoch));
       save_checkpoint({epoch + 1, 0});
     }
@@ -290,8 +326,20 @@ bool Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
   // loader gives the same batches, and the first ones are passed over.
   int64_t skip = epoch == start_epoch_ ? start_epoch_step_ : 0;
   int64_t epoch_step = skip;
-  int64_t trained = 0;  // samples
-  while (auto batch = loader.next()) {
+  int64_t trained = 0;                   // samples
+  Timeline* timeline = timeline_.get();  // nullptr: no --timeline
+  EpochProgress progress(progress_style_, config_.progress_every, epoch + 1, config_.epochs,
+                         steps_per_epoch, dist_.world_size());
+  const auto running_loss = [&] {  // rank 0's shard only: no collective for a progress line
+    return trained > 0 ? loss_sum.item<double>() / static_cast<double>(trained) : 0.0;
+  };
+  while (true) {
+    std::optional<data::Batch> batch;
+    {
+      const Timeline::Scope span(timeline, "data wait", "data", step_ + 1);
+      batch = loader.next();
+    }
+    if (!batch) break;
     if (skip > 0) {
       --skip;
       continue;
@@ -305,14 +353,25 @@ bool Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
     m.lr = lr_at(schedule_, step_, steps_per_epoch);
     set_lr(*optimizer_, m.lr);
     model_->zero_grad();  // in place, so gradient_as_bucket_view keeps its views
-    dist_.group->set_phase(fmt::format("step {}: forward", step_ + 1));
-    auto output = model_->forward_with([&] { return workload_.forward(input); });
+    torch::Tensor output, loss;
+    {
+      const Timeline::Scope span(timeline, "forward", "compute", step_ + 1);
+      dist_.group->set_phase(fmt::format("step {}: forward", step_ + 1));
+      output = model_->forward_with([&] { return workload_.forward(input); });
+      loss = compute_loss(train_set.task, output, target);
+    }
     if (first) log_shapes(input, output);
     first = false;
-    auto loss = compute_loss(train_set.task, output, target);
-    dist_.group->set_phase(fmt::format("step {}: backward", step_ + 1));
-    loss.backward();
-    optimizer_->step();
+    {
+      const Timeline::Scope span(timeline, "backward", "compute", step_ + 1);
+      dist_.group->set_phase(fmt::format("step {}: backward", step_ + 1));
+      loss.backward();
+    }
+    if (timeline) record_reducer(*timeline, model_->reducer().last_iteration(), step_ + 1);
+    {
+      const Timeline::Scope span(timeline, "optimizer step", "compute", step_ + 1);
+      optimizer_->step();
+    }
     ++step_;
     if (step_ == crash_at_step_) {  // test hooks, see above
       log::warn("rank {}: test hook: SIGKILL at step {}", dist_.rank(), step_);
@@ -332,16 +391,18 @@ bool Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
 
     loss_sum += loss.detach().to(torch::kDouble) * static_cast<double>(size);
     trained += size;
+    progress.update(++epoch_step, trained, running_loss);
 
     // --checkpoint-on-signal: a SIGTERM on any rank stops every rank after this same step (the
     // epoch's last step goes on to the epoch's end: see train()).
-    if (++epoch_step < steps_per_epoch && stop_requested()) {
+    if (epoch_step < steps_per_epoch && stop_requested()) {
       save_checkpoint({epoch, epoch_step});
       log::warn("stopped by SIGTERM after step {} ({} of epoch {}); --resume auto continues", step_,
                 epoch_step, epoch + 1);
       return false;
     }
   }
+  progress.finish(trained, running_loss);
   const double seconds = seconds_since(start);
 
   // Global figures: loss over all ranks' samples; throughput bounded by the slowest rank.

@@ -1,6 +1,8 @@
 // Training end to end in one process: the loss falls and the MLP learns Fashion-MNIST.
 #include <gtest/gtest.h>
+
 #include <torch/torch.h>
+#include <limits>
 
 #include "ddp/train/trainer.h"
 #include "ddp/train/workload.h"
@@ -109,4 +111,21 @@ TEST(Training, InformerWorkloadNeverReadsTheFutureAndHasANaiveForecast) {
     EXPECT_TRUE(torch::equal(naive.select(1, h), window.select(1, 47).narrow(1, 0, 11)));
 }
 
+}  // namespace
+
+namespace {
+// JSON has no NaN or infinity: a diverged run's metrics file must still parse (plot_metrics).
+TEST(Metrics, NonFiniteValuesAreWrittenAsNull) {
+  ddp::train::EpochMetrics m;
+  m.epoch = 3;
+  m.train_loss = std::numeric_limits<double>::quiet_NaN();
+  ddp::train::Scores test;
+  test.loss = std::numeric_limits<double>::infinity();
+  test.accuracy = 0.1;
+  m.test = test;
+  const std::string json = ddp::train::to_json(m);
+  EXPECT_NE(json.find("\"train_loss\": null"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"test_loss\": null"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"test_accuracy\": 0.1"), std::string::npos) << json;
+}
 }  // namespace

@@ -50,7 +50,13 @@ struct IterationStats {
   Clock::time_point first_grad;                  // the first hook of the backward
   Clock::time_point last_grad;                   // the last hook of the backward
   std::vector<Clock::time_point> bucket_launch;  // per bucket, when its collective was issued
-  Clock::time_point finalize_end;                // all averages are in .grad
+  // Per bucket, when its collective was first seen complete: polled at every later hook of the
+  // backward, and in finalize before waiting on it (so at most one hook late, or the wait).
+  std::vector<Clock::time_point> bucket_done;
+  std::vector<int64_t> bucket_bytes;  // per bucket, the bytes on the wire
+  Clock::time_point finalize_start;   // the end-of-backward callback began
+  Clock::time_point finalize_end;     // all averages are in .grad
+  bool communicated = false;          // false: one rank passing gradients through, no collective
 };
 
 class Reducer {
@@ -91,6 +97,7 @@ class Reducer {
   void begin_iteration();  // the one place per-iteration state is reset
   void mark_ready(size_t index);
   void launch_ready_buckets();
+  void note_completed();  // stats_.bucket_done of the launched buckets that have completed
   void finalize();
   void report_unready() const;
   void rebuild_from_observed_order();

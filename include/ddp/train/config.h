@@ -61,6 +61,7 @@ struct Config {
   bool checkpoint_on_signal = false;  // SIGTERM: finish the step, checkpoint, exit 143
   // DistributedDataParallel, with PyTorch's names and defaults.
   double bucket_cap_mb = 25.0;
+  double first_bucket_mb = 1.0;  // the bucket of the last layers' gradients, launched first
   bool broadcast_buffers = true;
   bool find_unused_parameters = false;
   bool gradient_as_bucket_view = false;
@@ -69,7 +70,10 @@ struct Config {
   int64_t threads = 0;                  // 0: leave LibTorch's default
   std::string output_dir = "runs/latest";
   std::string log_level = "info";
-  int64_t eval_every = 1;  // epochs; 0: evaluate after the last epoch only
+  std::string progress = "auto";  // auto | bar | lines | off (see train/progress.h)
+  double progress_every = 30.0;   // seconds between progress lines in a log
+  std::string timeline;           // "": none; else the Chrome trace written after the run
+  int64_t eval_every = 1;         // epochs; 0: evaluate after the last epoch only
   // Checkpoints (rank 0 writes into output_dir).
   int64_t save_every = 1;              // epochs; 0: at the end only
   int64_t keep_last = 3;               // numbered checkpoints kept

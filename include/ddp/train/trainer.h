@@ -16,6 +16,8 @@
 #include "ddp/train/distributed.h"
 #include "ddp/train/lr_schedule.h"
 #include "ddp/train/metrics.h"
+#include "ddp/train/progress.h"
+#include "ddp/train/timeline.h"
 #include "ddp/train/workload.h"
 
 namespace ddp::train {
@@ -44,9 +46,10 @@ class Trainer {
   explicit Trainer(Config config);
 
   // Trains up to config.epochs epochs (from where a resumed checkpoint stopped), writing metrics
-  // after each and checkpoints every save_every epochs and after the last; returns the metrics of
-  // the epochs it trained. When a collective fails or times out, writes this rank's flight
-  // record to <output>/debug/rank<r>.json before rethrowing.
+  // after each and checkpoints every save_every epochs and after the last, then the timeline
+  // (--timeline, a collective); returns the metrics of the epochs it trained. When a collective
+  // fails or times out, writes this rank's flight record to <output>/debug/rank<r>.json before
+  // rethrowing.
   TrainResult run();
 
   // Loss (and accuracy, or MAE and the naive forecast's) over the whole of `set`, in eval mode
@@ -91,6 +94,8 @@ class Trainer {
   DistributedDataParallel model_{nullptr};
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   LrSchedule schedule_;
+  std::unique_ptr<Timeline> timeline_;  // --timeline; nullptr without
+  ProgressStyle progress_style_ = ProgressStyle::kOff;
   int64_t step_ = 0;              // optimizer steps taken
   int64_t start_epoch_ = 0;       // epochs done before this run (resume)
   int64_t start_epoch_step_ = 0;  // steps of epoch start_epoch_ done before it (a SIGTERM's)

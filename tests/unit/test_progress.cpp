@@ -1,0 +1,114 @@
+// What a run shows of itself, as pure logic: the progress line and bar (--progress), and the
+// timeline's Chrome trace events (--timeline) from hand-made spans.
+#include <gtest/gtest.h>
+#include <yaml-cpp/yaml.h>
+
+#include "ddp/train/progress.h"
+#include "ddp/train/timeline.h"
+
+namespace {
+
+using ddp::train::ProgressState;
+using ddp::train::ProgressStyle;
+using ddp::train::Timeline;
+
+ProgressState state(int64_t step, int64_t steps, double elapsed_s) {
+  ProgressState s;
+  s.epoch = 2;
+  s.epochs = 5;
+  s.step = step;
+  s.steps = steps;
+  s.loss = 0.42311;
+  s.samples_per_s = 1234.4;
+  s.elapsed_s = elapsed_s;
+  s.timed_steps = step;
+  return s;
+}
+
+TEST(Progress, StyleIsABarOnATerminalLinesElsewhereAndNothingOffRankZero) {
+  using ddp::train::progress_style;
+  EXPECT_EQ(progress_style("auto", true, true), ProgressStyle::kBar);
+  EXPECT_EQ(progress_style("auto", false, true), ProgressStyle::kLines);
+  EXPECT_EQ(progress_style("bar", false, true), ProgressStyle::kBar);
+  EXPECT_EQ(progress_style("lines", true, true), ProgressStyle::kLines);
+  EXPECT_EQ(progress_style("off", true, true), ProgressStyle::kOff);
+  EXPECT_EQ(progress_style("bar", true, false), ProgressStyle::kOff);
+}
+
+TEST(Progress, DurationsAndTheEtaAtTheEpochsRateSoFar) {
+  using ddp::train::eta_seconds;
+  using ddp::train::format_duration;
+  EXPECT_EQ(format_duration(0), "0:00");
+  EXPECT_EQ(format_duration(42.4), "0:42");
+  EXPECT_EQ(format_duration(125), "2:05");
+  EXPECT_EQ(format_duration(3723), "1:02:03");
+  EXPECT_EQ(format_duration(-3), "0:00");
+  // 312 of 938 steps in 10 s: 626 steps left at 31.2 steps/s.
+  EXPECT_NEAR(eta_seconds(state(312, 938, 10.0)), 626.0 * 10.0 / 312.0, 1e-9);
+  EXPECT_EQ(eta_seconds(state(938, 938, 10.0)), 0.0);
+  EXPECT_EQ(eta_seconds(state(0, 938, 0.0)), 0.0);
+  // A resumed epoch skipped 300 steps: only the 12 timed ones set the rate.
+  auto resumed = state(312, 938, 1.0);
+  resumed.timed_steps = 12;
+  EXPECT_NEAR(eta_seconds(resumed), 626.0 / 12.0, 1e-9);
+}
+
+TEST(Progress, TheBarAndTheLogLine) {
+  EXPECT_EQ(ddp::train::progress_bar(state(469, 938, 10.0), 10),
+            "epoch 2/5 [=====>    ] 469/938 loss 0.4231 1234 samples/s ETA 0:10");
+  EXPECT_EQ(ddp::train::progress_bar(state(938, 938, 63.0), 10),
+            "epoch 2/5 [==========] 938/938 loss 0.4231 1234 samples/s in 1:03");
+  EXPECT_EQ(ddp::train::progress_bar(state(0, 938, 0.0), 4),
+            "epoch 2/5 [>   ] 0/938 loss 0.4231 1234 samples/s ETA 0:00");
+  EXPECT_EQ(ddp::train::progress_line(state(312, 938, 10.0)),
+            "epoch 2/5: step 312/938 (33%), loss 0.4231, 1234 samples/s, ETA 0:20");
+}
+
+TEST(Timeline, TraceEventsAreChromeCompleteEventsOnTheRanksLanes) {
+  Timeline timeline;
+  const auto t0 = Timeline::Clock::now();
+  const auto at = [&](int us) { return t0 + std::chrono::microseconds(us); };
+  timeline.add("backward", "compute", Timeline::kStepLane, at(100), at(400), 7);
+  timeline.add("all-reduce", "comm", Timeline::kBucketLane + 1, at(250), at(900), 7, 4096);
+  // Written against an origin 1 s before this timeline started.
+  const std::string trace =
+      ddp::train::chrome_trace({timeline.trace_events(3, timeline.start_wall() - 1.0)});
+  const YAML::Node root = YAML::Load(trace);  // JSON is YAML
+  const YAML::Node events = root["traceEvents"];
+  ASSERT_TRUE(events.IsSequence()) << trace;
+  std::map<std::string, size_t> complete;  // name -> index (yaml-cpp nodes alias on copy)
+  std::vector<std::string> lanes;
+  for (size_t i = 0; i < events.size(); ++i) {
+    const YAML::Node e = events[i];
+    EXPECT_EQ(e["pid"].as<int>(), 3);
+    if (e["ph"].as<std::string>() == "X") complete[e["name"].as<std::string>()] = i;
+    if (e["name"].as<std::string>() == "thread_name") {
+      lanes.push_back(e["args"]["name"].as<std::string>());
+    }
+  }
+  EXPECT_EQ(lanes, (std::vector<std::string>{"training step", "bucket 0 all-reduce",
+                                             "bucket 1 all-reduce"}));
+  ASSERT_EQ(complete.size(), 2u) << trace;
+  const YAML::Node backward = events[complete["backward"]];
+  const YAML::Node reduce = events[complete["all-reduce"]];
+  EXPECT_EQ(backward["tid"].as<int>(), 0);
+  EXPECT_EQ(reduce["tid"].as<int>(), 2);
+  EXPECT_EQ(reduce["cat"].as<std::string>(), "comm");
+  EXPECT_EQ(reduce["args"]["bytes"].as<int64_t>(), 4096);
+  EXPECT_EQ(backward["args"]["step"].as<int64_t>(), 7);
+  EXPECT_NEAR(backward["dur"].as<double>(), 300.0, 1e-3);
+  EXPECT_NEAR(reduce["ts"].as<double>() - backward["ts"].as<double>(), 150.0, 1e-3);
+  // Steady times become microseconds after the origin; t0 is at or after the start.
+  EXPECT_GE(backward["ts"].as<double>(), 1e6 + 100.0 - 1.0);
+  EXPECT_LT(backward["ts"].as<double>(), 1e6 + 100.0 + 5e5);
+}
+
+TEST(Timeline, KeepsAtMostItsLimitAndCountsTheRest) {
+  Timeline timeline(2);
+  const auto t = Timeline::Clock::now();
+  for (int i = 0; i < 5; ++i) timeline.add("forward", "compute", Timeline::kStepLane, t, t, i);
+  EXPECT_EQ(timeline.events().size(), 2u);
+  EXPECT_EQ(timeline.dropped(), 3u);
+}
+
+}  // namespace
