@@ -11,10 +11,13 @@
 #include <thread>
 
 #include "ddp/common/error.h"
+#include "errors.h"
 #include "job_store.h"
 #include "subprocess.h"
 
 namespace {
+
+using ddp::testing::input_error_of;
 
 using namespace ddp::comm;
 using ddp::testing::Child;
@@ -25,17 +28,6 @@ using Clock = std::chrono::steady_clock;
 
 std::vector<uint8_t> bytes(const std::string& s) {
   return {s.begin(), s.end()};
-}
-
-// The InputError's message of `f`, "" when it throws none.
-template <class F>
-std::string input_error_of(F f) {
-  try {
-    f();
-  } catch (const ddp::InputError& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(StoreProtocol, MessagesRoundTripAndAPartialOneWaits) {

@@ -12,9 +12,12 @@
 #include "ddp/train/metrics.h"
 #include "ddp/train/pt_file.h"
 #include "ddp/train/state_dict.h"
+#include "errors.h"
 #include "subprocess.h"
 
 namespace {
+
+using ddp::testing::input_error_of;
 
 using ddp::InputError;
 using ddp::testing::TempDir;
@@ -22,18 +25,6 @@ namespace train = ddp::train;
 
 std::string python_script() {
   return std::string(DDP_SOURCE_DIR) + "/tests/python/checkpoint_interop.py";
-}
-
-// The message of the InputError `f` throws; fails the test when it throws none.
-template <typename F>
-std::string input_error_of(F&& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no InputError";
-  return "";
 }
 
 c10::impl::GenericDict sample_dict() {

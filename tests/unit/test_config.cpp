@@ -5,22 +5,16 @@
 
 #include "ddp/common/error.h"
 #include "ddp/train/config.h"
+#include "errors.h"
 #include "subprocess.h"
 
 namespace {
 
+using ddp::testing::input_error_of;
+
 using ddp::InputError;
 using ddp::testing::TempDir;
 using ddp::train::Config;
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "no error";
-}
 
 Config load(const TempDir& dir, const std::string& yaml) {
   ddp::testing::write_file(dir.file("c.yaml"), yaml);
@@ -56,41 +50,42 @@ TEST(Config, CommandLineOverridesTheFile) {
 
 TEST(Config, UnknownKeyNamesFileAndLine) {
   TempDir dir;
-  const auto msg = error_of([&] { load(dir, "epochs: 3\n\nbatchsize: 4\n"); });
+  const auto msg = input_error_of([&] { load(dir, "epochs: 3\n\nbatchsize: 4\n"); });
   EXPECT_NE(msg.find(dir.file("c.yaml") + ":3: unknown key 'batchsize'"), std::string::npos) << msg;
 }
 
 TEST(Config, WrongTypeNamesKeyAndExpectation) {
   TempDir dir;
-  auto msg = error_of([&] { load(dir, "epochs: three\n"); });
+  auto msg = input_error_of([&] { load(dir, "epochs: three\n"); });
   EXPECT_NE(msg.find(":1: key 'epochs': expected an integer, got 'three'"), std::string::npos)
       << msg;
-  msg = error_of([&] { load(dir, "nesterov: maybe\n"); });
+  msg = input_error_of([&] { load(dir, "nesterov: maybe\n"); });
   EXPECT_NE(msg.find("key 'nesterov': expected true or false, got 'maybe'"), std::string::npos)
       << msg;
-  msg = error_of([&] { load(dir, "optimizer: rmsprop\n"); });
+  msg = input_error_of([&] { load(dir, "optimizer: rmsprop\n"); });
   EXPECT_NE(msg.find("key 'optimizer': expected one of sgd|adam|adamw, got 'rmsprop'"),
             std::string::npos)
       << msg;
-  msg = error_of([&] { load(dir, "lr: [1, 2]\n"); });
+  msg = input_error_of([&] { load(dir, "lr: [1, 2]\n"); });
   EXPECT_NE(msg.find("key 'lr': expected a single value, got a list"), std::string::npos) << msg;
-  msg = error_of([&] { load(dir, "epochs: 2.5\n"); });
+  msg = input_error_of([&] { load(dir, "epochs: 2.5\n"); });
   EXPECT_NE(msg.find("expected an integer, got '2.5'"), std::string::npos) << msg;
 }
 
 TEST(Config, NonPositiveBatchSizeAndLr) {
   Config c;
-  auto msg = error_of([&] { ddp::train::set_config_value(c, "batch-size", "0", "command line"); });
+  auto msg =
+      input_error_of([&] { ddp::train::set_config_value(c, "batch-size", "0", "command line"); });
   EXPECT_EQ(msg, "command line: key 'batch-size': expected a positive integer, got '0'");
-  msg = error_of([&] { ddp::train::set_config_value(c, "lr", "-0.1", "command line"); });
+  msg = input_error_of([&] { ddp::train::set_config_value(c, "lr", "-0.1", "command line"); });
   EXPECT_EQ(msg, "command line: key 'lr': expected a number > 0, got '-0.1'");
-  msg = error_of([&] { ddp::train::set_config_value(c, "lr", "nan", "command line"); });
+  msg = input_error_of([&] { ddp::train::set_config_value(c, "lr", "nan", "command line"); });
   EXPECT_EQ(msg, "command line: key 'lr': expected a finite number, got 'nan'");
 }
 
 TEST(Config, SyntaxErrorNamesLine) {
   TempDir dir;
-  const auto msg = error_of([&] { load(dir, "epochs: 1\nlr: [0.1\n"); });
+  const auto msg = input_error_of([&] { load(dir, "epochs: 1\nlr: [0.1\n"); });
   EXPECT_NE(msg.find(dir.file("c.yaml") + ":"), std::string::npos) << msg;
   EXPECT_NE(msg.find("YAML syntax error"), std::string::npos) << msg;
 }
@@ -99,30 +94,32 @@ TEST(Config, SyntaxErrorNamesLine) {
 // string threw a YAML exception that was not an InputError.
 TEST(Config, AKeyThatIsNotANameIsAnInputError) {
   TempDir dir;
-  EXPECT_EQ(error_of([&] { load(dir, "epochs: 1\n? a: /usd\n"); }),
+  EXPECT_EQ(input_error_of([&] { load(dir, "epochs: 1\n? a: /usd\n"); }),
             dir.file("c.yaml") + ":2: expected a key name, got a mapping or null");
-  EXPECT_EQ(error_of([&] { load(dir, "? [a, b]\n: 3\n"); }),
+  EXPECT_EQ(input_error_of([&] { load(dir, "? [a, b]\n: 3\n"); }),
             dir.file("c.yaml") + ":1: expected a key name, got a list");
 }
 
 TEST(Config, MissingFileAndNonMapping) {
   TempDir dir;
   Config c;
-  EXPECT_EQ(error_of([&] { ddp::train::apply_config_file(c, dir.file("none.yaml")); }),
+  EXPECT_EQ(input_error_of([&] { ddp::train::apply_config_file(c, dir.file("none.yaml")); }),
             dir.file("none.yaml") + ": config file not found");
-  EXPECT_NE(error_of([&] { load(dir, "- a\n- b\n"); }).find("expected a mapping"),
+  EXPECT_NE(input_error_of([&] { load(dir, "- a\n- b\n"); }).find("expected a mapping"),
             std::string::npos);
 }
 
 TEST(Config, CrossKeyValidation) {
   Config c;
   c.model = "linear";
-  EXPECT_NE(
-      error_of([&] { ddp::train::validate(c); }).find("model 'linear' trains on dataset 'random'"),
-      std::string::npos);
+  EXPECT_NE(input_error_of([&] {
+              ddp::train::validate(c);
+            }).find("model 'linear' trains on dataset 'random'"),
+            std::string::npos);
   c = Config();
   c.warmup_epochs = 2;
-  EXPECT_NE(error_of([&] { ddp::train::validate(c); }).find("warmup-epochs"), std::string::npos);
+  EXPECT_NE(input_error_of([&] { ddp::train::validate(c); }).find("warmup-epochs"),
+            std::string::npos);
 }
 
 TEST(Config, YamlRoundTripsEveryKey) {

@@ -6,9 +6,12 @@
 #include "ddp/common/error.h"
 #include "ddp/data/dataset.h"
 #include "ddp/data/idx.h"
+#include "errors.h"
 #include "subprocess.h"
 
 namespace {
+
+using ddp::testing::input_error_of;
 
 using ddp::InputError;
 using ddp::testing::TempDir;
@@ -39,15 +42,6 @@ void write_set(const TempDir& dir, const std::string& prefix, uint32_t images, u
   write_gz(dir.file(prefix + "-labels-idx1-ubyte.gz"), idx_bytes({labels}, label_values));
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "no error";
-}
-
 TEST(Idx, ParsesAGoodArray) {
   auto a = ddp::data::parse_idx(idx_bytes({2, 3}, {1, 2, 3, 4, 5, 6}), 2, "mem");
   EXPECT_EQ(a.dims, (std::vector<int64_t>{2, 3}));
@@ -64,38 +58,40 @@ TEST(Idx, ReadsGzipAndPlainFiles) {
 }
 
 TEST(Idx, RejectsWrongMagic) {
-  const auto msg = error_of([] {
+  const auto msg = input_error_of([] {
     ddp::data::parse_idx(idx_bytes({4}, {1, 2, 3, 4}, 0x0d), 1, "f.gz");
   });
   EXPECT_NE(msg.find("f.gz: wrong IDX magic number 0x00000d01, expected 0x00000801"),
             std::string::npos)
       << msg;
-  EXPECT_NE(error_of([] {
+  EXPECT_NE(input_error_of([] {
               ddp::data::parse_idx(idx_bytes({4}, {1, 2, 3, 4}), 3, "f");
             }).find("magic"),
             std::string::npos);
 }
 
 TEST(Idx, RejectsShortAndLongPayloads) {
-  EXPECT_NE(error_of([] {
+  EXPECT_NE(input_error_of([] {
               ddp::data::parse_idx(idx_bytes({2, 3}, {1, 2, 3}), 2, "f");
             }).find("f: IDX data has 3 bytes, the header's dimensions need 6 (truncated)"),
             std::string::npos);
-  EXPECT_NE(error_of([] {
+  EXPECT_NE(input_error_of([] {
               ddp::data::parse_idx(idx_bytes({1}, {1, 2}), 1, "f");
             }).find("need 1"),
             std::string::npos);
-  EXPECT_NE(
-      error_of([] { ddp::data::parse_idx(std::string("\0\0", 2), 1, "f"); }).find("not an IDX"),
-      std::string::npos);
-  EXPECT_NE(
-      error_of([] { ddp::data::parse_idx(idx_bytes({0}, {}), 1, "f"); }).find("dimension 0 is 0"),
-      std::string::npos);
+  EXPECT_NE(input_error_of([] {
+              ddp::data::parse_idx(std::string("\0\0", 2), 1, "f");
+            }).find("not an IDX"),
+            std::string::npos);
+  EXPECT_NE(input_error_of([] {
+              ddp::data::parse_idx(idx_bytes({0}, {}), 1, "f");
+            }).find("dimension 0 is 0"),
+            std::string::npos);
 }
 
 // Found by fuzz_idx: the dimensions' product overflowed int64 before the size check.
 TEST(Idx, RejectsDimensionsWhoseProductOverflows) {
-  EXPECT_EQ(error_of([] {
+  EXPECT_EQ(input_error_of([] {
               ddp::data::parse_idx(idx_bytes({0x200, 0xffffffff, 0xffffffff}, {}), 3, "f");
             }),
             "f: IDX dimensions 512 x .. x 4294967295 exceed 8589934592 elements");
@@ -108,13 +104,13 @@ TEST(Idx, RejectsTruncatedGzip) {
   write_gz(dir.file("full.gz"), idx_bytes({100000}, values));
   const std::string gz = ddp::testing::read_file(dir.file("full.gz"));
   ddp::testing::write_file(dir.file("cut.gz"), gz.substr(0, gz.size() / 2));
-  const auto msg = error_of([&] { ddp::data::read_idx(dir.file("cut.gz"), 1); });
+  const auto msg = input_error_of([&] { ddp::data::read_idx(dir.file("cut.gz"), 1); });
   EXPECT_NE(msg.find(dir.file("cut.gz") + ": corrupt or truncated gzip data"), std::string::npos)
       << msg;
 }
 
 TEST(Idx, RejectsMissingFile) {
-  EXPECT_NE(error_of([] {
+  EXPECT_NE(input_error_of([] {
               ddp::data::read_idx("/nonexistent/x.gz", 1);
             }).find("/nonexistent/x.gz: no such file"),
             std::string::npos);
@@ -135,7 +131,7 @@ TEST(FashionMnistLoader, RejectsCountMismatch) {
   TempDir dir;
   write_set(dir, "t10k", 12, 11);
   const auto msg =
-      error_of([&] { ddp::data::load_fashion_mnist(dir.path(), ddp::data::Split::kTest); });
+      input_error_of([&] { ddp::data::load_fashion_mnist(dir.path(), ddp::data::Split::kTest); });
   EXPECT_NE(msg.find("holds 12 images but"), std::string::npos) << msg;
   EXPECT_NE(msg.find("holds 11 labels"), std::string::npos) << msg;
 }
@@ -145,14 +141,14 @@ TEST(FashionMnistLoader, RejectsLabelOutOfRange) {
   write_set(dir, "train", 2, 2);
   write_gz(dir.file("train-labels-idx1-ubyte.gz"), idx_bytes({2}, {3, 10}));
   const auto msg =
-      error_of([&] { ddp::data::load_fashion_mnist(dir.path(), ddp::data::Split::kTrain); });
+      input_error_of([&] { ddp::data::load_fashion_mnist(dir.path(), ddp::data::Split::kTrain); });
   EXPECT_NE(msg.find("label 10 of item 1 is outside [0, 10)"), std::string::npos) << msg;
 }
 
 TEST(FashionMnistLoader, NamesTheMissingFile) {
   TempDir dir;
   const auto msg =
-      error_of([&] { ddp::data::load_fashion_mnist(dir.path(), ddp::data::Split::kTrain); });
+      input_error_of([&] { ddp::data::load_fashion_mnist(dir.path(), ddp::data::Split::kTrain); });
   EXPECT_NE(msg.find(dir.file("train-images-idx3-ubyte.gz") + ": no such file"), std::string::npos)
       << msg;
 }
