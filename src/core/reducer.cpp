@@ -181,8 +181,7 @@ void Reducer::launch(size_t b) {
     case CommHook::kAllReduce:
       bucket.wire = bucket.flat;
       bucket.work = group_->all_reduce(bucket.wire, comm::ReduceOp::kAvg);
-      stats_.bucket_bytes[b] = static_cast<int64_t>(bucket.wire.nbytes());
-      return;
+      break;
     case CommHook::kFp16Compress:
     case CommHook::kBf16Compress: {
       // Divide before the cast, as PyTorch's compression hooks do: a sum of world_size
@@ -191,10 +190,10 @@ void Reducer::launch(size_t b) {
           options_.comm_hook == CommHook::kFp16Compress ? torch::kHalf : torch::kBFloat16;
       bucket.wire = bucket.flat.div(group_->world_size()).to(dtype);
       bucket.work = group_->all_reduce(bucket.wire, comm::ReduceOp::kSum);
-      stats_.bucket_bytes[b] = static_cast<int64_t>(bucket.wire.nbytes());
-      return;
+      break;
     }
   }
+  stats_.bucket_bytes[b] = static_cast<int64_t>(bucket.wire.nbytes());
 }
 
 void Reducer::report_unready() const {

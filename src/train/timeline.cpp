@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <cstring>
+
 #include "ddp/comm/flight_recorder.h"
 #include "ddp/comm/process_group.h"
 #include "ddp/common/files.h"

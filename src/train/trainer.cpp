@@ -38,10 +38,12 @@ void set_lr(torch::optim::Optimizer& optimizer, double lr) {
   for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
 }
 
-void make_output_dir(const std::string& dir) {
+// Creates `dir` (and its parents) and checks that this process can write there.
+void make_writable_dir(const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw InputError(fmt::format("output dir '{}': cannot create it: {}", dir, ec.message()));
+  check_writable_dir(dir);
 }
 
 // The reducer's part of the backward just run, inside backward's span: the moment the last
@@ -92,17 +94,9 @@ Config prepared(Config config) {
   if (config.nesterov && (config.optimizer != "sgd" || config.momentum <= 0.0)) {
     throw InputError("key 'nesterov': needs optimizer sgd with a momentum > 0");
   }
-  make_output_dir(config.output_dir);
-  check_writable_dir(config.output_dir);
+  make_writable_dir(config.output_dir);
   if (!config.timeline.empty()) {  // fail now, not after the whole run
-    const auto dir = std::filesystem::absolute(config.timeline).parent_path();
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec || !std::filesystem::is_directory(dir)) {
-      throw InputError(fmt::format("key 'timeline': cannot create the directory '{}' of '{}'",
-                                   dir.string(), config.timeline));
-    }
-    check_writable_dir(dir.string());
+    make_writable_dir(std::filesystem::absolute(config.timeline).parent_path().string());
   }
   return config;
 }

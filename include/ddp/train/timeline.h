@@ -65,7 +65,7 @@ class Timeline {
           name_(name),
           category_(category),
           step_(step),
-          begin_(Clock::now()) {}
+          begin_(timeline != nullptr ? Clock::now() : Clock::time_point()) {}
     ~Scope() {
       if (timeline_ != nullptr)
         timeline_->add(name_, category_, kStepLane, begin_, Clock::now(), step_);
