@@ -1,0 +1,73 @@
+# shellcheck shell=bash
+# Functions for a Debian root (a chroot) made with mmdebstrap, cached between runs on one machine.
+# Sourced by scripts/test-trixie.sh and scripts/check-gpu-kit.sh; needs root.
+#
+#   debian_root_make SUITE DIR [PACKAGE...]  makes DIR (unless DIR already holds SUITE with those
+#                                             packages), from Debian's archive
+#   debian_root_run DIR COMMAND              runs COMMAND (a bash string) inside DIR, with /proc,
+#                                             /sys, /dev, /dev/pts and /dev/shm mounted for its
+#                                             duration; they are unmounted whatever happens
+
+debian_root_make() {
+  local suite="$1" dir="$2"
+  shift 2
+  local want="$suite ${*}"
+  if [ -f "$dir/.ddp-root" ] && [ "$(cat "$dir/.ddp-root")" = "$want" ]; then
+    echo "debian-root: reusing $dir ($suite)"
+    return 0
+  fi
+  if ! command -v mmdebstrap >/dev/null; then
+    echo "debian-root: installing mmdebstrap"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends mmdebstrap \
+      >/dev/null || { apt-get update -q >/dev/null &&
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends mmdebstrap >/dev/null; }
+  fi
+  # Made aside and moved in place, so that an interrupted run leaves no half root to reuse.
+  rm -rf "$dir.new"
+  mkdir -p "$(dirname "$dir")"
+  local include="ca-certificates${*:+,$(IFS=,; echo "$*")}"
+  echo "debian-root: making $dir ($suite, with $include)"
+  mmdebstrap --quiet --variant=apt --include="$include" "$suite" "$dir.new" \
+    http://deb.debian.org/debian
+  echo "$want" >"$dir.new/.ddp-root"
+  rm -rf "$dir"
+  mv "$dir.new" "$dir"
+}
+
+# The mounts of one debian_root_run, innermost last; _debian_root_unmount undoes them in reverse.
+_debian_root_mounts=()
+
+_debian_root_unmount() {
+  local i
+  for ((i = ${#_debian_root_mounts[@]} - 1; i >= 0; i--)); do
+    umount -l "${_debian_root_mounts[i]}" 2>/dev/null || true
+  done
+  _debian_root_mounts=()
+}
+
+debian_root_run() {
+  local dir="$1" command="$2"
+  trap _debian_root_unmount EXIT
+  mount -t proc proc "$dir/proc" && _debian_root_mounts+=("$dir/proc")
+  mount --rbind /sys "$dir/sys" && _debian_root_mounts+=("$dir/sys")
+  mount --rbind /dev "$dir/dev" && _debian_root_mounts+=("$dir/dev")
+  # A bind of /dev carries /dev/pts and /dev/shm where the host mounts them; where it does not,
+  # the progress test's pseudo-terminal and Open MPI's shared memory need their own.
+  if ! mountpoint -q "$dir/dev/pts"; then
+    mkdir -p "$dir/dev/pts"
+    mount -t devpts -o newinstance,ptmxmode=0666 devpts "$dir/dev/pts" &&
+      _debian_root_mounts+=("$dir/dev/pts")
+  fi
+  if ! mountpoint -q "$dir/dev/shm"; then
+    mkdir -p "$dir/dev/shm"
+    mount -t tmpfs -o mode=1777 shm "$dir/dev/shm" && _debian_root_mounts+=("$dir/dev/shm")
+  fi
+  cp -L /etc/resolv.conf "$dir/etc/resolv.conf" 2>/dev/null || true
+  local status=0
+  chroot "$dir" /usr/bin/env -i HOME=/root TERM="${TERM:-dumb}" LANG=C.UTF-8 CI="${CI:-}" \
+    PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    /bin/bash -c "$command" || status=$?
+  _debian_root_unmount
+  trap - EXIT
+  return "$status"
+}
