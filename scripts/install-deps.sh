@@ -1,7 +1,28 @@
 #!/usr/bin/env bash
 # Installs every build and test dependency from Debian's packages, and nothing from anywhere else.
-# Idempotent: a second run finds everything present and only checks.
+# Idempotent: a second run finds everything present and only checks. Works on Debian 12 (bookworm)
+# and Debian 13 (trixie): the one name that differs between releases is asked of the archive.
 set -euo pipefail
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+
+# libFuzzer and the sanitizers' runtimes for clang (scripts/fuzz.sh) are in libclang-rt-N-dev, N
+# being the release's default clang (14 on Debian 12, 19 on Debian 13).
+clang_major() {
+  apt-cache depends clang 2>/dev/null | sed -n 's/^ *Depends: clang-\([0-9][0-9]*\)$/\1/p' | head -1
+}
+major="$(clang_major)"
+if [ -z "$major" ]; then
+  # A fresh machine's package lists may be empty.
+  $SUDO apt-get update -q
+  major="$(clang_major)"
+fi
+if [ -z "$major" ]; then
+  echo "install-deps: this release's archive has no package clang (is this Debian 12 or 13?)" >&2
+  exit 2
+fi
 
 packages=(
   build-essential cmake ninja-build pkg-config git
@@ -11,7 +32,7 @@ packages=(
   dataset-fashion-mnist
   python3 python3-torch python3-numpy python3-yaml python3-matplotlib
   libopenblas0-openmp
-  clang libclang-rt-14-dev
+  clang "libclang-rt-${major}-dev"
 )
 
 missing=()
@@ -27,8 +48,5 @@ if [ ${#missing[@]} -eq 0 ]; then
 fi
 
 echo "install-deps: installing ${missing[*]}"
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -q
 $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The README's test command on the second platform, Debian 13 (trixie: LibTorch and PyTorch 2.6,
+# GCC 14, Open MPI 5), from this machine: a trixie root made with mmdebstrap (cached between runs
+# in DDP_TRIXIE_ROOT, default /var/cache/ddp/trixie-root), a fresh clone of this repository's
+# HEAD inside it, and scripts/test.sh run there, which installs trixie's packages itself, builds
+# and runs every test. /proc, /sys, /dev, /dev/pts and /dev/shm are mounted for the run and
+# unmounted whatever happens. Needs root. Extra arguments go to ctest.
+#
+# For CI's time the sanitizer and fuzzing stages, which Debian 12 runs, are off here by default:
+# DDP_TRIXIE_SANITIZE=1 and DDP_TRIXIE_FUZZ_SECONDS=N turn them on.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=scripts/lib/debian-root.sh
+source "$root/scripts/lib/debian-root.sh"
+chroot_dir="${DDP_TRIXIE_ROOT:-/var/cache/ddp/trixie-root}"
+
+[ "$(id -u)" -eq 0 ] || { echo "test-trixie: needs root (mmdebstrap, chroot, mounts)" >&2; exit 2; }
+
+debian_root_make trixie "$chroot_dir"
+rm -rf "$chroot_dir/work"
+mkdir -p "$chroot_dir/work"
+git clone -q "$root" "$chroot_dir/work/ddp"
+echo "test-trixie: scripts/test.sh on $(sed -n 's/^PRETTY_NAME="\(.*\)"$/\1/p' "$chroot_dir/etc/os-release"), \
+commit $(git -C "$root" rev-parse --short HEAD)"
+debian_root_run "$chroot_dir" "cd /work/ddp && \
+  DDP_SANITIZE_TESTS=${DDP_TRIXIE_SANITIZE:-0} DDP_FUZZ_SECONDS=${DDP_TRIXIE_FUZZ_SECONDS:-0} \
+  scripts/test.sh $(printf '%q ' "$@")"
