@@ -11,7 +11,9 @@ export DEBIAN_FRONTEND=noninteractive
 # libFuzzer and the sanitizers' runtimes for clang (scripts/fuzz.sh) are in libclang-rt-N-dev, N
 # being the release's default clang (14 on Debian 12, 19 on Debian 13).
 clang_major() {
-  apt-cache depends clang 2>/dev/null | sed -n 's/^ *Depends: clang-\([0-9][0-9]*\)$/\1/p' | head -1
+  # apt-cache fails (100) where the lists are empty; that means "not known yet", not an error.
+  { apt-cache depends clang 2>/dev/null || true; } |
+    sed -n 's/^ *Depends: clang-\([0-9][0-9]*\)$/\1/p' | head -1
 }
 major="$(clang_major)"
 if [ -z "$major" ]; then
