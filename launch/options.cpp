@@ -277,6 +277,11 @@ std::map<std::string, std::string> worker_env(const LaunchOptions& o, int local_
   if (!o.flight_dir.empty()) env["DDP_FLIGHT_DIR"] = o.flight_dir;
   // As torchrun: several processes sharing the cores each get one thread unless told otherwise.
   if (o.nproc > 1 && inherited.count("OMP_NUM_THREADS") == 0) env["OMP_NUM_THREADS"] = "1";
+  // Python workers' rank 0 serves the store of init_process_group("env://"); PyTorch 2.4+ serves it
+  // with libuv by default, which Debian's PyTorch 2.6 is built without ("use_libuv was requested
+  // but PyTorch was build without libuv support"). The classic server is in every build and
+  // ample for one job; the user's USE_LIBUV wins. Our own programs ignore the variable.
+  if (inherited.count("USE_LIBUV") == 0) env["USE_LIBUV"] = "0";
   // All of them, in order, so that cuda:LOCAL_RANK is devices[LOCAL_RANK].
   if (!o.devices.empty()) {
     std::string list;

@@ -46,7 +46,8 @@ std::string launch_help();
 
 // The variables a worker gets on top of the launcher's environment (torchrun's contract, plus
 // DDP_JOB_TOKEN and DDP_FLIGHT_DIR when set in `options`).
-// `inherited` is the launcher's environment (OMP_NUM_THREADS is set only when it has none).
+// `inherited` is the launcher's environment (OMP_NUM_THREADS and USE_LIBUV=0 are set only when it
+// has none).
 std::map<std::string, std::string> worker_env(const LaunchOptions& options, int local_rank,
                                               int master_port, int restart_count,
                                               const std::map<std::string, std::string>& inherited);

@@ -220,7 +220,11 @@ import os, subprocess, sys
 from datetime import timedelta
 from torch.distributed import TCPStore
 port = int(sys.argv[1])
-store = TCPStore("127.0.0.1", port, None, True, timedelta(seconds=60), wait_for_workers=False)
+args = ("127.0.0.1", port, None, True, timedelta(seconds=60))
+try:  # torchrun 2.x's agent store; without libuv, which Debian's PyTorch 2.6 lacks
+    store = TCPStore(*args, wait_for_workers=False, use_libuv=False)
+except TypeError:  # PyTorch 1.13: no use_libuv, and no libuv server either
+    store = TCPStore(*args, wait_for_workers=False)
 env = dict(os.environ, WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
            MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True",
            TORCHELASTIC_RESTART_COUNT="0")

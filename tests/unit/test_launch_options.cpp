@@ -107,11 +107,14 @@ TEST(LaunchOptions, WorkersGetTorchrunsEnvWithRanksNumberedNodeByNode) {
                       {"TORCHELASTIC_RESTART_COUNT", "1"},
                       {"TORCHELASTIC_MAX_RESTARTS", "2"},
                       {"TORCHELASTIC_RUN_ID", "r1"},
-                      {"OMP_NUM_THREADS", "1"}}));
+                      {"OMP_NUM_THREADS", "1"},
+                      {"USE_LIBUV", "0"}}));
   // OMP_NUM_THREADS: only with several processes, and never over the user's.
   EXPECT_EQ(
       ddp::launch::worker_env(o, 0, 1, 0, {{"OMP_NUM_THREADS", "4"}}).count("OMP_NUM_THREADS"), 0u);
   EXPECT_EQ(ddp::launch::worker_env(parse({"prog"}), 0, 1, 0, {}).count("OMP_NUM_THREADS"), 0u);
+  // USE_LIBUV=0 (Python's store without libuv), never over the user's.
+  EXPECT_EQ(ddp::launch::worker_env(o, 0, 1, 0, {{"USE_LIBUV", "1"}}).count("USE_LIBUV"), 0u);
 }
 
 TEST(LaunchOptions, TheJobTokenAndFlightDirReachTheWorkers) {
