@@ -5,6 +5,9 @@
                      nn.DataParallel(MODEL) (mlp or resnet18) with strict=True, runs DIR/batch.pt's
                      input in eval mode and compares with the output ddp computed; exits 1 when
                      they differ by more than TOL.
+  check-checkpoint DIR
+                     the same for ddp's DIR/checkpoint.pt (its "model", an mlp), loaded both with
+                     torch.load's default and with weights_only=True.
   check-informer DIR TOL
                      the same for ddp's Informer: DIR/model.pt into nn.DataParallel of
                      bench/informer_reference.py's make_informer (Informer2020's module names),
@@ -98,6 +101,23 @@ def check_ours(directory, model_name="mlp", tolerance="1e-5"):
     return 0 if diff <= float(tolerance) else 1
 
 
+def check_checkpoint(directory):
+    """DIR/checkpoint.pt (ddp's) with torch.load's default (weights_only=True from PyTorch 2.6 on)
+    and with weights_only=True: its "model" loads strictly into nn.DataParallel(mlp())."""
+    outputs = []
+    for kwargs in ({}, {"weights_only": True}):
+        checkpoint = torch.load(f"{directory}/checkpoint.pt", **kwargs)
+        assert checkpoint["format"] == "ddp.checkpoint", checkpoint.get("format")
+        model = nn.DataParallel(mlp())
+        model.load_state_dict(checkpoint["model"], strict=True)
+        model.eval()
+        batch = torch.load(f"{directory}/batch.pt", weights_only=True)
+        with torch.no_grad():
+            outputs.append((model(batch["input"]) - batch["output"]).abs().max().item())
+    print(f"torch {torch.__version__}; epoch {checkpoint['epoch']}; max abs diffs {outputs}")
+    return 0 if max(outputs) <= 1e-5 else 1
+
+
 def check_informer(directory, tolerance):
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
     from informer_reference import make_informer
@@ -144,5 +164,6 @@ def save_python(directory):
 
 if __name__ == "__main__":
     mode = sys.argv[1]
-    sys.exit({"check-ours": check_ours, "check-informer": check_informer,
+    sys.exit({"check-ours": check_ours, "check-checkpoint": check_checkpoint,
+              "check-informer": check_informer,
               "save-python": save_python}[mode](*sys.argv[2:]))

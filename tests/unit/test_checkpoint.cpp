@@ -198,6 +198,30 @@ TEST(PythonInterop, PythonLoadsOurWeightsStrictlyIntoDataParallelWithEqualOutput
   EXPECT_NE(r.output.find("'module.1.weight'"), std::string::npos) << r.output;
 }
 
+TEST(PythonInterop, PythonsTorchLoadReadsOurCheckpointWithItsDefaultAndWeightsOnly) {
+  TempDir dir;
+  torch::manual_seed(6);
+  auto net = ddp::models::make_mlp(784, 10);
+  net->eval();
+  train::Checkpoint c;
+  c.epoch = 3;
+  c.model = train::state_dict(*net, train::kModulePrefix);
+  c.optimizer = "sgd";
+  c.config = "model: mlp\n";
+  c.optimizer_state = torch::zeros({3}, torch::kByte);
+  c.rng_state = torch::zeros({1, 8}, torch::kByte);
+  train::write_pt_file(dir.file("checkpoint.pt"), train::to_ivalue(c));
+  const auto input = torch::randn({16, 1, 28, 28});
+  c10::impl::GenericDict batch(c10::StringType::get(), c10::AnyType::get());
+  batch.insert("input", input);
+  batch.insert("output", net->forward(input).detach());
+  train::write_pt_file(dir.file("batch.pt"), batch);
+  auto r = ddp::testing::run_process(
+      {DDP_PYTHON, python_script(), "check-checkpoint", dir.path()}, {}, std::chrono::seconds(120));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("epoch 3; max abs diffs"), std::string::npos) << r.output;
+}
+
 TEST(PythonInterop, WeightsPythonSavedLoadIntoOurModelWithEqualOutputs) {
   TempDir dir;
   auto r = ddp::testing::run_process({DDP_PYTHON, python_script(), "save-python", dir.path()}, {},
