@@ -114,7 +114,8 @@ fi
 
 cd "$build"
 if [ "$suite" = gpu ]; then
-  ctest --output-on-failure --no-tests=error -L gpu "$@"
+  # Verbose: a skipped test says why only in its output.
+  ctest --output-on-failure --no-tests=error -V -L gpu "$@"
 else
   # The doc test runs scripts/run.sh, which installs Debian packages.
   ctest --output-on-failure --no-tests=error -j "$(nproc)" -E '^Docs\.' "$@"
