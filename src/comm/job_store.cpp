@@ -22,6 +22,7 @@
 
 #include "ddp/common/error.h"
 #include "ddp/common/log.h"
+#include "torch_compat.h"
 
 namespace ddp::comm {
 namespace {
@@ -589,12 +590,13 @@ namespace {
 // restart, so a restarted group never reads its predecessor's keys).
 c10::intrusive_ptr<c10d::Store> connect_agent_store(const LaunchInfo& launch,
                                                     milliseconds timeout) {
-  c10d::TCPStoreOptions opts;  // set by name only: 2.x adds fields (NOTES.md s.3)
+  c10d::TCPStoreOptions opts;  // set by name only: 2.x adds fields and reorders them
   opts.port = static_cast<std::uint16_t>(launch.master_port);
   opts.isServer = false;
   opts.numWorkers = static_cast<std::size_t>(launch.world_size);
   opts.waitWorkers = true;
   opts.timeout = timeout;
+  compat::use_classic_tcp_store(opts);
   try {
     auto store = c10::make_intrusive<c10d::TCPStore>(launch.master_addr, opts);
     return c10::make_intrusive<c10d::PrefixStore>(

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/version.h>
 #include <unistd.h>
 
 #include <thread>
@@ -14,6 +16,7 @@
 #include "errors.h"
 #include "job_store.h"
 #include "subprocess.h"
+#include "torch_compat.h"
 
 namespace {
 
@@ -207,6 +210,24 @@ TEST(JobStore, AnIntruderIsRefusedWhileTheJobCompletes) {
             std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("epoch 200/200"), std::string::npos) << r.output;
+}
+
+// The compatibility shim finds TCPStoreOptions::useLibUV where the LibTorch has it (2.2 on) and
+// turns it off; elsewhere it leaves the options alone.
+TEST(TorchCompat, TcpStoresUseTheClassicImplementationWhereLibuvIsAnOption) {
+  constexpr bool has_libuv_option =
+      TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2);
+  EXPECT_EQ(compat::HasUseLibUv<c10d::TCPStoreOptions>::value, has_libuv_option);
+  struct WithLibUv {
+    bool useLibUV = true;
+  } with_libuv;
+  compat::use_classic_tcp_store(with_libuv);
+  EXPECT_FALSE(with_libuv.useLibUV);
+  struct WithoutLibUv {
+    int port = 29500;
+  } without_libuv;
+  compat::use_classic_tcp_store(without_libuv);
+  EXPECT_EQ(without_libuv.port, 29500);
 }
 
 // torchrun's default static rendezvous: its agent serves a c10d TCPStore at MASTER_PORT, and the
