@@ -216,8 +216,8 @@ TEST(PythonInterop, PythonsTorchLoadReadsOurCheckpointWithItsDefaultAndWeightsOn
   batch.insert("input", input);
   batch.insert("output", net->forward(input).detach());
   train::write_pt_file(dir.file("batch.pt"), batch);
-  auto r = ddp::testing::run_process(
-      {DDP_PYTHON, python_script(), "check-checkpoint", dir.path()}, {}, std::chrono::seconds(120));
+  auto r = ddp::testing::run_process({DDP_PYTHON, python_script(), "check-checkpoint", dir.path()},
+                                     {}, std::chrono::seconds(120));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("epoch 3; max abs diffs"), std::string::npos) << r.output;
 }
