@@ -1,4 +1,4 @@
-// CPU tensors through LibTorch's c10d ProcessGroupGloo over the job's store (NOTES.md s.3).
+// CPU tensors through LibTorch's c10d ProcessGroupGloo over the job's store.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -151,7 +151,7 @@ class GlooProcessGroup : public ProcessGroup {
 
   // GLOO_SOCKET_IFNAME names an interface as in PyTorch; a job on one host uses loopback;
   // otherwise gloo binds to the address this host's name resolves to. Never MASTER_ADDR:
-  // that is another machine's address on every node but the first (NOTES.md s.3).
+  // that is another machine's address on every node but the first.
   static std::shared_ptr<::gloo::transport::Device> make_device(const LaunchInfo& launch) {
     if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
         ifname != nullptr && *ifname != '\0') {

@@ -1,5 +1,5 @@
 // The NCCL backend: collectives on CUDA tensors of one device, cuda:LOCAL_RANK, through NCCL's C
-// API. The only file that includes <nccl.h> (DESIGN.md "Backend headers").
+// API. The only file that includes <nccl.h> (docs/design.md, "Backend headers").
 //
 // Compiled for real only where LibTorch has CUDA; elsewhere cmake/DdpNccl.cmake compiles it as a
 // check against the CUDA toolkit's headers so that it cannot rot. It must therefore build against
@@ -14,7 +14,7 @@
 // here every CUDA failure goes through DDP_CUDA_CHECK and becomes a CommError naming the rank
 // and the collective.
 //
-// Stream protocol (PyTorch's ProcessGroupNCCL, NOTES.md s.5): each collective
+// Stream protocol (as PyTorch's ProcessGroupNCCL.cpp): each collective
 //   1. records an event on the caller's current (compute) stream and makes the group's
 //      communication stream wait on it, so NCCL reads the inputs only once they are written;
 //   2. runs on the communication stream, so compute queued later overlaps with it;
@@ -81,7 +81,7 @@ std::string error_head(const char* file, int line, const CollectiveInfo& info) {
 }  // namespace
 }  // namespace ddp::comm
 
-// One check macro per foreign library (DESIGN.md). Both take the CollectiveInfo of the operation
+// One check macro per foreign library (docs/design.md). Both take the CollectiveInfo of the operation
 // in progress, so the CommError they throw names the rank, the collective and its sequence number
 // besides file, line, the failed call and the library's own error string.
 #define DDP_NCCL_CHECK(expr, info)                                                        \

@@ -12,7 +12,7 @@ namespace ddp::core {
 namespace {
 
 // Runs after the parameter's gradient has been accumulated into .grad (a post hook on its
-// AccumulateGrad node; a Tensor hook would run before accumulation, NOTES.md s.3).
+// AccumulateGrad node; a Tensor hook would run before accumulation).
 class GradReadyHook : public torch::autograd::FunctionPostHook {
  public:
   GradReadyHook(Reducer* reducer, size_t index) : reducer_(reducer), index_(index) {}

@@ -1,7 +1,8 @@
 // The nccl backend at world size 1: every collective returns its input (avg too), the stream
 // protocol makes results visible to the caller's stream, and bad tensors are InputErrors.
-// NCCL refuses two ranks on one GPU (NOTES.md s.5), so multi-rank correctness is proven on the CPU
-// backends; these tests skip, saying why, where the backend is not built or there is no GPU.
+// NCCL refuses two ranks on one GPU ("Duplicate GPU detected"), so multi-rank correctness is
+// proven on the CPU backends; these tests skip, saying why, where the backend is not built or there
+// is no GPU.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 

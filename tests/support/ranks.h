@@ -17,7 +17,7 @@ std::vector<ProcessResult> run_env_ranks(int world, const std::vector<std::strin
                                          std::chrono::seconds limit,
                                          const std::map<std::string, std::string>& extra = {});
 
-// mpirun -np `np` as root on one host (NOTES.md s.2), until `limit`.
+// mpirun -np `np` as root on one host (--allow-run-as-root, --oversubscribe), until `limit`.
 ProcessResult run_mpirun(int np, const std::vector<std::string>& argv, std::chrono::seconds limit);
 
 }  // namespace ddp::testing

@@ -1,5 +1,5 @@
 #pragma once
-// How this process was started, read from its environment (DESIGN.md launch matrix), and the
+// How this process was started, read from its environment (docs/design.md, launch matrix), and the
 // factory that turns that into a process group. The decisions are pure functions of the env.
 
 #include <map>
