@@ -81,9 +81,9 @@ std::string error_head(const char* file, int line, const CollectiveInfo& info) {
 }  // namespace
 }  // namespace ddp::comm
 
-// One check macro per foreign library (docs/design.md). Both take the CollectiveInfo of the operation
-// in progress, so the CommError they throw names the rank, the collective and its sequence number
-// besides file, line, the failed call and the library's own error string.
+// One check macro per foreign library (docs/design.md). Both take the CollectiveInfo of the
+// operation in progress, so the CommError they throw names the rank, the collective and its
+// sequence number besides file, line, the failed call and the library's own error string.
 #define DDP_NCCL_CHECK(expr, info)                                                        \
   do {                                                                                    \
     const ncclResult_t ddp_nccl_result_ = (expr);                                         \
