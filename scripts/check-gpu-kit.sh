@@ -24,7 +24,7 @@ for dev in fmt spdlog yaml-cpp gtest; do
 done
 
 # A fresh clone with the kit, as it would travel to a GPU machine.
-rm -rf "$chroot_dir/work"
+rm -rf --one-file-system "$chroot_dir/work"
 mkdir -p "$chroot_dir/work"
 git clone -q "$root" "$chroot_dir/work/ddp"
 cp -a "$root/gpu-kit" "$chroot_dir/work/ddp/gpu-kit"

@@ -23,15 +23,28 @@ debian_root_make() {
         DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends mmdebstrap >/dev/null; }
   fi
   # Made aside and moved in place, so that an interrupted run leaves no half root to reuse.
-  rm -rf "$dir.new"
+  _debian_root_unmount_all "$dir"
+  rm -rf --one-file-system "$dir.new"
   mkdir -p "$(dirname "$dir")"
   local include="ca-certificates${*:+,$(IFS=,; echo "$*")}"
   echo "debian-root: making $dir ($suite, with $include)"
   mmdebstrap --quiet --variant=apt --include="$include" "$suite" "$dir.new" \
     http://deb.debian.org/debian
   echo "$want" >"$dir.new/.ddp-root"
-  rm -rf "$dir"
+  rm -rf --one-file-system "$dir"
   mv "$dir.new" "$dir"
+}
+
+# Whatever is still mounted under DIR (a run killed before it could clean up): unmounted before
+# anything there is removed, so that no rm -rf can reach the host's /dev or /sys through it.
+_debian_root_unmount_all() {
+  local mounts
+  mounts="$(awk -v d="$1" '$2 == d || index($2, d "/") == 1 || index($2, d ".new/") == 1 {print $2}' \
+            /proc/mounts | sort -r)"
+  if [ -n "$mounts" ]; then
+    echo "debian-root: unmounting what a former run left under $1"
+    echo "$mounts" | xargs -r -n1 umount -l
+  fi
 }
 
 # The mounts of one debian_root_run, innermost last; _debian_root_unmount undoes them in reverse.
@@ -47,6 +60,7 @@ _debian_root_unmount() {
 
 debian_root_run() {
   local dir="$1" command="$2"
+  _debian_root_unmount_all "$dir"
   trap _debian_root_unmount EXIT
   mount -t proc proc "$dir/proc" && _debian_root_mounts+=("$dir/proc")
   mount --rbind /sys "$dir/sys" && _debian_root_mounts+=("$dir/sys")
