@@ -18,8 +18,10 @@ def env_job(cmd, world, timeout=900):
     port = free_port()
     procs = []
     for rank in range(world):
+        # USE_LIBUV=0 unless set, as the launcher does: Debian's PyTorch 2.6 has no libuv store.
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   USE_LIBUV=os.environ.get("USE_LIBUV", "0"))
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
     outs = [p.communicate(timeout=timeout)[0] for p in procs]
     if any(p.returncode for p in procs):
