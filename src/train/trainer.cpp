@@ -346,7 +346,7 @@ bool Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
     // Forward, loss, backward (buckets all-reduced as their gradients arrive), step.
     m.lr = lr_at(schedule_, step_, steps_per_epoch);
     set_lr(*optimizer_, m.lr);
-    model_->zero_grad();  // in place, so gradient_as_bucket_view keeps its views
+    model_->zero_grad();  // dropped: the next backward's gradients become .grad (see the header)
     torch::Tensor output, loss;
     {
       const Timeline::Scope span(timeline, "forward", "compute", step_ + 1);

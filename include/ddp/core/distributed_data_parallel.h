@@ -81,11 +81,13 @@ class DistributedDataParallelImpl : public torch::nn::Module {
   };
   NoSyncGuard no_sync() { return NoSyncGuard(*reducer_); }
 
-  // Zeroes the gradients in place. Use this, not the optimizer's zero_grad(), with
-  // gradient_as_bucket_view: LibTorch 1.13's Optimizer::zero_grad() calls detach_() on each
-  // .grad, which refuses the bucket views. set_to_none drops the gradients instead (they come
-  // back as fresh tensors and are moved into the buckets by the next backward).
-  void zero_grad(bool set_to_none = false) override;
+  // Drops the gradients (set_to_none, the default of LibTorch 2.x's modules and optimizers), or
+  // zeroes them in place. Dropping is the cheaper: no memset, and the next backward's gradient
+  // becomes .grad without an addition; with gradient_as_bucket_view the reducer then copies it into
+  // its bucket view once and points .grad there again. Use this, not the optimizer's zero_grad(),
+  // with gradient_as_bucket_view: LibTorch 1.13's Optimizer::zero_grad() calls detach_() on each
+  // .grad, which refuses the bucket views.
+  void zero_grad(bool set_to_none = true) override;
 
   torch::nn::Module& module() { return *module_; }
   std::shared_ptr<torch::nn::Module> module_ptr() { return module_; }
