@@ -24,9 +24,7 @@ for dev in fmt spdlog yaml-cpp gtest; do
 done
 
 # A fresh clone with the kit, as it would travel to a GPU machine.
-rm -rf --one-file-system "$chroot_dir/work"
-mkdir -p "$chroot_dir/work"
-git clone -q "$root" "$chroot_dir/work/ddp"
+debian_root_clone "$chroot_dir" "$root"
 cp -a "$root/gpu-kit" "$chroot_dir/work/ddp/gpu-kit"
 debian_root_run "$chroot_dir" "cd /work/ddp && \
   DDP_TORCH_PREFIX=/usr/lib/x86_64-linux-gnu/cmake scripts/test-gpu.sh"

@@ -17,9 +17,7 @@ chroot_dir="${DDP_TRIXIE_ROOT:-/var/cache/ddp/trixie-root}"
 [ "$(id -u)" -eq 0 ] || { echo "test-trixie: needs root (mmdebstrap, chroot, mounts)" >&2; exit 2; }
 
 debian_root_make trixie "$chroot_dir"
-rm -rf --one-file-system "$chroot_dir/work"
-mkdir -p "$chroot_dir/work"
-git clone -q "$root" "$chroot_dir/work/ddp"
+debian_root_clone "$chroot_dir" "$root"
 echo "test-trixie: scripts/test.sh on $(sed -n 's/^PRETTY_NAME="\(.*\)"$/\1/p' "$chroot_dir/etc/os-release"), \
 commit $(git -C "$root" rev-parse --short HEAD)"
 debian_root_run "$chroot_dir" "cd /work/ddp && \

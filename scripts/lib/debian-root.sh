@@ -4,6 +4,7 @@
 #
 #   debian_root_make SUITE DIR [PACKAGE...]  makes DIR (unless DIR already holds SUITE with those
 #                                             packages), from Debian's archive
+#   debian_root_clone DIR REPO               a fresh clone of REPO's HEAD at DIR/work/ddp
 #   debian_root_run DIR COMMAND              runs COMMAND (a bash string) inside DIR, with /proc,
 #                                             /sys, /dev, /dev/pts and /dev/shm mounted for its
 #                                             duration; they are unmounted whatever happens
@@ -33,6 +34,13 @@ debian_root_make() {
   echo "$want" >"$dir.new/.ddp-root"
   rm -rf --one-file-system "$dir"
   mv "$dir.new" "$dir"
+}
+
+debian_root_clone() {
+  local dir="$1" repo="$2"
+  rm -rf --one-file-system "$dir/work"
+  mkdir -p "$dir/work"
+  git clone -q "$repo" "$dir/work/ddp"
 }
 
 # Whatever is still mounted under DIR (a run killed before it could clean up): unmounted before

@@ -22,8 +22,8 @@ struct Distributed {
   bool is_main() const { return rank() == 0; }
 };
 
-// Reads the launch from `env` (docs/design.md, launch matrix), picks the device (cuda:LOCAL_RANK when
-// CUDA is used), creates the process group (config.backend, or the launch's default) and logs,
+// Reads the launch from `env` (docs/design.md, launch matrix), picks the device (cuda:LOCAL_RANK
+// when CUDA is used), creates the process group (config.backend, or the launch's default) and logs,
 // on rank 0, the topology of all ranks. Throws InputError on bad env or a backend that does not
 // fit; CommError when the rendezvous does not complete.
 Distributed init_distributed(const Config& config, const comm::Env& env);
