@@ -104,6 +104,7 @@ def check_ours(directory, model_name="mlp", tolerance="1e-5"):
 def check_checkpoint(directory):
     """DIR/checkpoint.pt (ddp's) with torch.load's default (weights_only=True from PyTorch 2.6 on)
     and with weights_only=True: its "model" loads strictly into nn.DataParallel(mlp())."""
+    batch = torch.load(f"{directory}/batch.pt", weights_only=True)
     outputs = []
     for kwargs in ({}, {"weights_only": True}):
         checkpoint = torch.load(f"{directory}/checkpoint.pt", **kwargs)
@@ -111,7 +112,6 @@ def check_checkpoint(directory):
         model = nn.DataParallel(mlp())
         model.load_state_dict(checkpoint["model"], strict=True)
         model.eval()
-        batch = torch.load(f"{directory}/batch.pt", weights_only=True)
         with torch.no_grad():
             outputs.append((model(batch["input"]) - batch["output"]).abs().max().item())
     print(f"torch {torch.__version__}; epoch {checkpoint['epoch']}; max abs diffs {outputs}")

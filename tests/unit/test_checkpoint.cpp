@@ -27,6 +27,15 @@ std::string python_script() {
   return std::string(DDP_SOURCE_DIR) + "/tests/python/checkpoint_interop.py";
 }
 
+// DIR/batch.pt as checkpoint_interop.py reads it: an input and the output `net` gives it.
+void write_batch(TempDir& dir, torch::nn::Sequential& net) {
+  const auto input = torch::randn({16, 1, 28, 28});
+  c10::impl::GenericDict batch(c10::StringType::get(), c10::AnyType::get());
+  batch.insert("input", input);
+  batch.insert("output", net->forward(input).detach());
+  train::write_pt_file(dir.file("batch.pt"), batch);
+}
+
 c10::impl::GenericDict sample_dict() {
   c10::impl::GenericDict inner(c10::StringType::get(), c10::AnyType::get());
   inner.insert("weight", torch::arange(6, torch::kFloat).view({2, 3}));
@@ -187,11 +196,7 @@ TEST(PythonInterop, PythonLoadsOurWeightsStrictlyIntoDataParallelWithEqualOutput
   auto net = ddp::models::make_mlp(784, 10);
   net->eval();
   train::save_weights(*net, dir.file("model.pt"));
-  const auto input = torch::randn({16, 1, 28, 28});
-  c10::impl::GenericDict batch(c10::StringType::get(), c10::AnyType::get());
-  batch.insert("input", input);
-  batch.insert("output", net->forward(input).detach());
-  train::write_pt_file(dir.file("batch.pt"), batch);
+  write_batch(dir, net);
   auto r = ddp::testing::run_process({DDP_PYTHON, python_script(), "check-ours", dir.path()}, {},
                                      std::chrono::seconds(120));
   EXPECT_EQ(r.exit_code, 0) << r.output;
@@ -211,11 +216,7 @@ TEST(PythonInterop, PythonsTorchLoadReadsOurCheckpointWithItsDefaultAndWeightsOn
   c.optimizer_state = torch::zeros({3}, torch::kByte);
   c.rng_state = torch::zeros({1, 8}, torch::kByte);
   train::write_pt_file(dir.file("checkpoint.pt"), train::to_ivalue(c));
-  const auto input = torch::randn({16, 1, 28, 28});
-  c10::impl::GenericDict batch(c10::StringType::get(), c10::AnyType::get());
-  batch.insert("input", input);
-  batch.insert("output", net->forward(input).detach());
-  train::write_pt_file(dir.file("batch.pt"), batch);
+  write_batch(dir, net);
   auto r = ddp::testing::run_process({DDP_PYTHON, python_script(), "check-checkpoint", dir.path()},
                                      {}, std::chrono::seconds(120));
   EXPECT_EQ(r.exit_code, 0) << r.output;
