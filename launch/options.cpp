@@ -275,7 +275,8 @@ std::map<std::string, std::string> worker_env(const LaunchOptions& o, int local_
   };
   if (!o.job_token.empty()) env["DDP_JOB_TOKEN"] = o.job_token;
   if (!o.flight_dir.empty()) env["DDP_FLIGHT_DIR"] = o.flight_dir;
-  // As torchrun: several processes sharing the cores each get one thread unless told otherwise.
+  // As torchrun (torch/distributed/run.py): several processes sharing the cores each get one
+  // thread unless told otherwise.
   if (o.nproc > 1 && inherited.count("OMP_NUM_THREADS") == 0) env["OMP_NUM_THREADS"] = "1";
   // Python workers' rank 0 serves the store of init_process_group("env://"); PyTorch 2.4+ serves it
   // with libuv by default, which Debian's PyTorch 2.6 is built without ("use_libuv was requested

@@ -1,13 +1,10 @@
 #include "supervisor.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <netdb.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -25,6 +22,7 @@
 #include "ddp/comm/diagnose.h"
 #include "ddp/common/error.h"
 #include "ddp/common/files.h"
+#include "ddp/common/socket.h"
 
 namespace ddp::launch {
 namespace {
@@ -53,51 +51,33 @@ std::string system_reason() {
 
 // A TCP port on this host that was free a moment ago (the kernel's choice).
 int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    if (fd >= 0) ::close(fd);
-    throw Error("cannot find a free TCP port: " + system_reason());
-  }
-  ::close(fd);
-  return ntohs(addr.sin_port);
+  const net::Resolved loopback = net::resolve_tcp("127.0.0.1", 0, AF_INET, AI_NUMERICHOST);
+  const net::UniqueFd fd =
+      loopback.addresses ? net::bind_tcp(*loopback.addresses) : net::UniqueFd();
+  const int port = fd ? net::local_port(fd.get()) : 0;
+  if (port == 0) throw Error("cannot find a free TCP port: " + system_reason());
+  return port;
 }
 
-// Node 0 hosts the rendezvous (rank 0's store): its port must be free here.
+// Node 0 hosts the rendezvous (rank 0's store): its port must be free here, on every IPv4
+// interface.
 void check_port_free(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  const int one = 1;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);  // TIME_WAIT is no obstacle
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
-  const std::string reason = system_reason();
-  ::close(fd);
-  if (!ok) {
+  const net::Resolved wildcard = net::resolve_tcp("", port, AF_INET, AI_PASSIVE);
+  const net::UniqueFd fd =
+      wildcard.addresses ? net::bind_tcp(*wildcard.addresses) : net::UniqueFd();
+  if (!fd) {
     throw InputError(
         fmt::format("--master-port {}: cannot be used on this host ({}): another "
                     "job may hold it; pick another or leave it out on one host",
-                    port, reason));
+                    port, system_reason()));
   }
 }
 
 void check_resolvable(const std::string& host) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found);
-  if (rc != 0) {
-    throw InputError(
-        fmt::format("--master-addr {}: cannot be resolved: {}", host, ::gai_strerror(rc)));
+  const net::Resolved found = net::resolve_tcp(host, 0);
+  if (!found.addresses) {
+    throw InputError(fmt::format("--master-addr {}: cannot be resolved: {}", host, found.error));
   }
-  ::freeaddrinfo(found);
 }
 
 // 128 random bits as hex, from the kernel.

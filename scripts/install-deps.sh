@@ -35,6 +35,7 @@ packages=(
   python3 python3-torch python3-numpy python3-yaml python3-matplotlib
   libopenblas0-openmp
   clang "libclang-rt-${major}-dev"
+  universal-ctags
 )
 
 missing=()

@@ -30,13 +30,11 @@ int main(int argc, char** argv) {
   const std::string data_dir = argc > 1 ? argv[1] : "/usr/share/datasets/fashion-mnist";
   const std::string weights_path = argc > 2 ? argv[2] : "custom_model.pt";
   try {
-    // Rank and world size from how we were started (launcher, torchrun, mpirun, Slurm or none),
-    // then the process group: gloo under the launcher, mpi under mpirun, local alone.
-    const auto launch = ddp::comm::detect_launch(ddp::comm::current_env());
-    ddp::log::init(launch.rank, "info");  // info on rank 0; others warnings and errors only
-    std::shared_ptr<ddp::comm::ProcessGroup> group = ddp::comm::create_process_group(
-        ddp::comm::default_backend(launch, /*cuda_device=*/false), launch, {}, false);
+    // The process group of however we were started (launcher, torchrun, mpirun, Slurm or none):
+    // gloo under the launcher, mpi under mpirun, local alone. Python: dist.init_process_group().
+    auto group = ddp::init_process_group();
     const int rank = group->rank(), world = group->world_size();
+    ddp::log::init(rank, "info");  // info on rank 0; others warnings and errors only
     ddp::log::info("world size {}, backend {}", world, group->backend_name());
 
     // Data: the first 6,000 training images, so the example runs in seconds, and the test set.

@@ -135,7 +135,7 @@ bool parse_command_line(int argc, char** argv, ddp::train::Config& config) {
 }  // namespace
 
 // SIGUSR1 asks every rank for its flight record (<output>/debug/rank<r>.json), like py-spy for a
-// hung job: the handler only sets a flag that the process group's watchdog thread acts on.
+// hung job: the handler only sets a flag that the watchdog thread (ddp/comm/watchdog.h) acts on.
 void on_sigusr1(int /*signal*/) {
   ddp::comm::request_flight_dump_from_signal();
 }

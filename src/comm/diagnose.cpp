@@ -67,6 +67,105 @@ std::optional<std::string> disagreement(const std::vector<FlightDump>& dumps) {
   return std::nullopt;
 }
 
+// One line per rank (its last collective, its phase, why it wrote), then the ranks without a
+// record.
+std::string rank_summary(const std::vector<FlightDump>& dumps) {
+  const int world = dumps.front().world_size;
+  std::string out = fmt::format("flight records of {} of {} rank(s):\n", dumps.size(), world);
+  std::vector<bool> seen(static_cast<size_t>(world), false);
+  for (const auto& d : dumps) {
+    seen[static_cast<size_t>(d.rank)] = true;
+    const auto last = record_of(d, d.last_issued);
+    std::string state = "no collective yet";
+    if (last) {
+      state = fmt::format("last issued {}: {}", describe(*last), to_string(last->state));
+      if (last->state == CollectiveState::kIssued) {
+        state += fmt::format(", waiting for {:.1f} s", d.time - last->start);
+      }
+    }
+    out += fmt::format("  rank {}: {}; in phase '{}' when written ({})\n", d.rank, state, d.phase,
+                       first_line(d.reason));
+  }
+  std::vector<int> missing;
+  for (int r = 0; r < world; ++r) {
+    if (!seen[static_cast<size_t>(r)]) missing.push_back(r);
+  }
+  if (!missing.empty()) {
+    out += fmt::format("  no record from rank(s) {}: see their logs (killed before writing?)\n",
+                       ranks_text(missing));
+  }
+  return out;
+}
+
+// Ranks behind the others (last issued before `newest`): the first collective they did not enter.
+std::optional<std::string> behind_diagnosis(const std::vector<FlightDump>& dumps, uint64_t newest) {
+  std::vector<int> behind, ahead;
+  uint64_t first_missing = newest;
+  for (const auto& d : dumps) {
+    if (d.last_issued < newest) {
+      behind.push_back(d.rank);
+      first_missing = std::min(first_missing, d.last_issued + 1);
+    }
+  }
+  if (behind.empty()) return std::nullopt;
+  std::optional<CollectiveRecord> what;
+  for (const auto& d : dumps) {
+    if (auto r = record_of(d, first_missing)) {
+      what = r;
+      ahead.push_back(d.rank);
+    }
+  }
+  std::string phases;
+  for (const auto& d : dumps) {
+    if (d.last_issued < newest) {
+      phases += fmt::format("{}rank {} was in '{}'", phases.empty() ? "" : ", ", d.rank, d.phase);
+    }
+  }
+  return fmt::format(
+      "diagnosis: rank(s) {} did not enter collective {}, which rank(s) {} "
+      "entered; {} when the records were written\n",
+      ranks_text(behind), what ? describe(*what) : fmt::format("#{}", first_missing),
+      ranks_text(ahead), phases);
+}
+
+// Every rank entered the newest collective: did some enter it only after others gave up?
+std::string newest_diagnosis(const std::vector<FlightDump>& dumps, uint64_t newest) {
+  double first_start = 0.0, first_failure = 0.0;
+  for (const auto& d : dumps) {
+    if (auto r = record_of(d, newest)) {
+      if (first_start == 0.0 || r->start < first_start) first_start = r->start;
+      if (r->state == CollectiveState::kFailed && (first_failure == 0.0 || r->end < first_failure))
+        first_failure = r->end;
+    }
+  }
+  std::vector<int> late;
+  std::optional<CollectiveRecord> what;
+  bool all_done = true;
+  for (const auto& d : dumps) {
+    auto r = record_of(d, newest);
+    if (!r) continue;
+    what = r;
+    all_done = all_done && r->state == CollectiveState::kDone;
+    if (first_failure > 0.0 && r->start > first_failure) late.push_back(d.rank);
+  }
+  if (!what) return "diagnosis: no collective was recorded\n";
+  if (!late.empty()) {
+    return fmt::format(
+        "diagnosis: rank(s) {} entered collective {} only after another rank had "
+        "given up on it ({:.1f} s after the first rank entered it): rank(s) {} "
+        "lagged\n",
+        ranks_text(late), describe(*what), first_failure - first_start, ranks_text(late));
+  }
+  if (all_done) {
+    return fmt::format("diagnosis: no rank lags: every rank completed collective {}\n",
+                       describe(*what));
+  }
+  return fmt::format(
+      "diagnosis: every rank entered collective {} and it did not complete: a "
+      "network or backend problem, or a rank stuck inside it\n",
+      describe(*what));
+}
+
 }  // namespace
 
 FlightDump parse_flight_dump(const std::string& text, const std::string& file) {
@@ -123,101 +222,12 @@ std::vector<FlightDump> read_flight_dumps(const std::string& dir) {
 
 std::string diagnose(const std::vector<FlightDump>& dumps) {
   DDP_CHECK(!dumps.empty(), "diagnose needs at least one flight record");
-  const int world = dumps.front().world_size;
-  std::string out = fmt::format("flight records of {} of {} rank(s):\n", dumps.size(), world);
-  std::vector<bool> seen(static_cast<size_t>(world), false);
-  uint64_t newest = 0;
-  for (const auto& d : dumps) {
-    seen[static_cast<size_t>(d.rank)] = true;
-    newest = std::max(newest, d.last_issued);
-    const auto last = record_of(d, d.last_issued);
-    std::string state = "no collective yet";
-    if (last) {
-      state = fmt::format("last issued {}: {}", describe(*last), to_string(last->state));
-      if (last->state == CollectiveState::kIssued) {
-        state += fmt::format(", waiting for {:.1f} s", d.time - last->start);
-      }
-    }
-    out += fmt::format("  rank {}: {}; in phase '{}' when written ({})\n", d.rank, state, d.phase,
-                       first_line(d.reason));
-  }
-  std::vector<int> missing;
-  for (int r = 0; r < world; ++r) {
-    if (!seen[static_cast<size_t>(r)]) missing.push_back(r);
-  }
-  if (!missing.empty()) {
-    out += fmt::format("  no record from rank(s) {}: see their logs (killed before writing?)\n",
-                       ranks_text(missing));
-  }
-
+  const std::string out = rank_summary(dumps);
   if (auto disagree = disagreement(dumps)) return out + "diagnosis: " + *disagree + "\n";
-
-  // Ranks behind the others: the first collective they did not enter.
-  std::vector<int> behind, ahead;
-  uint64_t first_missing = newest;
-  for (const auto& d : dumps) {
-    if (d.last_issued < newest) {
-      behind.push_back(d.rank);
-      first_missing = std::min(first_missing, d.last_issued + 1);
-    }
-  }
-  if (!behind.empty()) {
-    std::optional<CollectiveRecord> what;
-    for (const auto& d : dumps) {
-      if (auto r = record_of(d, first_missing)) {
-        what = r;
-        ahead.push_back(d.rank);
-      }
-    }
-    std::string phases;
-    for (const auto& d : dumps) {
-      if (d.last_issued < newest) {
-        phases += fmt::format("{}rank {} was in '{}'", phases.empty() ? "" : ", ", d.rank, d.phase);
-      }
-    }
-    return out + fmt::format(
-                     "diagnosis: rank(s) {} did not enter collective {}, which rank(s) {} "
-                     "entered; {} when the records were written\n",
-                     ranks_text(behind), what ? describe(*what) : fmt::format("#{}", first_missing),
-                     ranks_text(ahead), phases);
-  }
-
-  // Every rank entered the newest collective: did some enter it only after others gave up?
-  double first_start = 0.0, first_failure = 0.0;
-  for (const auto& d : dumps) {
-    if (auto r = record_of(d, newest)) {
-      if (first_start == 0.0 || r->start < first_start) first_start = r->start;
-      if (r->state == CollectiveState::kFailed && (first_failure == 0.0 || r->end < first_failure))
-        first_failure = r->end;
-    }
-  }
-  std::vector<int> late;
-  std::optional<CollectiveRecord> what;
-  bool all_done = true;
-  for (const auto& d : dumps) {
-    auto r = record_of(d, newest);
-    if (!r) continue;
-    what = r;
-    all_done = all_done && r->state == CollectiveState::kDone;
-    if (first_failure > 0.0 && r->start > first_failure) late.push_back(d.rank);
-  }
-  if (!what) return out + "diagnosis: no collective was recorded\n";
-  if (!late.empty()) {
-    return out + fmt::format(
-                     "diagnosis: rank(s) {} entered collective {} only after another rank had "
-                     "given up on it ({:.1f} s after the first rank entered it): rank(s) {} "
-                     "lagged\n",
-                     ranks_text(late), describe(*what), first_failure - first_start,
-                     ranks_text(late));
-  }
-  if (all_done) {
-    return out + fmt::format("diagnosis: no rank lags: every rank completed collective {}\n",
-                             describe(*what));
-  }
-  return out + fmt::format(
-                   "diagnosis: every rank entered collective {} and it did not complete: a "
-                   "network or backend problem, or a rank stuck inside it\n",
-                   describe(*what));
+  uint64_t newest = 0;
+  for (const auto& d : dumps) newest = std::max(newest, d.last_issued);
+  if (auto behind = behind_diagnosis(dumps, newest)) return out + *behind;
+  return out + newest_diagnosis(dumps, newest);
 }
 
 }  // namespace ddp::comm

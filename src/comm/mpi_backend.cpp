@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <functional>
 #include <thread>
+#include <utility>
 
 #include "backends.h"
 
@@ -51,23 +52,16 @@ void ensure_initialized() {
 }
 
 MPI_Datatype to_mpi(const at::Tensor& t, const CollectiveInfo& info) {
-  switch (t.scalar_type()) {
-    case at::kFloat:
-      return MPI_FLOAT;
-    case at::kDouble:
-      return MPI_DOUBLE;
-    case at::kLong:
-      return MPI_INT64_T;
-    case at::kInt:
-      return MPI_INT32_T;
-    case at::kByte:
-      return MPI_UINT8_T;
-    case at::kChar:
-      return MPI_INT8_T;
-    default:
-      throw InputError(fmt::format("rank {}: {}: backend mpi has no type for {}", info.rank,
-                                   info.op, info.dtype));
+  // The dtypes MPI has a type for.
+  static const std::pair<at::ScalarType, MPI_Datatype> kTypes[] = {
+      {at::kFloat, MPI_FLOAT}, {at::kDouble, MPI_DOUBLE}, {at::kLong, MPI_INT64_T},
+      {at::kInt, MPI_INT32_T}, {at::kByte, MPI_UINT8_T},  {at::kChar, MPI_INT8_T},
+  };
+  for (const auto& [dtype, mpi_type] : kTypes) {
+    if (dtype == t.scalar_type()) return mpi_type;
   }
+  throw InputError(
+      fmt::format("rank {}: {}: backend mpi has no type for {}", info.rank, info.op, info.dtype));
 }
 
 MPI_Op to_mpi(ReduceOp op) {

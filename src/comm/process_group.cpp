@@ -3,13 +3,6 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
-#include <cstdlib>
-#include <filesystem>
-#include <thread>
-
-#include "ddp/common/files.h"
-#include "ddp/common/log.h"
-
 namespace ddp::comm {
 
 const char* to_string(ReduceOp op) {
@@ -117,93 +110,7 @@ std::string stall_message(int rank, const CollectiveRecord& stalled, double wait
 }
 
 ProcessGroup::ProcessGroup(int rank, int world_size, ProcessGroupOptions options)
-    : rank_(rank), world_size_(world_size), options_(options) {
-  // The test hook of the hang tests: DDP_TEST_DELAY_SEQ=N, DDP_TEST_DELAY_RANK=r and
-  // DDP_TEST_DELAY_S=s make rank r wait s seconds before issuing its N-th collective.
-  if (const char* seq = std::getenv("DDP_TEST_DELAY_SEQ")) {
-    test_delay_.seq = std::strtoull(seq, nullptr, 10);
-    const char* delay_rank = std::getenv("DDP_TEST_DELAY_RANK");
-    const char* seconds = std::getenv("DDP_TEST_DELAY_S");
-    test_delay_.rank = delay_rank != nullptr ? std::atoi(delay_rank) : 0;
-    test_delay_.seconds = seconds != nullptr ? std::atof(seconds) : 0.0;
-  }
-}
-
-ProcessGroup::~ProcessGroup() {
-  if (!watchdog_.joinable()) return;
-  {
-    std::lock_guard<std::mutex> lock(watchdog_mutex_);
-    watchdog_stop_ = true;
-  }
-  watchdog_wake_.notify_all();
-  watchdog_.join();
-}
-
-void ProcessGroup::start_watchdog(WatchdogOptions options) {
-  if (watchdog_.joinable()) return;
-  watchdog_options_ = std::move(options);
-  dump_requests_seen_ = flight_dump_requests();  // requests before it started are not its own
-  backend_ = backend_name();  // the watchdog never calls a virtual function of a dying group
-  watchdog_ = std::thread([this] { watch(); });
-}
-
-void ProcessGroup::watch() {
-  std::unique_lock<std::mutex> lock(watchdog_mutex_);
-  while (!watchdog_wake_.wait_for(lock, watchdog_options_.progress_interval,
-                                  [this] { return watchdog_stop_; })) {
-    lock.unlock();
-    if (const uint64_t requests = flight_dump_requests(); requests != dump_requests_seen_) {
-      dump_requests_seen_ = requests;
-      const auto path = dump_flight_record("SIGUSR1");
-      if (!path.empty()) log::warn("rank {}: flight record written to {}", rank_, path);
-    }
-    const uint64_t seq = recorder_->last_issued();
-    if (board_ && seq != published_seq_) {
-      try {
-        board_->publish(rank_, seq);
-        published_seq_ = seq;
-      } catch (const std::exception& e) {  // the store may be gone at the end of a failed run
-        log::debug("rank {}: could not publish progress: {}", rank_, e.what());
-      }
-    }
-    check_stall();
-    lock.lock();
-  }
-}
-
-void ProcessGroup::check_stall() {
-  const auto limit = std::chrono::duration<double>(watchdog_options_.stall_warning).count();
-  if (limit <= 0) return;
-  const auto pending = recorder_->oldest_pending();
-  if (!pending || pending->seq == warned_seq_) return;
-  const double waited = wall_time() - pending->start;
-  if (waited < limit) return;
-  warned_seq_ = pending->seq;
-  std::vector<uint64_t> progress;
-  try {
-    if (board_) progress = board_->read(world_size_);
-  } catch (const std::exception& e) {
-    log::debug("rank {}: could not read the other ranks' progress: {}", rank_, e.what());
-  }
-  log::warn("{}", stall_message(rank_, *pending, waited, progress));
-}
-
-std::string ProcessGroup::dump_flight_record(const std::string& reason) {
-  // The options are set by start_watchdog(), together with backend_.
-  const std::string json = recorder_->to_json(rank_, world_size_, backend_, reason);
-  std::string written;
-  for (const std::string* path : {&watchdog_options_.dump_path, &watchdog_options_.launcher_copy}) {
-    if (path->empty()) continue;
-    try {
-      std::filesystem::create_directories(std::filesystem::path(*path).parent_path());
-      write_file_atomically(*path, json);
-      if (written.empty()) written = *path;
-    } catch (const std::exception& e) {
-      log::error("rank {}: could not write the flight record {}: {}", rank_, *path, e.what());
-    }
-  }
-  return written;
-}
+    : rank_(rank), world_size_(world_size), options_(options) {}
 
 template <class Issue>
 WorkPtr ProcessGroup::recorded(const CollectiveInfo& info, Issue issue) {
@@ -225,11 +132,7 @@ CollectiveInfo ProcessGroup::next_info(std::string op, const at::Tensor* tensor)
     info.numel = tensor->numel();
     info.dtype = dtype_name(tensor->scalar_type());
   }
-  if (test_delay_.seq == info.seq && test_delay_.rank == rank_) {
-    log::warn("rank {}: test hook: waiting {} s before {} #{}", rank_, test_delay_.seconds, info.op,
-              info.seq);
-    std::this_thread::sleep_for(std::chrono::duration<double>(test_delay_.seconds));
-  }
+  if (issue_hook_) issue_hook_(info);
   // Recorded as issued before the backend sees it: a backend call that blocks shows as waiting.
   recorder_->issued(info.seq, info.op,
                     tensor == nullptr ? 0 : static_cast<int64_t>(tensor->nbytes()));

@@ -192,45 +192,83 @@ std::vector<CudaDevice> list_cuda_devices() {
 #endif
 }
 
-std::unique_ptr<ProcessGroup> create_process_group(const std::string& backend,
-                                                   const LaunchInfo& launch,
-                                                   const ProcessGroupOptions& options,
-                                                   bool cuda_device) {
+namespace {
+
+// NCCL shares its id over MPI under mpirun when MPI is compiled in, else over the store.
+bool nccl_over_mpi(const LaunchInfo& launch) {
+  return kHaveMpi && launch.launcher == Launcher::kMpirun;
+}
+
+bool needs_store(const std::string& backend, const LaunchInfo& launch) {
+  return backend == "gloo" ||
+         (backend == "nccl" && launch.world_size > 1 && !nccl_over_mpi(launch));
+}
+
+void check_compiled(const std::string& backend) {
+  const auto compiled = compiled_backends();
+  if (std::find(compiled.begin(), compiled.end(), backend) != compiled.end()) return;
+  const bool known =
+      backend == "gloo" || backend == "mpi" || backend == "nccl" || backend == "local";
+  throw InputError(fmt::format("backend '{}' {} (compiled backends: {})", backend,
+                               known ? "was not compiled into this build" : "is unknown",
+                               fmt::join(compiled, ", ")));
+}
+
+// Throws InputError when `backend` is not compiled in or does not fit the device or the launch.
+void check_backend_fits(const std::string& backend, const LaunchInfo& launch, bool cuda_device) {
   if (backend == "nccl" && !cuda_device) {
     throw InputError(
         "backend nccl needs CUDA tensors, but this rank's device is the CPU: use "
         "--backend gloo or mpi on CPU, or --device cuda");
   }
-  const auto compiled = compiled_backends();
-  if (std::find(compiled.begin(), compiled.end(), backend) == compiled.end()) {
-    const bool known =
-        backend == "gloo" || backend == "mpi" || backend == "nccl" || backend == "local";
-    throw InputError(fmt::format("backend '{}' {} (compiled backends: {})", backend,
-                                 known ? "was not compiled into this build" : "is unknown",
-                                 fmt::join(compiled, ", ")));
-  }
-  if (backend == "local") {
-    if (launch.world_size != 1) {
-      throw InputError(
-          fmt::format("backend local runs world size 1 only, but this launch has world "
-                      "size {}",
-                      launch.world_size));
-    }
-    return make_local_process_group(options);
+  check_compiled(backend);
+  if (backend == "local" && launch.world_size != 1) {
+    throw InputError(
+        fmt::format("backend local runs world size 1 only, but this launch has world "
+                    "size {}",
+                    launch.world_size));
   }
   if (backend == "mpi" && launch.launcher != Launcher::kMpirun) {
     throw InputError("backend mpi needs ranks started by mpirun (OMPI_COMM_WORLD_RANK is not set)");
   }
-  // NCCL shares its id over MPI under mpirun when MPI is compiled in, else over the store.
-  const bool nccl_over_mpi = kHaveMpi && launch.launcher == Launcher::kMpirun;
-  const bool needs_store =
-      backend == "gloo" || (backend == "nccl" && launch.world_size > 1 && !nccl_over_mpi);
-  if (needs_store && (launch.master_addr.empty() || launch.master_port == 0)) {
+  if (needs_store(backend, launch) && (launch.master_addr.empty() || launch.master_port == 0)) {
     throw InputError(
         fmt::format("backend {} needs MASTER_ADDR and MASTER_PORT for its rendezvous "
                     "(launched by {})",
                     backend, to_string(launch.launcher)));
   }
+}
+
+#ifdef DDP_HAVE_NCCL
+// How rank 0's NCCL unique id reaches the other ranks: over MPI or the store (nothing to share
+// for world size 1).
+BroadcastBytes nccl_id_exchange(const LaunchInfo& launch, const ProcessGroupOptions& options) {
+  BroadcastBytes exchange = [](const std::string& root_value) { return root_value; };
+  if (launch.world_size == 1) return exchange;
+#ifdef DDP_HAVE_MPI
+  if (nccl_over_mpi(launch)) exchange = mpi_broadcast_bytes;
+#endif
+  if (needs_store("nccl", launch)) {
+    auto store = connect_store(launch, options.rendezvous_timeout);
+    exchange = [store, rank = launch.rank](const std::string& root_value) {
+      const std::string key = "ddp/nccl_unique_id";
+      if (rank == 0) store->set(key, std::vector<uint8_t>(root_value.begin(), root_value.end()));
+      const auto bytes = store->get(key);
+      return std::string(bytes.begin(), bytes.end());
+    };
+  }
+  return exchange;
+}
+#endif
+
+}  // namespace
+
+std::unique_ptr<ProcessGroup> create_process_group(const std::string& backend,
+                                                   const LaunchInfo& launch,
+                                                   const ProcessGroupOptions& options,
+                                                   bool cuda_device) {
+  check_backend_fits(backend, launch, cuda_device);
+  if (backend == "local") return make_local_process_group(options);
 #ifdef DDP_HAVE_GLOO
   if (backend == "gloo") return make_gloo_process_group(launch, options);
 #endif
@@ -243,27 +281,25 @@ std::unique_ptr<ProcessGroup> create_process_group(const std::string& backend,
   }
 #endif
 #ifdef DDP_HAVE_NCCL
-  if (backend == "nccl") {
-    BroadcastBytes exchange = [](const std::string& root_value) { return root_value; };
-    if (launch.world_size > 1) {
-#ifdef DDP_HAVE_MPI
-      if (nccl_over_mpi) exchange = mpi_broadcast_bytes;
-#endif
-      if (needs_store) {
-        auto store = connect_store(launch, options.rendezvous_timeout);
-        exchange = [store, rank = launch.rank](const std::string& root_value) {
-          const std::string key = "ddp/nccl_unique_id";
-          if (rank == 0)
-            store->set(key, std::vector<uint8_t>(root_value.begin(), root_value.end()));
-          const auto bytes = store->get(key);
-          return std::string(bytes.begin(), bytes.end());
-        };
-      }
-    }
-    return make_nccl_process_group(launch, options, exchange);
-  }
+  if (backend == "nccl")
+    return make_nccl_process_group(launch, options, nccl_id_exchange(launch, options));
 #endif
   throw InputError(fmt::format("backend '{}' cannot run this launch", backend));
 }
 
 }  // namespace ddp::comm
+
+namespace ddp {
+
+std::shared_ptr<comm::ProcessGroup> init_process_group(const InitProcessGroupOptions& options) {
+  const auto launch = comm::detect_launch(comm::current_env());
+  const std::string backend = options.backend().empty()
+                                  ? comm::default_backend(launch, options.cuda_device())
+                                  : options.backend();
+  comm::ProcessGroupOptions group_options;
+  group_options.timeout = options.timeout();
+  group_options.rendezvous_timeout = options.rendezvous_timeout();
+  return comm::create_process_group(backend, launch, group_options, options.cuda_device());
+}
+
+}  // namespace ddp

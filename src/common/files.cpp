@@ -5,13 +5,12 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <chrono>
-#include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <sstream>
-#include <thread>
 
 #include "ddp/common/error.h"
 
@@ -32,9 +31,14 @@ struct Fd {
   }
 };
 
-int write_delay_ms() {
-  const char* value = std::getenv("DDP_TEST_WRITE_DELAY_MS");
-  return value ? std::atoi(value) : 0;
+// set_write_chunk_hook()'s, guarded: writers run on several threads (the training loop's
+// checkpoints, the watchdog's flight records).
+std::mutex g_hook_mutex;
+WriteChunkHook g_write_chunk_hook;
+
+WriteChunkHook write_chunk_hook() {
+  const std::lock_guard<std::mutex> lock(g_hook_mutex);
+  return g_write_chunk_hook;
 }
 
 // Removes `<name>.tmp-*` beside `path`: what a writer killed in the middle left behind.
@@ -49,7 +53,7 @@ void remove_stale_temp_files(const fs::path& path) {
 
 void write_all(int fd, std::string_view contents, const std::string& temp) {
   constexpr size_t kChunk = 64 * 1024;
-  const int delay = write_delay_ms();
+  const WriteChunkHook hook = write_chunk_hook();
   size_t done = 0;
   while (done < contents.size()) {
     const size_t n = std::min(kChunk, contents.size() - done);
@@ -63,11 +67,16 @@ void write_all(int fd, std::string_view contents, const std::string& temp) {
                                    : ""));
     }
     done += static_cast<size_t>(written);
-    if (delay > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay));
+    if (hook) hook();
   }
 }
 
 }  // namespace
+
+void set_write_chunk_hook(WriteChunkHook hook) {
+  const std::lock_guard<std::mutex> lock(g_hook_mutex);
+  g_write_chunk_hook = std::move(hook);
+}
 
 void write_file_atomically(const std::string& path, std::string_view contents) {
   const fs::path target(path);

@@ -3,10 +3,10 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include <cstring>
 #include <functional>
 #include <sstream>
 
+#include "ddp/comm/host_collectives.h"
 #include "ddp/common/error.h"
 
 namespace ddp {
@@ -26,21 +26,6 @@ std::vector<std::string> split_lines(const std::string& text) {
 
 torch::Device device_of(const std::vector<torch::Tensor>& tensors) {
   return tensors.empty() ? torch::Device(torch::kCPU) : tensors.front().device();
-}
-
-// Rank 0's string on every rank (two broadcasts: its length, then its bytes).
-std::string broadcast_string(comm::ProcessGroup& group, const std::string& mine,
-                             const torch::Device& device) {
-  auto length = torch::tensor({static_cast<int64_t>(mine.size())}, torch::kLong).to(device);
-  group.broadcast(length, 0)->wait();
-  const int64_t n = length.cpu().item<int64_t>();
-  std::string out = mine;
-  out.resize(static_cast<size_t>(n));
-  auto bytes = torch::from_blob(out.data(), {n}, torch::kUInt8).clone().to(device);
-  group.broadcast(bytes, 0)->wait();
-  bytes = bytes.cpu();
-  std::memcpy(out.data(), bytes.data_ptr<uint8_t>(), static_cast<size_t>(n));
-  return out;
 }
 
 }  // namespace
@@ -82,7 +67,7 @@ void verify_same_across_ranks(comm::ProcessGroup& group, const std::vector<std::
   }
   if (differing.empty()) return;
 
-  const auto reference = split_lines(broadcast_string(group, description, device));
+  const auto reference = split_lines(comm::broadcast_bytes(group, description, 0, device));
   const auto here = split_lines(description);
   std::string first_difference;
   for (size_t i = 0; i < std::max(reference.size(), here.size()); ++i) {

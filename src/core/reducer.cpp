@@ -143,7 +143,9 @@ void Reducer::mark_ready(size_t index) {
   if (passthrough_) {
     // One rank: the average is the gradient itself, already in .grad.
   } else if (!grad.defined()) {
-    view.zero_();  // an unused parameter contributes zeros, as in PyTorch
+    // An unused parameter contributes zeros, as in c10d's Reducer::mark_variable_ready_dense
+    // (torch/csrc/distributed/c10d/reducer.cpp).
+    view.zero_();
   } else if (options_.gradient_as_bucket_view) {
     if (!grad.is_alias_of(view)) {  // autograd made a fresh .grad (first use, or set to none)
       view.copy_(grad);
@@ -184,8 +186,10 @@ void Reducer::launch(size_t b) {
       break;
     case CommHook::kFp16Compress:
     case CommHook::kBf16Compress: {
-      // Divide before the cast, as PyTorch's compression hooks do: a sum of world_size
-      // gradients may overflow float16 where their average does not.
+      // Divide in float32, then cast. PyTorch's fp16_compress_hook and bf16_compress_hook
+      // (torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py, 1.13 and 2.x) cast
+      // first and divide in the narrow type; dividing first also keeps a gradient above
+      // float16's largest value (65504) whose share of the average is below it.
       const auto dtype =
           options_.comm_hook == CommHook::kFp16Compress ? torch::kHalf : torch::kBFloat16;
       bucket.wire = bucket.flat.div(group_->world_size()).to(dtype);
@@ -245,7 +249,8 @@ void Reducer::finalize() {
     if (passthrough_) continue;
     for (size_t k = 0; k < bucket.params.size(); ++k) {
       const size_t i = bucket.params[k];
-      // A parameter no rank used keeps its .grad as it was, as in PyTorch.
+      // A parameter no rank used keeps its .grad as it was, as c10d's
+      // Reducer::finalize_bucket_dense does ("globally unused" parameters).
       if (!used.empty() && used[i] == 0) continue;
       auto& grad = params_[i].mutable_grad();
       if (options_.gradient_as_bucket_view) {

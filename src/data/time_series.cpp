@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <utility>
 
 #include "ddp/common/error.h"
 
@@ -139,15 +140,12 @@ TimeSeriesData load_time_series(const std::string& path, const TimeSeriesOptions
   return load_time_series(read_csv(path), path, o);
 }
 
-TimeSeriesData load_time_series(const CsvTable& table, const std::string& path,
-                                const TimeSeriesOptions& o) {
-  check_options(o);
-  const bool dated = !o.date_column.empty() && std::find(table.columns.begin(), table.columns.end(),
-                                                         o.date_column) != table.columns.end();
-  const int64_t date_index = dated ? column_index(table, o.date_column, path, "date") : -1;
+namespace {
 
-  // The value columns: every column but the date, the target moved last (Informer's order).
-  std::vector<int64_t> value_columns;
+// The value columns: every column but the date, the target moved last (Informer's order); only
+// the target for features S.
+std::vector<int64_t> value_columns_of(const CsvTable& table, const TimeSeriesOptions& o,
+                                      int64_t date_index, const std::string& path) {
   int64_t target = -1;
   if (o.target.empty()) {
     for (int64_t c = static_cast<int64_t>(table.columns.size()) - 1; c >= 0; --c) {
@@ -160,62 +158,71 @@ TimeSeriesData load_time_series(const CsvTable& table, const std::string& path,
   } else {
     target = column_index(table, o.target, path, "target");
   }
+  std::vector<int64_t> columns;
   if (o.features != "S") {
     for (int64_t c = 0; c < static_cast<int64_t>(table.columns.size()); ++c) {
-      if (c != date_index && c != target) value_columns.push_back(c);
+      if (c != date_index && c != target) columns.push_back(c);
     }
   }
-  value_columns.push_back(target);
+  columns.push_back(target);
+  return columns;
+}
 
-  const int64_t rows = static_cast<int64_t>(table.rows.size());
-  const int64_t cols = static_cast<int64_t>(value_columns.size());
+// A cell of `row` that must be a finite number.
+double parse_number(const CsvTable& table, size_t row, size_t column, const std::string& path) {
+  const std::string& cell = table.rows[row][column];
+  char* end = nullptr;
+  const double x = std::strtod(cell.c_str(), &end);
+  if (cell.empty() || end != cell.c_str() + cell.size() || !std::isfinite(x)) {
+    throw InputError(fmt::format("{}:{}: column '{}': '{}' is not a number", path, table.lines[row],
+                                 table.columns[column], cell));
+  }
+  return x;
+}
+
+// The values of `columns` ([rows, columns.size()] float64) and the time features of the date
+// column ([rows, 4] float32, zeros without one), row by row: the first bad cell of the file is
+// the one reported.
+std::pair<torch::Tensor, torch::Tensor> parse_rows(const CsvTable& table,
+                                                   const std::vector<int64_t>& columns,
+                                                   int64_t date_index, const std::string& path,
+                                                   const std::string& date_column) {
+  const auto rows = static_cast<int64_t>(table.rows.size());
+  const auto cols = static_cast<int64_t>(columns.size());
   auto values = torch::empty({rows, cols}, torch::kDouble);
   auto marks = torch::zeros({rows, 4}, torch::kFloat);
   auto v = values.accessor<double, 2>();
   auto mk = marks.accessor<float, 2>();
   for (int64_t r = 0; r < rows; ++r) {
-    const auto& row = table.rows[static_cast<size_t>(r)];
+    const auto row = static_cast<size_t>(r);
     for (int64_t j = 0; j < cols; ++j) {
-      const std::string& cell = row[static_cast<size_t>(value_columns[static_cast<size_t>(j)])];
-      char* end = nullptr;
-      const double x = std::strtod(cell.c_str(), &end);
-      if (cell.empty() || end != cell.c_str() + cell.size() || !std::isfinite(x)) {
-        throw InputError(fmt::format("{}:{}: column '{}': '{}' is not a number", path,
-                                     table.lines[static_cast<size_t>(r)],
-                                     table.columns[static_cast<size_t>(value_columns[j])], cell));
-      }
-      v[r][j] = x;
+      v[r][j] =
+          parse_number(table, row, static_cast<size_t>(columns[static_cast<size_t>(j)]), path);
     }
-    if (dated) {
-      int f[4];
-      const std::string& cell = row[static_cast<size_t>(date_index)];
-      if (!parse_time_features(cell, f)) {
-        throw InputError(fmt::format("{}:{}: column '{}': '{}' is not a date (YYYY-MM-DD HH:MM:SS)",
-                                     path, table.lines[static_cast<size_t>(r)], o.date_column,
-                                     cell));
-      }
-      for (int k = 0; k < 4; ++k) mk[r][k] = static_cast<float>(f[k]);
+    if (date_index < 0) continue;
+    int f[4];
+    const std::string& cell = table.rows[row][static_cast<size_t>(date_index)];
+    if (!parse_time_features(cell, f)) {
+      throw InputError(fmt::format("{}:{}: column '{}': '{}' is not a date (YYYY-MM-DD HH:MM:SS)",
+                                   path, table.lines[row], date_column, cell));
     }
+    for (int k = 0; k < 4; ++k) mk[r][k] = static_cast<float>(f[k]);
   }
+  return {values, marks};
+}
 
-  // Informer's Dataset_Custom borders: val and test start seq_len rows early, so that their
-  // first window's encoder input is the history just before them.
+// Cuts the scaled values and the marks into the training, validation and test parts with
+// Informer's Dataset_Custom borders (70 % / 10 % / 20 %): val and test start seq_len rows early,
+// so that their first window's encoder input is the history just before them.
+void split_parts(TimeSeriesData& out, const torch::Tensor& scaled, const torch::Tensor& marks,
+                 const TimeSeriesOptions& o, const std::string& path) {
+  const int64_t rows = scaled.size(0);
   const int64_t num_train = static_cast<int64_t>(static_cast<double>(rows) * 0.7);
   const int64_t num_test = static_cast<int64_t>(static_cast<double>(rows) * 0.2);
   const int64_t num_val = rows - num_train - num_test;
   const int64_t begins[3] = {0, num_train - o.seq_len, rows - num_test - o.seq_len};
   const int64_t ends[3] = {num_train, num_train + num_val, rows};
   const char* names[3] = {"training", "validation", "test"};
-
-  TimeSeriesData out;
-  for (int64_t c : value_columns) out.columns.push_back(table.columns[static_cast<size_t>(c)]);
-  out.target_index = cols - 1;
-  const auto train_rows = values.narrow(0, 0, num_train);
-  out.mean = train_rows.mean(0);
-  out.std = train_rows.std(0, /*unbiased=*/false).clamp_min(1e-12);  // sklearn's StandardScaler
-  const auto scaled = ((values - out.mean) / out.std).to(torch::kFloat);
-  out.mean = out.mean.to(torch::kFloat);
-  out.std = out.std.to(torch::kFloat);
   TimeSeriesSplit* splits[3] = {&out.train, &out.val, &out.test};
   for (int s = 0; s < 3; ++s) {
     const int64_t length = ends[s] - std::max<int64_t>(begins[s], 0);
@@ -230,6 +237,32 @@ TimeSeriesData load_time_series(const CsvTable& table, const std::string& path,
     splits[s]->marks = marks.narrow(0, begins[s], length);
     splits[s]->num_windows = windows;
   }
+}
+
+}  // namespace
+
+TimeSeriesData load_time_series(const CsvTable& table, const std::string& path,
+                                const TimeSeriesOptions& o) {
+  check_options(o);
+  const bool dated = !o.date_column.empty() && std::find(table.columns.begin(), table.columns.end(),
+                                                         o.date_column) != table.columns.end();
+  const int64_t date_index = dated ? column_index(table, o.date_column, path, "date") : -1;
+  const std::vector<int64_t> value_columns = value_columns_of(table, o, date_index, path);
+  const auto [values, marks] = parse_rows(table, value_columns, date_index, path, o.date_column);
+
+  TimeSeriesData out;
+  for (int64_t c : value_columns) out.columns.push_back(table.columns[static_cast<size_t>(c)]);
+  out.target_index = static_cast<int64_t>(value_columns.size()) - 1;
+  // Scaled by the training part's mean and population std, as sklearn's StandardScaler (which
+  // Informer's data loader uses) does.
+  const int64_t num_train = static_cast<int64_t>(static_cast<double>(values.size(0)) * 0.7);
+  const auto train_rows = values.narrow(0, 0, num_train);
+  out.mean = train_rows.mean(0);
+  out.std = train_rows.std(0, /*unbiased=*/false).clamp_min(1e-12);
+  const auto scaled = ((values - out.mean) / out.std).to(torch::kFloat);
+  out.mean = out.mean.to(torch::kFloat);
+  out.std = out.std.to(torch::kFloat);
+  split_parts(out, scaled, marks, o, path);
   return out;
 }
 

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
+#include <optional>
 #include <sstream>
 
 #include "ddp/common/error.h"
@@ -48,48 +50,95 @@ std::string format_float(double v) {
   return fmt::format("{}", v);
 }
 
-ConfigKey int_key(std::string name, int64_t Config::*member, int64_t min, std::string help) {
+// The names of an enum's values, as the YAML file and the command line write them.
+template <class E>
+struct Named {
+  E value;
+  const char* name;
+};
+constexpr Named<Optimizer> kOptimizerNames[] = {
+    {Optimizer::kSgd, "sgd"}, {Optimizer::kAdam, "adam"}, {Optimizer::kAdamW, "adamw"}};
+constexpr Named<LrScaling> kLrScalingNames[] = {{LrScaling::kNone, "none"},
+                                                {LrScaling::kLinear, "linear"}};
+constexpr Named<SavePrefix> kSavePrefixNames[] = {{SavePrefix::kModule, "module"},
+                                                  {SavePrefix::kNone, "none"}};
+constexpr Named<CommHook> kCommHookNames[] = {{CommHook::kAllReduce, "allreduce"},
+                                              {CommHook::kFp16Compress, "fp16"},
+                                              {CommHook::kBf16Compress, "bf16"}};
+
+// "sgd|adam|adamw"
+template <class E, size_t N>
+std::string choices(const Named<E> (&names)[N]) {
+  std::string joined;
+  for (const auto& n : names) joined += (joined.empty() ? "" : "|") + std::string(n.name);
+  return joined;
+}
+
+template <class E, size_t N>
+std::optional<E> value_named(const Named<E> (&names)[N], const std::string& name) {
+  for (const auto& n : names) {
+    if (name == n.name) return n.value;
+  }
+  return std::nullopt;
+}
+
+template <class E, size_t N>
+std::string name_of(const Named<E> (&names)[N], E value) {
+  for (const auto& n : names) {
+    if (n.value == value) return n.name;
+  }
+  throw Error(fmt::format("no name for value {} of an enum", static_cast<int>(value)));
+}
+
+// The builders below take `field`, the value a key sets: a member pointer (&Config::epochs) or a
+// function returning a reference to it (the DDP options' accessors); std::invoke reaches either.
+
+template <class Field>
+ConfigKey int_key(std::string name, Field field, int64_t min, std::string help) {
   ConfigKey key;
   key.name = std::move(name);
   key.help = std::move(help);
   key.value_hint = "INT";
-  key.set = [member, min](Config& c, const std::string& v) {
+  key.set = [field, min](Config& c, const std::string& v) {
     const int64_t value = parse_int(v);
     if (value < min) {
       throw BadValue{min == 1 ? "a positive integer" : fmt::format("an integer >= {}", min)};
     }
-    c.*member = value;
+    std::invoke(field, c) = value;
   };
-  key.get = [member](const Config& c) { return std::to_string(c.*member); };
+  key.get = [field](const Config& c) { return std::to_string(std::invoke(field, c)); };
   return key;
 }
 
 // A float key; the value must be > min (exclusive) or >= min.
-ConfigKey float_key(std::string name, double Config::*member, double min, bool exclusive,
-                    std::string help) {
+template <class Field>
+ConfigKey float_key(std::string name, Field field, double min, bool exclusive, std::string help) {
   ConfigKey key;
   key.name = std::move(name);
   key.help = std::move(help);
   key.value_hint = "FLOAT";
-  key.set = [member, min, exclusive](Config& c, const std::string& v) {
+  key.set = [field, min, exclusive](Config& c, const std::string& v) {
     const double value = parse_float(v);
     if (exclusive ? !(value > min) : !(value >= min)) {
       throw BadValue{fmt::format("a number {} {}", exclusive ? ">" : ">=", min)};
     }
-    c.*member = value;
+    std::invoke(field, c) = value;
   };
-  key.get = [member](const Config& c) { return format_float(c.*member); };
+  key.get = [field](const Config& c) { return format_float(std::invoke(field, c)); };
   return key;
 }
 
-ConfigKey bool_key(std::string name, bool Config::*member, std::string help) {
+template <class Field>
+ConfigKey bool_key(std::string name, Field field, std::string help) {
   ConfigKey key;
   key.name = std::move(name);
   key.help = std::move(help);
   key.value_hint = "BOOL";
   key.is_flag = true;
-  key.set = [member](Config& c, const std::string& v) { c.*member = parse_bool(v); };
-  key.get = [member](const Config& c) { return std::string(c.*member ? "true" : "false"); };
+  key.set = [field](Config& c, const std::string& v) { std::invoke(field, c) = parse_bool(v); };
+  key.get = [field](const Config& c) {
+    return std::string(std::invoke(field, c) ? "true" : "false");
+  };
   return key;
 }
 
@@ -111,6 +160,29 @@ ConfigKey string_key(std::string name, std::string Config::*member,
   key.get = [member](const Config& c) { return c.*member; };
   return key;
 }
+
+// A key whose value is one of the names of an enum's values (`names`, in --help's order).
+template <class E, size_t N, class Field>
+ConfigKey enum_key(std::string name, Field field, const Named<E> (&names)[N], std::string help) {
+  ConfigKey key;
+  key.name = std::move(name);
+  key.help = std::move(help);
+  key.value_hint = choices(names);
+  key.set = [field, &names](Config& c, const std::string& v) {
+    const std::optional<E> value = value_named(names, v);
+    if (!value) throw BadValue{"one of " + choices(names)};
+    std::invoke(field, c) = *value;
+  };
+  key.get = [field, &names](const Config& c) { return name_of(names, std::invoke(field, c)); };
+  return key;
+}
+
+// The DDP options' field `name` as a key's field: a TORCH_ARG member, reached through its
+// accessors (the const one for `get`, the other for `set`).
+#define DDP_OPTION(name) \
+  [](auto& c) -> auto& { \
+    return c.ddp.name(); \
+  }
 
 std::vector<ConfigKey> make_keys() {
   using C = Config;
@@ -149,7 +221,7 @@ std::vector<ConfigKey> make_keys() {
                "batches in pinned memory, copied to the GPU without blocking"),
       bool_key("augment", &C::augment,
                "random crop with padding 4 and horizontal flip, seeded per rank and epoch"),
-      string_key("optimizer", &C::optimizer, {"sgd", "adam", "adamw"}, "", "optimizer"),
+      enum_key("optimizer", &C::optimizer, kOptimizerNames, "optimizer"),
       float_key("lr", &C::lr, 0.0, true, "learning rate"),
       float_key("momentum", &C::momentum, 0.0, false, "SGD momentum"),
       bool_key("nesterov", &C::nesterov, "SGD with Nesterov momentum"),
@@ -157,8 +229,8 @@ std::vector<ConfigKey> make_keys() {
                 "weight decay (L2; decoupled for adamw)"),
       string_key("lr-schedule", &C::lr_schedule, {"constant", "step", "cosine"}, "",
                  "learning-rate schedule after warm-up"),
-      string_key("lr-scaling", &C::lr_scaling, {"none", "linear"}, "",
-                 "linear: lr x global batch / reference-batch (Goyal et al.)"),
+      enum_key("lr-scaling", &C::lr_scaling, kLrScalingNames,
+               "linear: lr x global batch / reference-batch (Goyal et al.)"),
       int_key("reference-batch", &C::reference_batch, 1,
               "the global batch that lr is meant for (lr-scaling linear)"),
       float_key("warmup-epochs", &C::warmup_epochs, 0.0, false,
@@ -182,20 +254,20 @@ std::vector<ConfigKey> make_keys() {
       bool_key("checkpoint-on-signal", &C::checkpoint_on_signal,
                "on SIGTERM, every rank finishes its step, rank 0 writes a checkpoint, and the "
                "run exits with 143 (--resume auto continues from that step)"),
-      float_key("bucket-cap-mb", &C::bucket_cap_mb, 0.0, true,
+      float_key("bucket-cap-mb", DDP_OPTION(bucket_cap_mb), 0.0, true,
                 "DDP: MiB of gradients per all-reduce bucket (the first: first-bucket-mb)"),
-      float_key("first-bucket-mb", &C::first_bucket_mb, 0.0, true,
+      float_key("first-bucket-mb", DDP_OPTION(first_bucket_mb), 0.0, true,
                 "DDP: MiB of the first bucket (the last layers' gradients, reduced first)"),
-      bool_key("broadcast-buffers", &C::broadcast_buffers,
+      bool_key("broadcast-buffers", DDP_OPTION(broadcast_buffers),
                "DDP: broadcast rank 0's buffers (BatchNorm statistics) before each forward"),
-      bool_key("find-unused-parameters", &C::find_unused_parameters,
+      bool_key("find-unused-parameters", DDP_OPTION(find_unused_parameters),
                "DDP: allow parameters that get no gradient in an iteration"),
-      bool_key("gradient-as-bucket-view", &C::gradient_as_bucket_view,
+      bool_key("gradient-as-bucket-view", DDP_OPTION(gradient_as_bucket_view),
                "DDP: gradients live in the all-reduce buckets (saves a copy and memory)"),
       bool_key("sync-bn", &C::sync_bn,
                "BatchNorm statistics over the global batch (SyncBatchNorm), for small batches"),
-      string_key("comm-hook", &C::comm_hook, {"allreduce", "fp16", "bf16"}, "",
-                 "DDP: gradient communication (fp16/bf16: compressed to half the bytes)"),
+      enum_key("comm-hook", DDP_OPTION(comm_hook), kCommHookNames,
+               "DDP: gradient communication (fp16/bf16: compressed to half the bytes)"),
       int_key("threads", &C::threads, 0, "intra-op threads per process (0: LibTorch's default)"),
       string_key("output-dir", &C::output_dir, {}, "PATH", "directory for metrics and checkpoints"),
       string_key("log-level", &C::log_level, {"trace", "debug", "info", "warn", "error", "off"}, "",
@@ -213,8 +285,8 @@ std::vector<ConfigKey> make_keys() {
       int_key("save-every", &C::save_every, 0,
               "write a checkpoint every N epochs (0: after the last epoch only)"),
       int_key("keep-last", &C::keep_last, 1, "numbered checkpoints to keep"),
-      string_key("save-prefix", &C::save_prefix, {"module", "none"}, "",
-                 "keys of model.pt: 'module.' + name as nn.DataParallel, or the names alone"),
+      enum_key("save-prefix", &C::save_prefix, kSavePrefixNames,
+               "keys of model.pt: 'module.' + name as nn.DataParallel, or the names alone"),
       string_key("resume", &C::resume, {}, "auto|PATH",
                  "continue from a checkpoint (auto: the newest valid one in the output dir)"),
       string_key("init-weights", &C::init_weights, {}, "PATH",
@@ -222,12 +294,27 @@ std::vector<ConfigKey> make_keys() {
   };
 }
 
+#undef DDP_OPTION
+
 std::string canonical(std::string name) {
   std::replace(name.begin(), name.end(), '_', '-');
   return name;
 }
 
 }  // namespace
+
+std::string to_string(Optimizer optimizer) {
+  return name_of(kOptimizerNames, optimizer);
+}
+std::string to_string(LrScaling scaling) {
+  return name_of(kLrScalingNames, scaling);
+}
+std::string to_string(SavePrefix prefix) {
+  return name_of(kSavePrefixNames, prefix);
+}
+std::string to_string(CommHook hook) {
+  return name_of(kCommHookNames, hook);
+}
 
 const std::vector<ConfigKey>& config_keys() {
   static const std::vector<ConfigKey> keys = make_keys();

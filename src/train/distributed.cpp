@@ -4,13 +4,15 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include "ddp/comm/host_collectives.h"
 #include "ddp/common/error.h"
 #include "ddp/common/log.h"
 
 namespace ddp::train {
 namespace {
 
-constexpr int64_t kTopologyBytes = 256;  // per rank: "host|local_rank|device", zero-padded
+// Per rank: "host|local_rank|device"; host_name() gives at most 255 bytes.
+constexpr size_t kTopologyBytes = 256 + 32;
 
 std::string host_name() {
   char name[256] = {};
@@ -22,28 +24,18 @@ std::chrono::milliseconds to_ms(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
 }
 
-// Every rank's topology on every rank, through one all_gather of fixed-size byte records.
+// Every rank's topology on every rank: one all_gather of "host|local_rank|device" records.
 std::vector<RankTopology> gather_topology(comm::ProcessGroup& group, const torch::Device& device,
                                           const RankTopology& mine) {
-  std::string record = fmt::format("{}|{}|{}", mine.host, mine.local_rank, mine.device);
-  record.resize(static_cast<size_t>(kTopologyBytes), '\0');
-  auto input = torch::from_blob(record.data(), {kTopologyBytes}, torch::kUInt8).to(device);
-  auto output = torch::empty({kTopologyBytes * group.world_size()}, input.options());
-  group.all_gather(output, input)->wait();
-  output = output.cpu();
+  const std::string record = fmt::format("{}|{}|{}", mine.host, mine.local_rank, mine.device);
+  const auto texts = comm::all_gather_bytes(group, record, device, kTopologyBytes);
   std::vector<RankTopology> out;
   for (int r = 0; r < group.world_size(); ++r) {
-    const auto* bytes = output.data_ptr<uint8_t>() + r * kTopologyBytes;
-    std::string text(reinterpret_cast<const char*>(bytes), static_cast<size_t>(kTopologyBytes));
-    text.resize(text.find('\0') == std::string::npos ? text.size() : text.find('\0'));
+    const std::string& text = texts[static_cast<size_t>(r)];
     const auto a = text.find('|');
     const auto b = text.rfind('|');
-    RankTopology t;
-    t.rank = r;
-    t.host = text.substr(0, a);
-    t.local_rank = std::atoi(text.substr(a + 1, b - a - 1).c_str());
-    t.device = text.substr(b + 1);
-    out.push_back(t);
+    out.push_back({r, text.substr(0, a), std::atoi(text.substr(a + 1, b - a - 1).c_str()),
+                   text.substr(b + 1)});
   }
   return out;
 }

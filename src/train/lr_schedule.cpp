@@ -24,9 +24,8 @@ double lr_at(const LrSchedule& s, int64_t step, int64_t steps_per_epoch) {
   return s.base_lr;
 }
 
-double scaled_lr(double lr, const std::string& scaling, int64_t global_batch,
-                 int64_t reference_batch) {
-  if (scaling != "linear") return lr;
+double scaled_lr(double lr, LrScaling scaling, int64_t global_batch, int64_t reference_batch) {
+  if (scaling != LrScaling::kLinear) return lr;
   return lr * static_cast<double>(global_batch) / static_cast<double>(reference_batch);
 }
 

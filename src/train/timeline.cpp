@@ -1,12 +1,9 @@
 #include "ddp/train/timeline.h"
 
 #include <fmt/format.h>
-#include <torch/torch.h>
-
-#include <cstring>
 
 #include "ddp/comm/flight_recorder.h"
-#include "ddp/comm/process_group.h"
+#include "ddp/comm/host_collectives.h"
 #include "ddp/common/files.h"
 #include "ddp/common/log.h"
 
@@ -76,36 +73,17 @@ std::string chrome_trace(const std::vector<std::string>& rank_events) {
 void write_timeline(comm::ProcessGroup& group, const c10::Device& device, const Timeline& timeline,
                     const std::string& path) {
   group.set_phase("timeline");
-  const auto on_device = torch::TensorOptions().device(device);
   // Time zero: the earliest start of any rank.
-  auto origin = torch::full({1}, timeline.start_wall(), on_device.dtype(torch::kDouble));
-  group.all_reduce(origin, comm::ReduceOp::kMin)->wait();
-  const std::string mine = timeline.trace_events(group.rank(), origin.cpu().item<double>());
-
-  // Every rank's text to rank 0: the lengths, then the texts padded to the longest.
-  const int world = group.world_size();
-  auto length = torch::full({1}, static_cast<int64_t>(mine.size()), on_device.dtype(torch::kLong));
-  auto lengths = torch::empty({world}, length.options());
-  group.all_gather(lengths, length)->wait();
-  lengths = lengths.cpu();
-  const int64_t longest = lengths.max().item<int64_t>();
-  auto text = torch::zeros({longest}, torch::kUInt8);
-  std::memcpy(text.data_ptr<uint8_t>(), mine.data(), mine.size());
-  text = text.to(device);
-  auto texts = torch::empty({longest * world}, text.options());
-  group.all_gather(texts, text)->wait();
+  const double origin =
+      comm::all_reduce_scalar(group, timeline.start_wall(), comm::ReduceOp::kMin, device);
+  const std::string mine = timeline.trace_events(group.rank(), origin);
+  // Every rank's text to rank 0 (gathered everywhere: there is no gather to one rank).
+  const auto ranks = comm::all_gather_bytes(group, mine, device);
   if (group.rank() != 0) return;
 
-  texts = texts.cpu();
-  std::vector<std::string> ranks;
-  for (int r = 0; r < world; ++r) {
-    const auto* bytes = texts.data_ptr<uint8_t>() + r * longest;
-    ranks.emplace_back(reinterpret_cast<const char*>(bytes),
-                       static_cast<size_t>(lengths[r].item<int64_t>()));
-  }
   write_file_atomically(path, chrome_trace(ranks));
   log::info("timeline: {} events of rank 0 ({} ranks) written to {}", timeline.events().size(),
-            world, path);
+            group.world_size(), path);
 }
 
 }  // namespace ddp::train

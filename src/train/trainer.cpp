@@ -8,11 +8,12 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <filesystem>
 #include <optional>
+#include <utility>
 
 #include "cpu_rng.h"
+#include "ddp/comm/host_collectives.h"
 #include "ddp/common/error.h"
 #include "ddp/common/files.h"
 #include "ddp/common/log.h"
@@ -21,6 +22,8 @@
 #include "ddp/data/loader.h"
 #include "ddp/train/progress.h"
 #include "ddp/train/state_dict.h"
+#include "fault_injector.h"
+#include "phase.h"
 
 namespace ddp::train {
 namespace {
@@ -70,28 +73,29 @@ void request_stop_from_signal() {
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Config& c,
                                                         const std::vector<torch::Tensor>& params) {
-  if (c.optimizer == "sgd") {
-    return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(c.lr)
-                                                           .momentum(c.momentum)
-                                                           .nesterov(c.nesterov)
-                                                           .weight_decay(c.weight_decay));
+  switch (c.optimizer) {
+    case Optimizer::kSgd:
+      return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(c.lr)
+                                                             .momentum(c.momentum)
+                                                             .nesterov(c.nesterov)
+                                                             .weight_decay(c.weight_decay));
+    case Optimizer::kAdam:
+      return std::make_unique<torch::optim::Adam>(
+          params, torch::optim::AdamOptions(c.lr).weight_decay(c.weight_decay));
+    case Optimizer::kAdamW:
+      return std::make_unique<torch::optim::AdamW>(
+          params, torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
   }
-  if (c.optimizer == "adam") {
-    return std::make_unique<torch::optim::Adam>(
-        params, torch::optim::AdamOptions(c.lr).weight_decay(c.weight_decay));
-  }
-  if (c.optimizer == "adamw") {
-    return std::make_unique<torch::optim::AdamW>(
-        params, torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
-  }
-  throw InputError(fmt::format("key 'optimizer': unknown optimizer '{}'", c.optimizer));
+  throw Error(
+      fmt::format("make_optimizer: no case for optimizer {}", static_cast<int>(c.optimizer)));
 }
 
 namespace {
+
 // Checks everything a user can get wrong before any rank waits for the others.
 Config prepared(Config config) {
   validate(config);
-  if (config.nesterov && (config.optimizer != "sgd" || config.momentum <= 0.0)) {
+  if (config.nesterov && (config.optimizer != Optimizer::kSgd || config.momentum <= 0.0)) {
     throw InputError("key 'nesterov': needs optimizer sgd with a momentum > 0");
   }
   make_writable_dir(config.output_dir);
@@ -100,69 +104,84 @@ Config prepared(Config config) {
   }
   return config;
 }
-}  // namespace
 
-core::CommHook comm_hook_of(const std::string& name) {
-  if (name == "fp16") return core::CommHook::kFp16Compress;
-  if (name == "bf16") return core::CommHook::kBf16Compress;
-  return core::CommHook::kAllReduce;
-}
-
-namespace {
-// The step of a test hook on this rank: DDP_TEST_<name>_AT_STEP=N acts on rank
-// DDP_TEST_<name>_RANK (default 0) after its N-th optimizer step, in the first run only
-// (TORCHELASTIC_RESTART_COUNT unset or 0). 0: never. The hooks: CRASH kills the rank with
-// SIGKILL (the launcher's restart test, the fault-injection tests); PERTURB changes its first
-// parameter (the divergence check's test); SIGTERM sends the rank a SIGTERM
-// (--checkpoint-on-signal).
-int64_t test_hook_step(const comm::Env& env, int rank, const std::string& name) {
-  auto get = [&](const std::string& key, const char* fallback) {
-    auto it = env.find(key);
-    return std::strtoll(it == env.end() ? fallback : it->second.c_str(), nullptr, 10);
-  };
-  if (get("TORCHELASTIC_RESTART_COUNT", "0") != 0 ||
-      get("DDP_TEST_" + name + "_RANK", "0") != rank) {
-    return 0;
-  }
-  return get("DDP_TEST_" + name + "_AT_STEP", "0");
-}
-}  // namespace
-
-Trainer::Trainer(Config config)
-    : config_(prepared(std::move(config))), dist_(init_distributed(config_, comm::current_env())) {
-  const comm::Env env = comm::current_env();
-  crash_at_step_ = test_hook_step(env, dist_.rank(), "CRASH");
-  perturb_at_step_ = test_hook_step(env, dist_.rank(), "PERTURB");
-  sigterm_at_step_ = test_hook_step(env, dist_.rank(), "SIGTERM");
-  comm::WatchdogOptions watchdog;
-  watchdog.stall_warning =
-      std::chrono::milliseconds(static_cast<int64_t>(config_.stall_warning * 1000.0));
-  watchdog.dump_path = (std::filesystem::path(config_.output_dir) / "debug" /
-                        fmt::format("rank{}.json", dist_.rank()))
-                           .string();
+// The watchdog of this rank's group: the stall warning after --stall-warning seconds, and the
+// flight record to <output>/debug/rank<r>.json and to the launcher's DDP_FLIGHT_DIR.
+std::unique_ptr<comm::Watchdog> start_watchdog(const Config& config, const Distributed& dist,
+                                               const comm::Env& env) {
+  comm::WatchdogOptions options;
+  options.stall_warning =
+      std::chrono::milliseconds(static_cast<int64_t>(config.stall_warning * 1000.0));
+  const std::string file = fmt::format("rank{}.json", dist.rank());
+  options.dump_path = (std::filesystem::path(config.output_dir) / "debug" / file).string();
   if (auto dir = env.find("DDP_FLIGHT_DIR"); dir != env.end() && !dir->second.empty()) {
-    watchdog.launcher_copy =
-        (std::filesystem::path(dir->second) / fmt::format("rank{}.json", dist_.rank())).string();
+    options.launcher_copy = (std::filesystem::path(dir->second) / file).string();
   }
-  dist_.group->start_watchdog(watchdog);
+  return std::make_unique<comm::Watchdog>(dist.group, options);
+}
+
+// --global-batch-size, DataParallel's habit: one batch split evenly over the ranks; else
+// --batch-size.
+int64_t batch_size_per_rank(const Config& config, int world_size) {
+  if (config.global_batch_size == 0) return config.batch_size;
+  if (config.global_batch_size % world_size != 0) {
+    throw InputError(
+        fmt::format("key 'global-batch-size': {} samples cannot be split evenly over {} ranks",
+                    config.global_batch_size, world_size));
+  }
+  return config.global_batch_size / world_size;
+}
+
+// The lr schedule of the run, its base lr scaled for the global batch (--lr-scaling).
+LrSchedule lr_schedule_of(const Config& config, int world_size) {
+  LrSchedule schedule;
+  schedule.kind = config.lr_schedule;
+  const int64_t global_batch = config.batch_size * world_size;
+  schedule.base_lr = scaled_lr(config.lr, config.lr_scaling, global_batch, config.reference_batch);
+  if (config.lr_scaling == LrScaling::kLinear) {
+    log::info("lr {} scaled linearly to {} for the global batch {} (reference batch {})", config.lr,
+              schedule.base_lr, global_batch, config.reference_batch);
+  }
+  schedule.warmup_epochs = config.warmup_epochs;
+  schedule.step_size = config.lr_step_size;
+  schedule.gamma = config.lr_gamma;
+  schedule.total_epochs = config.epochs;
+  return schedule;
+}
+
+// A phase of optimizer step `step`: the span `name` and the label "step <step>: <name>".
+Phase step_phase(comm::ProcessGroup& group, Timeline* timeline, const char* name, int64_t step) {
+  return Phase(group, fmt::format("step {}: {}", step, name), timeline, name, "compute", step);
+}
+
+}  // namespace
+
+Trainer::Trainer(Config config) : Trainer(std::move(config), comm::current_env()) {}
+
+Trainer::Trainer(Config config, const comm::Env& env)
+    : config_(prepared(std::move(config))),
+      dist_(init_distributed(config_, env)),
+      faults_(std::make_unique<FaultInjector>(env, dist_.launch.restart_count, *dist_.group)),
+      watchdog_(start_watchdog(config_, dist_, env)) {
   if (!config_.timeline.empty()) timeline_ = std::make_unique<Timeline>();
   progress_style_ = progress_style(config_.progress, ::isatty(STDOUT_FILENO) != 0, dist_.is_main());
   // A group the launcher (or torchrun) restarted continues from its last checkpoint.
-  auto restarts = env.find("TORCHELASTIC_RESTART_COUNT");
-  if (config_.resume.empty() && restarts != env.end() && restarts->second != "0") {
+  if (config_.resume.empty() && dist_.launch.restart_count != 0) {
     log::info("restart {} of the job: resuming from the newest checkpoint in '{}'",
-              restarts->second, config_.output_dir);
+              dist_.launch.restart_count, config_.output_dir);
     config_.resume = "auto";
   }
   if (config_.threads > 0) torch::set_num_threads(static_cast<int>(config_.threads));
-  if (config_.global_batch_size > 0) {  // DataParallel's habit: one batch split over the ranks
-    if (config_.global_batch_size % dist_.world_size() != 0) {
-      throw InputError(
-          fmt::format("key 'global-batch-size': {} samples cannot be split evenly over {} ranks",
-                      config_.global_batch_size, dist_.world_size()));
-    }
-    config_.batch_size = config_.global_batch_size / dist_.world_size();
-  }
+  config_.batch_size = batch_size_per_rank(config_, dist_.world_size());
+  build_model();
+  const bool resumed = !config_.resume.empty() && resume();  // may change batch_size
+  schedule_ = lr_schedule_of(config_, dist_.world_size());
+  if (dist_.is_main()) write_run_files(resumed);
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::build_model() {
   models::NormFactory norm;
   if (config_.sync_bn) {
     norm = [group = dist_.group](int64_t channels) {
@@ -180,36 +199,17 @@ Trainer::Trainer(Config config)
     log::info("initial weights from {}", config_.init_weights);
   }
   // Collective: checks the model is the same everywhere, broadcasts rank 0's weights.
-  model_ = DistributedDataParallel(workload_.module, dist_.group,
-                                   DistributedDataParallelOptions()
-                                       .bucket_cap_mb(config_.bucket_cap_mb)
-                                       .first_bucket_mb(config_.first_bucket_mb)
-                                       .broadcast_buffers(config_.broadcast_buffers)
-                                       .find_unused_parameters(config_.find_unused_parameters)
-                                       .gradient_as_bucket_view(config_.gradient_as_bucket_view)
-                                       .comm_hook(comm_hook_of(config_.comm_hook)));
+  model_ = DistributedDataParallel(workload_.module, dist_.group, config_.ddp);
   optimizer_ = make_optimizer(config_, workload_.module->parameters());
-  const bool resumed = !config_.resume.empty() && resume();  // may change batch_size
-  schedule_.kind = config_.lr_schedule;
-  const int64_t global_batch = config_.batch_size * dist_.world_size();
-  schedule_.base_lr =
-      scaled_lr(config_.lr, config_.lr_scaling, global_batch, config_.reference_batch);
-  if (config_.lr_scaling == "linear") {
-    log::info("lr {} scaled linearly to {} for the global batch {} (reference batch {})",
-              config_.lr, schedule_.base_lr, global_batch, config_.reference_batch);
-  }
-  schedule_.warmup_epochs = config_.warmup_epochs;
-  schedule_.step_size = config_.lr_step_size;
-  schedule_.gamma = config_.lr_gamma;
-  schedule_.total_epochs = config_.epochs;
-  if (dist_.is_main()) {
-    const auto dir = std::filesystem::path(config_.output_dir);
-    write_file_atomically((dir / "config.yaml").string(), to_yaml(config_));
-    if (resumed) {  // the epochs after the checkpoint's are trained again
-      const auto metrics = (dir / "metrics.jsonl").string();
-      const std::string kept = std::filesystem::exists(metrics) ? read_file(metrics) : "";
-      write_file_atomically(metrics, metrics_up_to(kept, start_epoch_));
-    }
+}
+
+void Trainer::write_run_files(bool resumed) const {
+  const auto dir = std::filesystem::path(config_.output_dir);
+  write_file_atomically((dir / "config.yaml").string(), to_yaml(config_));
+  if (resumed) {  // the epochs after the checkpoint's are trained again
+    const auto metrics = (dir / "metrics.jsonl").string();
+    const std::string kept = std::filesystem::exists(metrics) ? read_file(metrics) : "";
+    write_file_atomically(metrics, metrics_up_to(kept, start_epoch_));
   }
 }
 
@@ -220,7 +220,7 @@ TrainResult Trainer::run() {
     return result;
   } catch (const comm::CommError&) {
     // The evidence for the hang doctor: this rank's last collectives.
-    const auto path = dist_.group->dump_flight_record("collective failed");
+    const auto path = watchdog_->dump_flight_record("collective failed");
     if (!path.empty()) {
       log::error("rank {}: flight record written to {}; ddp_train --diagnose {} merges the ranks'",
                  dist_.rank(), path, config_.output_dir);
@@ -249,20 +249,13 @@ TrainResult Trainer::train() {
   for (int64_t epoch = start_epoch_; epoch < config_.epochs; ++epoch) {
     EpochMetrics m;
     m.epoch = epoch + 1;
-    if (!train_epoch(epoch, m)) {
-      result.stopped_by_signal = true;
-      return result;
-    }
+    result.stopped_by_signal = !train_epoch(epoch, m);
+    if (result.stopped_by_signal) return result;
+    const bool last = m.epoch == config_.epochs;
 
-    // Evaluate every eval_every epochs, and always after the last one (all ranks): the validation
-    // split when there is one, and then the test split after the last epoch only.
-    const bool last = epoch + 1 == config_.epochs;
-    const bool periodic = last || (config_.eval_every > 0 && (epoch + 1) % config_.eval_every == 0);
-    if (periodic) {
-      const Timeline::Scope span(timeline_.get(), "evaluation", "compute");
-      dist_.group->set_phase(fmt::format("epoch {}: evaluation", m.epoch));
-      if (workload_.val_set) m.val = evaluate(*workload_.val_set);
-      if (last || !workload_.val_set) m.test = evaluate(workload_.test_set);
+    // Every eval_every epochs, and always after the last one (all ranks).
+    if (last || (config_.eval_every > 0 && m.epoch % config_.eval_every == 0)) {
+      evaluate_epoch(m, last);
     }
 
     // Log and record the epoch (rank 0).
@@ -272,20 +265,12 @@ TrainResult Trainer::train() {
     result.epochs.push_back(m);
 
     // Checkpoint every save_every epochs and after the last one (all ranks; rank 0 writes).
-    const bool save = last || (config_.save_every > 0 && (epoch + 1) % config_.save_every == 0);
-    if (save) {
-      const Timeline::Scope span(timeline_.get(), "checkpoint", "io");
-      dist_.group->set_phase(fmt::format("epoch {}: checkpoint", m.epoch));
-      save_checkpoint({epoch + 1, 0});
-    }
+    const bool save = last || (config_.save_every > 0 && m.epoch % config_.save_every == 0);
+    if (save) checkpoint_epoch(m.epoch);
 
     // A SIGTERM during the evaluation or the checkpoint stops the run here (all ranks).
-    if (!last && stop_requested()) {
-      if (!save) save_checkpoint({epoch + 1, 0});
-      log::warn("stopped by SIGTERM after epoch {}; --resume auto continues", m.epoch);
-      result.stopped_by_signal = true;
-      return result;
-    }
+    result.stopped_by_signal = !last && stop_after_epoch(m.epoch, save);
+    if (result.stopped_by_signal) return result;
   }
 
   const EpochMetrics& final = result.epochs.back();
@@ -294,9 +279,103 @@ TrainResult Trainer::train() {
   return result;
 }
 
+void Trainer::evaluate_epoch(EpochMetrics& m, bool last) {
+  const Phase phase(*dist_.group, fmt::format("epoch {}: evaluation", m.epoch), timeline_.get(),
+                    "evaluation", "compute");
+  if (workload_.val_set) m.val = evaluate(*workload_.val_set);
+  if (last || !workload_.val_set) m.test = evaluate(workload_.test_set);
+}
+
+void Trainer::checkpoint_epoch(int64_t epoch) {
+  const Phase phase(*dist_.group, fmt::format("epoch {}: checkpoint", epoch), timeline_.get(),
+                    "checkpoint", "io");
+  save_checkpoint({epoch, 0});
+}
+
+bool Trainer::stop_after_epoch(int64_t epoch, bool saved) {
+  if (!stop_requested()) return false;
+  if (!saved) save_checkpoint({epoch, 0});
+  log::warn("stopped by SIGTERM after epoch {}; --resume auto continues", epoch);
+  return true;
+}
+
+// One epoch's training pass, from begin_epoch() to end_epoch().
+struct Trainer::EpochPass {
+  int64_t epoch = 0;   // 0-based
+  int64_t steps = 0;   // optimizer steps of the whole epoch: the same on every rank
+  int64_t step = 0;    // steps of this epoch done (a resumed epoch starts after the checkpoint's)
+  int64_t skip = 0;    // batches the resumed epoch had trained, still to pass over
+  bool first = false;  // the run's first step: its shapes are logged
+  bool pin_memory = false;  // pinned batches: copied to the GPU without blocking
+  int64_t trained = 0;      // samples
+  torch::Tensor loss_sum;   // on the device, so the loop never waits for it
+  Clock::time_point start;
+  std::unique_ptr<data::BatchLoader> loader;
+  std::optional<EpochProgress> progress;
+
+  // After a step that trained on `samples` with mean loss `loss`.
+  void count_step(const torch::Tensor& loss, int64_t samples) {
+    loss_sum += loss.detach().to(torch::kDouble) * static_cast<double>(samples);
+    trained += samples;
+    progress->update(++step, trained, [this] { return running_loss(); });
+  }
+  // rank 0's shard only: no collective for a progress line
+  double running_loss() const {
+    return trained > 0 ? loss_sum.item<double>() / static_cast<double>(trained) : 0.0;
+  }
+};
+
 bool Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
-  const auto& train_set = workload_.train_set;
-  data::DistributedSampler sampler(train_set.size(), dist_.world_size(), dist_.rank(),
+  EpochPass pass = begin_epoch(epoch);
+  Timeline* timeline = timeline_.get();  // nullptr: no --timeline
+  while (std::optional<data::Batch> batch = next_batch(pass)) {
+    // Next batch (pinned batches are copied while the GPU works).
+    const auto input = batch->input.to(dist_.device, /*non_blocking=*/pass.pin_memory);
+    const auto target = batch->target.to(dist_.device, /*non_blocking=*/pass.pin_memory);
+    m.lr = lr_at(schedule_, step_, pass.steps);
+    set_lr(*optimizer_, m.lr);
+    model_->zero_grad();  // dropped: the next backward's gradients become .grad (see the header)
+
+    // Forward and loss.
+    torch::Tensor output, loss;
+    {
+      const Phase phase = step_phase(*dist_.group, timeline, "forward", step_ + 1);
+      output = model_->forward_with([&] { return workload_.forward(input); });
+      loss = compute_loss(workload_.train_set.task, output, target);
+    }
+    if (std::exchange(pass.first, false)) log_shapes(input, output);
+
+    // Backward: each bucket is all-reduced as its gradients arrive.
+    {
+      const Phase phase = step_phase(*dist_.group, timeline, "backward", step_ + 1);
+      loss.backward();
+    }
+    // Finalize, the reducer's at backward's end (it waited for every bucket and wrote the
+    // averages into .grad): onto the timeline.
+    if (timeline) record_reducer(*timeline, model_->reducer().last_iteration(), step_ + 1);
+
+    // Step.
+    {
+      const Phase phase(*dist_.group, "", timeline, "optimizer step", "compute", step_ + 1);
+      optimizer_->step();
+    }
+    ++step_;
+    faults_->after_step(step_, *workload_.module);  // the DDP_TEST_* hooks: none in production
+
+    // Every check_params_every steps: are the ranks still training the same model?
+    if (config_.check_params_every > 0 && step_ % config_.check_params_every == 0) {
+      check_parameters();
+    }
+
+    pass.count_step(loss, batch->size());
+    if (stop_after_step(pass)) return false;  // --checkpoint-on-signal
+  }
+  end_epoch(pass, m);
+  return true;
+}
+
+Trainer::EpochPass Trainer::begin_epoch(int64_t epoch) {
+  data::DistributedSampler sampler(workload_.train_set.size(), dist_.world_size(), dist_.rank(),
                                    /*shuffle=*/true, static_cast<uint64_t>(config_.seed));
   sampler.set_epoch(epoch);  // here, so nobody can forget it
   const torch::Tensor order = sampler.indices();
@@ -307,124 +386,74 @@ bool Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
     throw InputError(fmt::format("drop-last: each rank's {} samples are fewer than one batch of {}",
                                  order.size(0), config_.batch_size));
   }
-  const int64_t steps_per_epoch = (n + config_.batch_size - 1) / config_.batch_size;
-
+  EpochPass pass;
+  pass.epoch = epoch;
+  pass.steps = (n + config_.batch_size - 1) / config_.batch_size;
   workload_.module->train();
-  // On the device, so the loop never waits for it.
-  auto loss_sum = torch::zeros({}, torch::TensorOptions(torch::kDouble).device(dist_.device));
-  const auto start = Clock::now();
+  pass.loss_sum = torch::zeros({}, torch::TensorOptions(torch::kDouble).device(dist_.device));
+  pass.start = Clock::now();
   const data::LoaderOptions options = loader_options(epoch);
-  data::BatchLoader loader(train_set, order.narrow(0, 0, n), options);
-  bool first = epoch == start_epoch_;
+  pass.pin_memory = options.pin_memory;
+  pass.loader =
+      std::make_unique<data::BatchLoader>(workload_.train_set, order.narrow(0, 0, n), options);
+  pass.first = epoch == start_epoch_;
   // A checkpoint written on SIGTERM resumes after the steps it had taken of this epoch: the
   // loader gives the same batches, and the first ones are passed over.
-  int64_t skip = epoch == start_epoch_ ? start_epoch_step_ : 0;
-  int64_t epoch_step = skip;
-  int64_t trained = 0;                   // samples
-  Timeline* timeline = timeline_.get();  // nullptr: no --timeline
-  EpochProgress progress(progress_style_, config_.progress_every, epoch + 1, config_.epochs,
-                         steps_per_epoch, dist_.world_size());
-  const auto running_loss = [&] {  // rank 0's shard only: no collective for a progress line
-    return trained > 0 ? loss_sum.item<double>() / static_cast<double>(trained) : 0.0;
-  };
+  pass.skip = epoch == start_epoch_ ? start_epoch_step_ : 0;
+  pass.step = pass.skip;
+  pass.progress.emplace(progress_style_, config_.progress_every, epoch + 1, config_.epochs,
+                        pass.steps, dist_.world_size());
+  return pass;
+}
+
+std::optional<data::Batch> Trainer::next_batch(EpochPass& pass) {
   while (true) {
     std::optional<data::Batch> batch;
     {
-      const Timeline::Scope span(timeline, "data wait", "data", step_ + 1);
-      batch = loader.next();
+      const Phase phase(*dist_.group, "", timeline_.get(), "data wait", "data", step_ + 1);
+      batch = pass.loader->next();
     }
-    if (!batch) break;
-    if (skip > 0) {
-      --skip;
-      continue;
-    }
-    // Next batch (pinned batches are copied while the GPU works).
-    const int64_t size = batch->size();
-    auto input = batch->input.to(dist_.device, /*non_blocking=*/options.pin_memory);
-    auto target = batch->target.to(dist_.device, /*non_blocking=*/options.pin_memory);
-
-    // Forward, loss, backward (buckets all-reduced as their gradients arrive), step.
-    m.lr = lr_at(schedule_, step_, steps_per_epoch);
-    set_lr(*optimizer_, m.lr);
-    model_->zero_grad();  // dropped: the next backward's gradients become .grad (see the header)
-    torch::Tensor output, loss;
-    {
-      const Timeline::Scope span(timeline, "forward", "compute", step_ + 1);
-      dist_.group->set_phase(fmt::format("step {}: forward", step_ + 1));
-      output = model_->forward_with([&] { return workload_.forward(input); });
-      loss = compute_loss(train_set.task, output, target);
-    }
-    if (first) log_shapes(input, output);
-    first = false;
-    {
-      const Timeline::Scope span(timeline, "backward", "compute", step_ + 1);
-      dist_.group->set_phase(fmt::format("step {}: backward", step_ + 1));
-      loss.backward();
-    }
-    if (timeline) record_reducer(*timeline, model_->reducer().last_iteration(), step_ + 1);
-    {
-      const Timeline::Scope span(timeline, "optimizer step", "compute", step_ + 1);
-      optimizer_->step();
-    }
-    ++step_;
-    if (step_ == crash_at_step_) {  // test hooks, see above
-      log::warn("rank {}: test hook: SIGKILL at step {}", dist_.rank(), step_);
-      spdlog::default_logger()->flush();
-      ::kill(::getpid(), SIGKILL);
-    }
-    if (step_ == sigterm_at_step_) ::kill(::getpid(), SIGTERM);
-    if (step_ == perturb_at_step_) {
-      torch::NoGradGuard no_grad;
-      workload_.module->parameters().front().add_(1e-3);
-    }
-
-    // Every check_params_every steps: are the ranks still training the same model?
-    if (config_.check_params_every > 0 && step_ % config_.check_params_every == 0) {
-      check_parameters();
-    }
-
-    loss_sum += loss.detach().to(torch::kDouble) * static_cast<double>(size);
-    trained += size;
-    progress.update(++epoch_step, trained, running_loss);
-
-    // --checkpoint-on-signal: a SIGTERM on any rank stops every rank after this same step (the
-    // epoch's last step goes on to the epoch's end: see train()).
-    if (epoch_step < steps_per_epoch && stop_requested()) {
-      save_checkpoint({epoch, epoch_step});
-      log::warn("stopped by SIGTERM after step {} ({} of epoch {}); --resume auto continues", step_,
-                epoch_step, epoch + 1);
-      return false;
-    }
+    if (!batch || pass.skip == 0) return batch;
+    --pass.skip;
   }
-  progress.finish(trained, running_loss);
-  const double seconds = seconds_since(start);
+}
+
+bool Trainer::stop_after_step(const EpochPass& pass) {
+  // A SIGTERM on any rank stops every rank after this same step; the epoch's last step goes on
+  // to the epoch's end (see train()).
+  if (pass.step == pass.steps || !stop_requested()) return false;
+  save_checkpoint({pass.epoch, pass.step});
+  log::warn("stopped by SIGTERM after step {} ({} of epoch {}); --resume auto continues", step_,
+            pass.step, pass.epoch + 1);
+  return true;
+}
+
+void Trainer::end_epoch(EpochPass& pass, EpochMetrics& m) {
+  pass.progress->finish(pass.trained, [&] { return pass.running_loss(); });
+  const double seconds = seconds_since(pass.start);
 
   // Global figures: loss over all ranks' samples; throughput bounded by the slowest rank.
-  dist_.group->set_phase(fmt::format("epoch {}: training metrics", m.epoch));
-  auto sums =
-      torch::stack({loss_sum, torch::full({}, static_cast<double>(trained), loss_sum.options())});
+  const Phase phase(*dist_.group, fmt::format("epoch {}: training metrics", m.epoch));
+  auto sums = torch::stack(
+      {pass.loss_sum, torch::full({}, static_cast<double>(pass.trained), pass.loss_sum.options())});
   dist_.group->all_reduce(sums, comm::ReduceOp::kSum)->wait();
-  auto slowest = torch::full({1}, seconds, loss_sum.options());
+  auto slowest = torch::full({1}, seconds, pass.loss_sum.options());
   dist_.group->all_reduce(slowest, comm::ReduceOp::kMax)->wait();
   sums = sums.cpu();
   m.epoch_seconds = slowest.cpu().item<double>();
   m.steps = step_;
   m.train_loss = sums[0].item<double>() / sums[1].item<double>();
   m.samples_per_s = sums[1].item<double>() / m.epoch_seconds;
-  return true;
 }
 
 bool Trainer::stop_requested() {
   if (!config_.checkpoint_on_signal) return false;
-  dist_.group->set_phase(fmt::format("step {}: signal check", step_));
-  auto stop = torch::full({1}, g_stop_requested != 0 ? 1 : 0,
-                          torch::TensorOptions(torch::kInt).device(dist_.device));
-  dist_.group->all_reduce(stop, comm::ReduceOp::kMax)->wait();
-  return stop.cpu().item<int>() != 0;
+  const Phase phase(*dist_.group, fmt::format("step {}: signal check", step_));
+  return comm::any_rank(*dist_.group, g_stop_requested != 0, dist_.device);
 }
 
 void Trainer::check_parameters() {
-  dist_.group->set_phase(fmt::format("step {}: parameter check", step_));
+  const Phase phase(*dist_.group, fmt::format("step {}: parameter check", step_));
   // Two float64 checksums per parameter (sum and sum of squares), gathered from every rank:
   // DDP keeps the parameters bitwise equal, so any difference is a divergence.
   const auto named = workload_.module->named_parameters();
@@ -469,29 +498,14 @@ data::LoaderOptions Trainer::loader_options(int64_t epoch) const {
 }
 
 void Trainer::log_shapes(const torch::Tensor& input, const torch::Tensor& output) {
-  // Fixed-size records so that one all_gather collects them: [rank dims of input, of output].
-  constexpr int64_t kDims = 6;
-  auto record = torch::full({2 * (kDims + 1)}, -1, torch::kLong);
-  for (const auto& [slot, t] : {std::pair{0, input}, std::pair{1, output}}) {
-    const int64_t base = slot * (kDims + 1);
-    record[base] = std::min<int64_t>(t.dim(), kDims);
-    for (int64_t d = 0; d < std::min<int64_t>(t.dim(), kDims); ++d)
-      record[base + 1 + d] = t.size(d);
-  }
-  auto all =
-      torch::empty({dist_.world_size() * record.numel()}, record.options().device(dist_.device));
-  dist_.group->all_gather(all, record.to(dist_.device))->wait();
-  all = all.cpu().view({dist_.world_size(), 2, kDims + 1});
-  auto shape = [&](int64_t rank, int64_t slot) {
-    std::vector<int64_t> dims;
-    for (int64_t d = 0; d < all[rank][slot][0].item<int64_t>(); ++d) {
-      dims.push_back(all[rank][slot][1 + d].item<int64_t>());
-    }
-    return fmt::format("[{}]", fmt::join(dims, ", "));
+  // One all_gather of fixed-size records: "input [15, 5] -> output [15, 2]" is far shorter.
+  constexpr size_t kRecordBytes = 256;
+  const auto shape = [](const torch::Tensor& t) {
+    return fmt::format("[{}]", fmt::join(t.sizes(), ", "));
   };
-  for (int64_t r = 0; r < dist_.world_size(); ++r) {
-    log::info("rank {}: input {} -> output {}", r, shape(r, 0), shape(r, 1));
-  }
+  const std::string mine = fmt::format("input {} -> output {}", shape(input), shape(output));
+  const auto all = comm::all_gather_bytes(*dist_.group, mine, dist_.device, kRecordBytes);
+  for (size_t r = 0; r < all.size(); ++r) log::info("rank {}: {}", r, all[r]);
 }
 
 Scores Trainer::evaluate(const data::TensorDataset& set) {

@@ -11,10 +11,12 @@
 #include <torch/serialize.h>
 #include <torch/torch.h>
 
+#include <cstring>
 #include <filesystem>
 #include <sstream>
 
 #include "cpu_rng.h"
+#include "ddp/comm/host_collectives.h"
 #include "ddp/common/error.h"
 #include "ddp/common/files.h"
 #include "ddp/common/log.h"
@@ -51,13 +53,20 @@ const std::vector<std::string> kFreeOnResume = {"epochs",
 // the others throw an Error naming what failed elsewhere. A collective.
 void agree_all_ok(const Distributed& dist, const std::exception_ptr& error,
                   const std::string& what) {
-  auto failed =
-      torch::full({1}, error ? 1 : 0, torch::TensorOptions(torch::kInt).device(dist.device));
-  dist.group->all_reduce(failed, comm::ReduceOp::kMax)->wait();
+  const bool failed = comm::any_rank(*dist.group, error != nullptr, dist.device);
   if (error) std::rethrow_exception(error);
-  if (failed.cpu().item<int>() != 0) {
+  if (failed) {
     throw Error(fmt::format("{} failed on another rank; its log says why", what));
   }
+}
+
+// The ranks' RNG states (uint8, `bytes` each) as the checkpoint's [rank, byte] tensor.
+at::Tensor rng_rows(const std::vector<std::string>& states, int64_t bytes) {
+  auto rows = torch::empty({static_cast<int64_t>(states.size()), bytes}, torch::kByte);
+  for (size_t r = 0; r < states.size(); ++r) {
+    std::memcpy(rows[static_cast<int64_t>(r)].data_ptr(), states[r].data(), states[r].size());
+  }
+  return rows;
 }
 
 std::string serialized(const torch::optim::Optimizer& optimizer) {
@@ -73,10 +82,10 @@ void Trainer::save_checkpoint(CheckpointPosition at) {
                                ? fmt::format("after epoch {}", at.epoch)
                                : fmt::format("{} steps into epoch {}", at.epoch_step, at.epoch + 1);
   // Every rank's RNG state, for rank 0 to write: a collective, so all ranks are here.
-  const at::Tensor rng = cpu_rng_state();
-  auto all_rng =
-      torch::empty({dist_.world_size() * rng.numel()}, rng.options().device(dist_.device));
-  dist_.group->all_gather(all_rng, rng.to(dist_.device))->wait();
+  const at::Tensor rng = cpu_rng_state().contiguous();
+  const std::string rng_bytes(static_cast<const char*>(rng.data_ptr()), rng.nbytes());
+  const std::vector<std::string> all_rng =
+      comm::all_gather_bytes(*dist_.group, rng_bytes, dist_.device, rng_bytes.size());
 
   std::exception_ptr error;
   if (dist_.is_main()) {
@@ -88,14 +97,14 @@ void Trainer::save_checkpoint(CheckpointPosition at) {
       c.world_size = dist_.world_size();
       c.batch_size = config_.batch_size;
       c.seed = config_.seed;
-      c.optimizer = config_.optimizer;
+      c.optimizer = to_string(config_.optimizer);
       c.config = to_yaml(config_);
       c.model = state_dict(*workload_.module, kModulePrefix);
       const std::string opt = serialized(*optimizer_);
       c.optimizer_state = torch::from_blob(const_cast<char*>(opt.data()),
                                            {static_cast<int64_t>(opt.size())}, torch::kByte)
                               .clone();
-      c.rng_state = all_rng.cpu().view({dist_.world_size(), rng.numel()});
+      c.rng_state = rng_rows(all_rng, rng.numel());
 
       // The numbered file first, then the names that point at the newest: a kill at any moment
       // leaves every name holding a complete file.
@@ -104,7 +113,7 @@ void Trainer::save_checkpoint(CheckpointPosition at) {
       write_pt_file(numbered, to_ivalue(c));
       link_atomically(numbered, (dir / "checkpoint.pt").string());
       save_weights(*workload_.module, (dir / "model.pt").string(),
-                   config_.save_prefix == "none" ? "" : kModulePrefix);
+                   config_.save_prefix == SavePrefix::kNone ? "" : kModulePrefix);
       for (const auto& old : stale_checkpoints(list_checkpoints(dir.string()), config_.keep_last)) {
         std::error_code ec;
         fs::remove(old, ec);
@@ -178,9 +187,9 @@ bool Trainer::resume() {
 }
 
 void Trainer::apply(const Checkpoint& c, const std::string& path) {
-  if (c.optimizer != config_.optimizer) {
+  if (c.optimizer != to_string(config_.optimizer)) {
     throw InputError(fmt::format("{}: saved with optimizer '{}', but the run uses '{}'", path,
-                                 c.optimizer, config_.optimizer));
+                                 c.optimizer, to_string(config_.optimizer)));
   }
   const int64_t world = dist_.world_size();
   if (c.world_size != world) {

@@ -177,6 +177,19 @@ TEST(Factory, RefusesBackendsThatDoNotFit) {
   EXPECT_EQ(local->backend_name(), "local");
 }
 
+TEST(Factory, InitProcessGroupWithoutALauncherIsWorldOneLocal) {
+  if (detect_launch(ddp::comm::current_env()).launcher != Launcher::kNone) {
+    GTEST_SKIP() << "this test process was started by a launcher";
+  }
+  std::shared_ptr<ddp::comm::ProcessGroup> group = ddp::init_process_group();
+  EXPECT_EQ(group->backend_name(), "local");
+  EXPECT_EQ(group->rank(), 0);
+  EXPECT_EQ(group->world_size(), 1);
+  auto configured = ddp::init_process_group(
+      ddp::InitProcessGroupOptions().timeout(std::chrono::seconds(5)).backend("local"));
+  EXPECT_EQ(configured->options().timeout, std::chrono::seconds(5));
+}
+
 // ---- Real processes ----
 
 class GlooRanks : public ::testing::TestWithParam<int> {};

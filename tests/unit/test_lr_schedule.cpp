@@ -57,9 +57,9 @@ TEST(LrSchedule, CosineFallsToZeroAfterWarmup) {
 namespace {
 
 TEST(LrScaling, LinearScalesByTheGlobalBatchOverTheReference) {
-  EXPECT_DOUBLE_EQ(ddp::train::scaled_lr(0.1, "linear", 512, 256), 0.2);
-  EXPECT_DOUBLE_EQ(ddp::train::scaled_lr(0.1, "linear", 64, 256), 0.025);
-  EXPECT_DOUBLE_EQ(ddp::train::scaled_lr(0.1, "none", 512, 256), 0.1);
+  EXPECT_DOUBLE_EQ(ddp::train::scaled_lr(0.1, ddp::train::LrScaling::kLinear, 512, 256), 0.2);
+  EXPECT_DOUBLE_EQ(ddp::train::scaled_lr(0.1, ddp::train::LrScaling::kLinear, 64, 256), 0.025);
+  EXPECT_DOUBLE_EQ(ddp::train::scaled_lr(0.1, ddp::train::LrScaling::kNone, 512, 256), 0.1);
 }
 
 }  // namespace

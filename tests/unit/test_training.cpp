@@ -60,7 +60,7 @@ TEST(Training, SameSeedSameParameters) {
     c.model = "linear";
     c.dataset = "random";
     c.epochs = 2;
-    c.optimizer = "adam";
+    c.optimizer = ddp::train::Optimizer::kAdam;
     c.output_dir = dir;
     c.log_level = "warn";
     ddp::train::Trainer trainer(c);

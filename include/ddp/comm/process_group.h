@@ -10,15 +10,11 @@
 #include <ATen/Tensor.h>
 #include <c10/core/ScalarType.h>
 
-#include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
-#include <mutex>
-#include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "ddp/comm/flight_recorder.h"
@@ -72,18 +68,6 @@ class Work {
 };
 using WorkPtr = std::shared_ptr<Work>;
 
-// The watchdog thread of a process group: the stall warning, and flight records on request.
-struct WatchdogOptions {
-  // A collective waited on longer than this gets one warning naming the ranks that have not
-  // entered it (where the backend can tell); 0: no warning.
-  std::chrono::milliseconds stall_warning = std::chrono::seconds(60);
-  std::string dump_path;  // where dump_flight_record() and SIGUSR1 write; "": nowhere
-  // A second copy for the launcher, which merges the ranks' records (DDP_FLIGHT_DIR); "": none.
-  std::string launcher_copy;
-  // How often ranks publish how far they are (for the stall warning's list of laggards).
-  std::chrono::milliseconds progress_interval = std::chrono::milliseconds(500);
-};
-
 struct ProcessGroupOptions {
   std::chrono::milliseconds timeout = std::chrono::seconds(600);  // per collective
   // How long ranks wait for each other to arrive at the rendezvous (store, communicators).
@@ -93,7 +77,7 @@ struct ProcessGroupOptions {
 class ProcessGroup {
  public:
   ProcessGroup(int rank, int world_size, ProcessGroupOptions options);
-  virtual ~ProcessGroup();  // stops the watchdog
+  virtual ~ProcessGroup() = default;
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
 
@@ -121,15 +105,13 @@ class ProcessGroup {
   const FlightRecorder& recorder() const { return *recorder_; }
   void set_phase(std::string phase) { recorder_->set_phase(std::move(phase)); }
 
-  // Starts the watchdog thread (once). It warns about stalled collectives, publishes this rank's
-  // progress, and writes the flight record when SIGUSR1 asked (request_flight_dump_from_signal).
-  void start_watchdog(WatchdogOptions options);
-  // Writes the flight record to options.dump_path and launcher_copy (atomically) with `reason`;
-  // returns the first path written, or "" when none was (failures logged; never throws).
-  std::string dump_flight_record(const std::string& reason);
+  // Called on the issuing thread before each collective is recorded and handed to the backend
+  // (fault injection in tests; none by default). Set it before issuing collectives.
+  using IssueHook = std::function<void(const CollectiveInfo&)>;
+  void set_issue_hook(IssueHook hook) { issue_hook_ = std::move(hook); }
 
   // How far every rank is, where the backend shares a store (gloo): each rank's watchdog
-  // publishes its last issued sequence number; the stall warning reads them all.
+  // (watchdog.h) publishes its last issued sequence number; the stall warning reads them all.
   class ProgressBoard {
    public:
     virtual ~ProgressBoard() = default;
@@ -137,9 +119,12 @@ class ProcessGroup {
     // Each rank's last published sequence number (0 for one that has not published).
     virtual std::vector<uint64_t> read(int world_size) = 0;
   };
+  // This group's board; null where the backend has none (the stall warning then cannot say who
+  // lags). Set once by the backend's constructor, used by the watchdog thread only.
+  const std::shared_ptr<ProgressBoard>& progress_board() const { return board_; }
 
  protected:
-  // Called by a backend's constructor. The watchdog thread owns its use.
+  // Called by a backend's constructor.
   void set_progress_board(std::shared_ptr<ProgressBoard> board) { board_ = std::move(board); }
 
   // Backends implement these; `info` describes the call for error messages.
@@ -158,34 +143,19 @@ class ProcessGroup {
   // it as issued).
   template <class Issue>
   WorkPtr recorded(const CollectiveInfo& info, Issue issue);
-  void watch();  // the watchdog thread's loop
-  void check_stall();
 
   int rank_;
   int world_size_;
   ProcessGroupOptions options_;
   uint64_t seq_ = 0;
   std::shared_ptr<FlightRecorder> recorder_ = std::make_shared<FlightRecorder>();
-  WatchdogOptions watchdog_options_;
-  std::string backend_;  // backend_name(), kept for the watchdog thread
   std::shared_ptr<ProgressBoard> board_;
-  std::thread watchdog_;
-  std::mutex watchdog_mutex_;
-  std::condition_variable watchdog_wake_;
-  bool watchdog_stop_ = false;
-  uint64_t warned_seq_ = 0;          // the last collective the stall warning named
-  uint64_t published_seq_ = 0;       // the last progress published
-  uint64_t dump_requests_seen_ = 0;  // flight_dump_requests() when the watchdog last looked
-  struct {
-    uint64_t seq = 0;  // 0: no delay
-    int rank = 0;
-    double seconds = 0.0;
-  } test_delay_;  // see the constructor
+  IssueHook issue_hook_;
 };
 
-// The stall warning's text: "rank 0: all_reduce(sum) #58 (backward: bucket 1) has waited 61 s
-// for the other ranks; not entered by rank(s) 1 (at #57)". `progress` holds each rank's last
-// issued sequence number (empty: unknown). A pure function.
+// The stall warning's text (the Watchdog's, watchdog.h): "rank 0: all_reduce(sum) #58 (backward:
+// bucket 1) has waited 61 s for the other ranks; not entered by rank(s) 1 (at #57)". `progress`
+// holds each rank's last issued sequence number (empty: unknown). A pure function.
 std::string stall_message(int rank, const CollectiveRecord& stalled, double waited_s,
                           const std::vector<uint64_t>& progress);
 

@@ -1,7 +1,11 @@
 #pragma once
 // How this process was started, read from its environment (docs/design.md, launch matrix), and the
 // factory that turns that into a process group. The decisions are pure functions of the env.
+// Most programs need only ddp::init_process_group() at the end of this header.
 
+#include <torch/arg.h>
+
+#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
@@ -72,3 +76,23 @@ std::unique_ptr<ProcessGroup> create_process_group(const std::string& backend,
                                                    bool cuda_device);
 
 }  // namespace ddp::comm
+
+namespace ddp {
+
+// What init_process_group() may override; every default follows the launch.
+struct InitProcessGroupOptions {
+  TORCH_ARG(std::string, backend) = "";  // "": comm::default_backend() of the launch and device
+  TORCH_ARG(bool, cuda_device) = false;  // true when this rank's tensors live on its GPU
+  TORCH_ARG(std::chrono::milliseconds, timeout) = comm::ProcessGroupOptions().timeout;
+  TORCH_ARG(std::chrono::milliseconds,
+            rendezvous_timeout) = comm::ProcessGroupOptions().rendezvous_timeout;
+};
+
+// Joins the process group of this process's launch, as torch.distributed.init_process_group()
+// does: rank and world size from however it was started (comm::detect_launch(
+// comm::current_env()): the launcher, torchrun, mpirun, srun, or alone as world size 1 with the
+// local backend), then comm::create_process_group(). Throws what those two throw.
+//   auto group = ddp::init_process_group();
+std::shared_ptr<comm::ProcessGroup> init_process_group(const InitProcessGroupOptions& options = {});
+
+}  // namespace ddp

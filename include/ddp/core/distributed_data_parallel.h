@@ -3,12 +3,15 @@
 // nn.Module. The wrapped module is registered as "module", so the wrapper's state_dict has
 // DataParallel's key names ("module.fc.weight").
 //
-//   auto net = MyNet();
-//   auto group = ...;  // a std::shared_ptr<ddp::comm::ProcessGroup>
+//   auto group = ddp::init_process_group();  // however the process was started
+//   MyNet net;                                // a TORCH_MODULE
 //   ddp::DistributedDataParallel model(net, group,
-//   ddp::DistributedDataParallelOptions().bucket_cap_mb(25)); auto loss =
-//   loss_fn(model->forward(x), y); loss.backward();      // gradients averaged across ranks when
-//   this returns optimizer.step();
+//                                      ddp::DistributedDataParallelOptions().bucket_cap_mb(25));
+//   torch::optim::SGD optimizer(model->parameters(), /*lr=*/0.01);
+//   model->zero_grad();
+//   auto loss = loss_fn(model->forward(x), y);
+//   loss.backward();   // returns with the gradients averaged over the ranks
+//   optimizer.step();
 //
 // Construction is collective: every rank checks that all ranks hold the same parameters
 // (names, shapes, dtypes), then rank 0's parameters and buffers are broadcast.

@@ -13,7 +13,8 @@
 //      every bucket, and writes the averages back into .grad. finalize must run before the
 //      optimizer reads .grad; autograd guarantees that by running it before backward() returns.
 //   4. After the first synchronised iteration the buckets are rebuilt once from the order in
-//      which gradients arrived (rank 0's order, broadcast), as PyTorch does.
+//      which gradients arrived (rank 0's order, broadcast), as c10d's Reducer::rebuild_buckets
+//      and sync_bucket_indices do (torch/csrc/distributed/c10d/reducer.cpp).
 // Under no_sync (require_sync false) hooks do nothing: .grad accumulates locally, and the next
 // synchronised backward reduces the accumulated sum.
 

@@ -67,7 +67,8 @@ class BatchLoader {
   std::condition_variable changed_;
   std::vector<std::optional<Batch>> ready_;  // by batch index; cleared once handed out
   // The error of the lowest batch that failed, raised when next() reaches that batch (as
-  // PyTorch's DataLoader does), not while earlier batches are still due.
+  // PyTorch's multi-process DataLoader does: _next_data in torch/utils/data/dataloader.py
+  // hands out batches in order, errors included), not while earlier batches are still due.
   std::exception_ptr error_;
   int64_t error_batch_ = 0;
   bool stopping_ = false;

@@ -7,7 +7,23 @@
 #include <string>
 #include <vector>
 
+#include "ddp/core/distributed_data_parallel.h"
+#include "ddp/train/lr_schedule.h"
+
 namespace ddp::train {
+
+// The keys whose values are names: an enum once parsed (set_config_value refuses any other text
+// with "key 'optimizer': expected one of sgd|adam|adamw, got 'rmsprop'"). to_string gives the
+// name the YAML file and the command line use.
+enum class Optimizer { kSgd, kAdam, kAdamW };
+enum class SavePrefix {
+  kModule,  // model.pt's keys are "module." + name, as nn.DataParallel's state_dict
+  kNone,    // the model's own names
+};
+std::string to_string(Optimizer optimizer);  // sgd | adam | adamw
+std::string to_string(LrScaling scaling);    // none | linear
+std::string to_string(SavePrefix prefix);    // module | none
+std::string to_string(CommHook hook);        // allreduce | fp16 | bf16
 
 struct Config {
   // What to train.
@@ -39,13 +55,13 @@ struct Config {
   bool pin_memory = false;        // batches in pinned memory, copied without blocking (CUDA)
   bool augment = false;           // random crop (padding 4) and horizontal flip (images)
   // Optimizer and learning rate.
-  std::string optimizer = "sgd";
+  Optimizer optimizer = Optimizer::kSgd;
   double lr = 0.02;
   double momentum = 0.9;
   bool nesterov = false;
   double weight_decay = 0.0;
   std::string lr_schedule = "constant";
-  std::string lr_scaling = "none";  // none | linear: lr x global batch / reference_batch
+  LrScaling lr_scaling = LrScaling::kNone;
   int64_t reference_batch = 256;
   double warmup_epochs = 0.0;
   int64_t lr_step_size = 30;
@@ -59,15 +75,12 @@ struct Config {
   double stall_warning = 60.0;        // seconds a collective waits before a warning (0: none)
   int64_t check_params_every = 0;     // steps between cross-rank parameter checksums (0: never)
   bool checkpoint_on_signal = false;  // SIGTERM: finish the step, checkpoint, exit 143
-  // DistributedDataParallel, with PyTorch's names and defaults.
-  double bucket_cap_mb = 25.0;
-  double first_bucket_mb = 1.0;  // the bucket of the last layers' gradients, launched first
-  bool broadcast_buffers = true;
-  bool find_unused_parameters = false;
-  bool gradient_as_bucket_view = false;
+  // DistributedDataParallel, with PyTorch's names and defaults (the keys bucket-cap-mb,
+  // first-bucket-mb, broadcast-buffers, find-unused-parameters, gradient-as-bucket-view,
+  // comm-hook).
+  DistributedDataParallelOptions ddp;
   bool sync_bn = false;  // BatchNorm statistics over the global batch (SyncBatchNorm)
-  std::string comm_hook = "allreduce";  // allreduce | fp16 | bf16
-  int64_t threads = 0;                  // 0: leave LibTorch's default
+  int64_t threads = 0;   // 0: leave LibTorch's default
   std::string output_dir = "runs/latest";
   std::string log_level = "info";
   std::string progress = "auto";  // auto | bar | lines | off (see train/progress.h)
@@ -75,11 +88,11 @@ struct Config {
   std::string timeline;           // "": none; else the Chrome trace written after the run
   int64_t eval_every = 1;         // epochs; 0: evaluate after the last epoch only
   // Checkpoints (rank 0 writes into output_dir).
-  int64_t save_every = 1;              // epochs; 0: at the end only
-  int64_t keep_last = 3;               // numbered checkpoints kept
-  std::string save_prefix = "module";  // module: keys as nn.DataParallel; none: as the model
-  std::string resume;                  // "": start afresh; auto: newest valid checkpoint; or a path
-  std::string init_weights;            // a weights file to start from (ours or Python's)
+  int64_t save_every = 1;  // epochs; 0: at the end only
+  int64_t keep_last = 3;   // numbered checkpoints kept
+  SavePrefix save_prefix = SavePrefix::kModule;
+  std::string resume;        // "": start afresh; auto: newest valid checkpoint; or a path
+  std::string init_weights;  // a weights file to start from (ours or Python's)
 };
 
 // One configurable key. `name` is the CLI and YAML name ("batch-size"); YAML also accepts

@@ -21,9 +21,12 @@ struct LrSchedule {
 // decays by gamma every step_size whole epochs; cosine falls from base_lr to 0 at the run's end.
 double lr_at(const LrSchedule& schedule, int64_t step, int64_t steps_per_epoch);
 
-// The base lr for a global batch: `lr` itself (scaling "none"), or, with "linear" (Goyal et al.,
-// "Accurate, Large Minibatch SGD"), lr x global_batch / reference_batch.
-double scaled_lr(double lr, const std::string& scaling, int64_t global_batch,
-                 int64_t reference_batch);
+enum class LrScaling {
+  kNone,    // the lr as given
+  kLinear,  // lr x global batch / reference batch (Goyal et al., "Accurate, Large Minibatch SGD")
+};
+
+// The base lr for a global batch: `lr` itself, or scaled as `scaling` says.
+double scaled_lr(double lr, LrScaling scaling, int64_t global_batch, int64_t reference_batch);
 
 }  // namespace ddp::train

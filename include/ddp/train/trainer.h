@@ -6,9 +6,11 @@
 #include <torch/optim/optimizer.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "ddp/comm/watchdog.h"
 #include "ddp/core/distributed_data_parallel.h"
 #include "ddp/data/loader.h"
 #include "ddp/train/checkpoint.h"
@@ -38,12 +40,16 @@ constexpr int kExitStoppedBySignal = 143;
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Config& config,
                                                         const std::vector<torch::Tensor>& params);
 
+class FaultInjector;  // the DDP_TEST_* hooks (src/train/fault_injector.h)
+
 class Trainer {
  public:
-  // Validates the config, joins the process group of this launch (init_distributed), sets
-  // threads, builds the workload on this rank's device, creates the output directory.
+  // Validates the config, joins the process group of this launch (init_distributed), starts its
+  // watchdog, sets threads, builds the workload on this rank's device, creates the output
+  // directory; a restarted launch (restart count > 0) resumes from its newest checkpoint.
   // Throws InputError on bad input.
   explicit Trainer(Config config);
+  ~Trainer();
 
   // Trains up to config.epochs epochs (from where a resumed checkpoint stopped), writing metrics
   // after each and checkpoints every save_every epochs and after the last, then the timeline
@@ -64,10 +70,35 @@ class Trainer {
   const Config& config() const { return config_; }
 
  private:
+  struct EpochPass;  // one epoch's loader, counts and progress (trainer.cpp)
+
+  Trainer(Config config, const comm::Env& env);
+  // The workload on this rank's device, its DDP wrapper (a collective) and the optimizer.
+  void build_model();
+  // Rank 0: config.yaml, and after a resume the metrics of the epochs up to the checkpoint.
+  void write_run_files(bool resumed) const;
+
   TrainResult train();  // run() without the flight record
   // One pass over this epoch's indices; fills the training fields of `metrics`. Returns false
   // when a SIGTERM stopped it (after a checkpoint: --checkpoint-on-signal).
   bool train_epoch(int64_t epoch, EpochMetrics& metrics);
+  EpochPass begin_epoch(int64_t epoch);
+  // The next batch to train on, passing over those a resumed epoch had trained; nullopt at the
+  // epoch's end.
+  std::optional<data::Batch> next_batch(EpochPass& pass);
+  // --checkpoint-on-signal after a step: checkpoints and returns true when any rank got a
+  // SIGTERM (a collective), except after the epoch's last step (train() checks after the epoch).
+  bool stop_after_step(const EpochPass& pass);
+  // The epoch's global loss and throughput (all-reduced) into `metrics`.
+  void end_epoch(EpochPass& pass, EpochMetrics& metrics);
+  // The evaluation after an epoch (all ranks): the validation split when there is one, the test
+  // split after the last epoch or when there is no validation split.
+  void evaluate_epoch(EpochMetrics& metrics, bool last);
+  // The checkpoint after epoch `epoch` (1-based; all ranks, rank 0 writes).
+  void checkpoint_epoch(int64_t epoch);
+  // --checkpoint-on-signal after epoch `epoch` (1-based): when any rank got a SIGTERM (a
+  // collective), checkpoints unless `saved` already did, and returns true.
+  bool stop_after_epoch(int64_t epoch, bool saved);
   // --checkpoint-on-signal: whether a SIGTERM reached any rank (a collective, so that all ranks
   // stop after the same step). False without the option, and then no collective.
   bool stop_requested();
@@ -90,6 +121,8 @@ class Trainer {
 
   Config config_;
   Distributed dist_;
+  std::unique_ptr<FaultInjector> faults_;
+  std::unique_ptr<comm::Watchdog> watchdog_;  // after dist_: stops before the group goes
   Workload workload_;
   DistributedDataParallel model_{nullptr};
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
@@ -99,9 +132,6 @@ class Trainer {
   int64_t step_ = 0;              // optimizer steps taken
   int64_t start_epoch_ = 0;       // epochs done before this run (resume)
   int64_t start_epoch_step_ = 0;  // steps of epoch start_epoch_ done before it (a SIGTERM's)
-  int64_t crash_at_step_ = 0;     // test hook: DDP_TEST_CRASH_AT_STEP
-  int64_t perturb_at_step_ = 0;   // test hook: DDP_TEST_PERTURB_AT_STEP
-  int64_t sigterm_at_step_ = 0;   // test hook: DDP_TEST_SIGTERM_AT_STEP
 };
 
 }  // namespace ddp::train

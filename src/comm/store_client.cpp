@@ -1,0 +1,138 @@
+#include "store_client.h"
+
+#include <fmt/format.h>
+
+#include "ddp/common/error.h"
+
+namespace ddp::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr auto kHelloReplyWithin = std::chrono::seconds(30);
+
+std::string bytes_to_string(const std::vector<uint8_t>& v) {
+  return {v.begin(), v.end()};
+}
+
+std::vector<uint8_t> string_to_bytes(const std::string& s) {
+  return {s.begin(), s.end()};
+}
+
+// c10d's kNoTimeout (0) means no limit: a year serves.
+milliseconds effective(milliseconds timeout) {
+  return timeout.count() > 0 ? timeout : std::chrono::hours(24 * 365);
+}
+
+// The server answers a wait by its deadline; the client allows a little more before it gives up
+// on the server itself.
+milliseconds with_margin(milliseconds timeout) {
+  return effective(timeout) + std::chrono::seconds(10);
+}
+
+}  // namespace
+
+StoreClient::StoreClient(std::string host, int port, std::string token, milliseconds timeout)
+    : c10d::Store(timeout),
+      host_(std::move(host)),
+      port_(port),
+      token_(std::move(token)),
+      fd_(net::connect_tcp(host_, port_, timeout, "the rendezvous store")) {
+  say_hello();
+}
+
+StoreClient::~StoreClient() = default;
+
+void StoreClient::say_hello() {
+  const StoreMessage reply = request({StoreOp::kHello, {token_}}, kHelloReplyWithin);
+  if (reply.code != StoreOp::kDenied) return;
+  throw InputError(fmt::format(
+      "the rendezvous store at {}:{} refused this process: {}. Another job may be using "
+      "MASTER_PORT {}; ranks of one job must share DDP_JOB_TOKEN (the launcher sets it)",
+      host_, port_, reply.fields.empty() ? "" : reply.fields[0], port_));
+}
+
+StoreMessage StoreClient::request(const StoreMessage& message, milliseconds reply_within) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::string where = fmt::format("the rendezvous store at {}:{}", host_, port_);
+  if (!fd_ || !net::send_all(fd_.get(), encode(message))) {
+    throw Error(fmt::format("{} is gone (rank 0 ended?)", where));
+  }
+  std::string in;
+  const auto deadline = Clock::now() + reply_within;
+  while (true) {
+    if (auto reply = decode(in, kMaxMessageBytes)) {
+      if (reply->code == StoreOp::kError) {
+        throw Error(fmt::format("{}: {}", where, reply->fields.empty() ? "" : reply->fields[0]));
+      }
+      return *reply;
+    }
+    const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+    if (!net::wait_readable(fd_.get(), left)) {
+      throw Error(fmt::format("{} did not answer within {} ms", where, reply_within.count()));
+    }
+    if (!net::receive_some(fd_.get(), in)) {
+      throw Error(fmt::format("{} closed the connection (rank 0 ended?)", where));
+    }
+  }
+}
+
+void StoreClient::set(const std::string& key, const std::vector<uint8_t>& value) {
+  request({StoreOp::kSet, {key, bytes_to_string(value)}}, with_margin(timeout_));
+}
+
+std::vector<uint8_t> StoreClient::compareSet(const std::string& key,
+                                             const std::vector<uint8_t>& expected,
+                                             const std::vector<uint8_t>& desired) {
+  const auto reply =
+      request({StoreOp::kCompareSet, {key, bytes_to_string(expected), bytes_to_string(desired)}},
+              with_margin(timeout_));
+  return string_to_bytes(reply.fields.at(0));
+}
+
+std::vector<uint8_t> StoreClient::get(const std::string& key) {
+  const auto reply = request({StoreOp::kGet, {key, std::to_string(effective(timeout_).count())}},
+                             with_margin(timeout_));
+  if (reply.code == StoreOp::kTimeout) {
+    throw Error(
+        fmt::format("rendezvous store: key '{}' was not set within {} ms", key, timeout_.count()));
+  }
+  return string_to_bytes(reply.fields.at(0));
+}
+
+int64_t StoreClient::add(const std::string& key, int64_t value) {
+  const auto reply = request({StoreOp::kAdd, {key, std::to_string(value)}}, with_margin(timeout_));
+  return parse_integer(reply.fields.at(0));
+}
+
+bool StoreClient::deleteKey(const std::string& key) {
+  return request({StoreOp::kDelete, {key}}, with_margin(timeout_)).fields.at(0) == "1";
+}
+
+bool StoreClient::check(const std::vector<std::string>& keys) {
+  return request({StoreOp::kCheck, keys}, with_margin(timeout_)).fields.at(0) == "1";
+}
+
+int64_t StoreClient::getNumKeys() {
+  return parse_integer(request({StoreOp::kNumKeys, {}}, with_margin(timeout_)).fields.at(0));
+}
+
+void StoreClient::wait(const std::vector<std::string>& keys) {
+  wait(keys, timeout_);
+}
+
+void StoreClient::wait(const std::vector<std::string>& keys, const milliseconds& timeout) {
+  std::vector<std::string> fields = {std::to_string(effective(timeout).count())};
+  fields.insert(fields.end(), keys.begin(), keys.end());
+  if (request({StoreOp::kWait, fields}, with_margin(timeout)).code == StoreOp::kTimeout) {
+    throw Error(
+        fmt::format("rendezvous store: keys were not all set within {} ms", timeout.count()));
+  }
+}
+
+c10::intrusive_ptr<c10d::Store> StoreClient::clone() {
+  return c10::make_intrusive<StoreClient>(host_, port_, token_, timeout_);
+}
+
+}  // namespace ddp::comm

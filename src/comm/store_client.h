@@ -1,0 +1,61 @@
+#pragma once
+// Private: the client of the job's rendezvous store (job_store.h) that every rank, rank 0 too,
+// holds: c10d's Store interface, which ProcessGroupGloo and the NCCL id exchange use, over one
+// connection that presented the job token. One request at a time, each waiting for its reply.
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ddp/common/socket.h"
+#include "store_protocol.h"
+#include "store_server.h"
+
+namespace ddp::comm {
+
+class StoreClient : public c10d::Store {
+ public:
+  // Connects to host:port (retrying until `timeout` while the server is not up yet) and presents
+  // `token`. Throws InputError when the server refuses it, Error when it cannot connect in time
+  // (connect_store() adds the rendezvous context).
+  StoreClient(std::string host, int port, std::string token, std::chrono::milliseconds timeout);
+  ~StoreClient() override;
+
+  void set(const std::string& key, const std::vector<uint8_t>& value) override;
+  std::vector<uint8_t> compareSet(const std::string& key, const std::vector<uint8_t>& expected,
+                                  const std::vector<uint8_t>& desired) override;
+  std::vector<uint8_t> get(const std::string& key) override;
+  int64_t add(const std::string& key, int64_t value) override;
+  bool deleteKey(const std::string& key) override;
+  bool check(const std::vector<std::string>& keys) override;
+  int64_t getNumKeys() override;
+  void wait(const std::vector<std::string>& keys) override;
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override;
+  // A second connection to the same store (pure virtual in recent LibTorch, absent in 1.13:
+  // hence no `override`).
+  virtual c10::intrusive_ptr<c10d::Store> clone();
+
+  // Keeps rank 0's server alive as long as its own client.
+  void own(std::shared_ptr<StoreServer> server) { server_ = std::move(server); }
+
+ private:
+  // Sends `message` and returns the reply. Throws Error when the server is gone, does not answer
+  // within `reply_within`, or answers kError.
+  StoreMessage request(const StoreMessage& message, std::chrono::milliseconds reply_within);
+  // Presents the token; throws InputError when the server refuses it.
+  void say_hello();
+
+  std::string host_;
+  int port_;
+  std::string token_;
+  net::UniqueFd fd_;
+  std::mutex mutex_;  // one request at a time (the watchdog shares the client)
+  std::shared_ptr<StoreServer> server_;
+};
+
+}  // namespace ddp::comm

@@ -1,0 +1,90 @@
+#include "ddp/comm/watchdog.h"
+
+#include <filesystem>
+#include <vector>
+
+#include "ddp/comm/flight_recorder.h"
+#include "ddp/common/files.h"
+#include "ddp/common/log.h"
+
+namespace ddp::comm {
+
+Watchdog::Watchdog(std::shared_ptr<ProcessGroup> group, WatchdogOptions options)
+    : group_(std::move(group)),
+      options_(std::move(options)),
+      backend_(group_->backend_name()),
+      dump_requests_seen_(flight_dump_requests()) {  // requests before it started are not its own
+  thread_ = std::thread([this] { watch(); });
+}
+
+Watchdog::~Watchdog() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+void Watchdog::watch() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!wake_.wait_for(lock, options_.progress_interval, [this] { return stop_; })) {
+    lock.unlock();
+    if (const uint64_t requests = flight_dump_requests(); requests != dump_requests_seen_) {
+      dump_requests_seen_ = requests;
+      const auto path = dump_flight_record("SIGUSR1");
+      if (!path.empty()) log::warn("rank {}: flight record written to {}", group_->rank(), path);
+    }
+    publish_progress();
+    check_stall();
+    lock.lock();
+  }
+}
+
+void Watchdog::publish_progress() {
+  const auto& board = group_->progress_board();
+  const uint64_t seq = group_->recorder().last_issued();
+  if (!board || seq == published_seq_) return;
+  try {
+    board->publish(group_->rank(), seq);
+    published_seq_ = seq;
+  } catch (const std::exception& e) {  // the store may be gone at the end of a failed run
+    log::debug("rank {}: could not publish progress: {}", group_->rank(), e.what());
+  }
+}
+
+void Watchdog::check_stall() {
+  const auto limit = std::chrono::duration<double>(options_.stall_warning).count();
+  if (limit <= 0) return;
+  const auto pending = group_->recorder().oldest_pending();
+  if (!pending || pending->seq == warned_seq_) return;
+  const double waited = wall_time() - pending->start;
+  if (waited < limit) return;
+  warned_seq_ = pending->seq;
+  std::vector<uint64_t> progress;
+  try {
+    if (const auto& board = group_->progress_board()) progress = board->read(group_->world_size());
+  } catch (const std::exception& e) {
+    log::debug("rank {}: could not read the other ranks' progress: {}", group_->rank(), e.what());
+  }
+  log::warn("{}", stall_message(group_->rank(), *pending, waited, progress));
+}
+
+std::string Watchdog::dump_flight_record(const std::string& reason) {
+  const int rank = group_->rank();
+  const std::string json = group_->recorder().to_json(rank, group_->world_size(), backend_, reason);
+  std::string written;
+  for (const std::string* path : {&options_.dump_path, &options_.launcher_copy}) {
+    if (path->empty()) continue;
+    try {
+      std::filesystem::create_directories(std::filesystem::path(*path).parent_path());
+      write_file_atomically(*path, json);
+      if (written.empty()) written = *path;
+    } catch (const std::exception& e) {
+      log::error("rank {}: could not write the flight record {}: {}", rank, *path, e.what());
+    }
+  }
+  return written;
+}
+
+}  // namespace ddp::comm
