@@ -55,15 +55,13 @@ void verify_same_across_ranks(comm::ProcessGroup& group, const std::vector<std::
   const auto device = device_of(tensors);
   // A fingerprint per rank: count and hash. All ranks see all fingerprints, so all ranks agree
   // on whether to go on, and issue the same collectives below.
-  const auto hash = static_cast<int64_t>(std::hash<std::string>{}(description));
-  auto mine = torch::tensor({static_cast<int64_t>(tensors.size()), hash}, torch::kLong).to(device);
-  auto all = torch::empty({2 * group.world_size()}, mine.options());
-  group.all_gather(all, mine)->wait();
-  all = all.cpu();
-  const auto* f = all.data_ptr<int64_t>();
+  constexpr size_t kFingerprintBytes = 48;  // two decimal 64-bit numbers and a space
+  const std::string mine =
+      fmt::format("{} {}", tensors.size(), std::hash<std::string>{}(description));
+  const auto all = comm::all_gather_bytes(group, mine, device, kFingerprintBytes);
   std::vector<int> differing;
   for (int r = 1; r < group.world_size(); ++r) {
-    if (f[2 * r] != f[0] || f[2 * r + 1] != f[1]) differing.push_back(r);
+    if (all[static_cast<size_t>(r)] != all[0]) differing.push_back(r);
   }
   if (differing.empty()) return;
 

@@ -437,10 +437,9 @@ void Trainer::end_epoch(EpochPass& pass, EpochMetrics& m) {
   auto sums = torch::stack(
       {pass.loss_sum, torch::full({}, static_cast<double>(pass.trained), pass.loss_sum.options())});
   dist_.group->all_reduce(sums, comm::ReduceOp::kSum)->wait();
-  auto slowest = torch::full({1}, seconds, pass.loss_sum.options());
-  dist_.group->all_reduce(slowest, comm::ReduceOp::kMax)->wait();
+  m.epoch_seconds =
+      comm::all_reduce_scalar(*dist_.group, seconds, comm::ReduceOp::kMax, dist_.device);
   sums = sums.cpu();
-  m.epoch_seconds = slowest.cpu().item<double>();
   m.steps = step_;
   m.train_loss = sums[0].item<double>() / sums[1].item<double>();
   m.samples_per_s = sums[1].item<double>() / m.epoch_seconds;
