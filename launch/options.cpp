@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <sstream>
 
 #include "ddp/common/error.h"
@@ -47,10 +48,17 @@ double parse_seconds(const std::string& text, bool positive) {
   return value;
 }
 
-bool parse_bool(const std::string& text) {
+// The words a flag takes as its value: 1|true|yes|on and 0|false|no|off; nullopt for others.
+std::optional<bool> bool_word(const std::string& text) {
   if (text == "1" || text == "true" || text == "yes" || text == "on") return true;
   if (text == "0" || text == "false" || text == "no" || text == "off") return false;
-  throw BadValue{"true or false"};
+  return std::nullopt;
+}
+
+bool parse_bool(const std::string& text) {
+  const std::optional<bool> value = bool_word(text);
+  if (!value) throw BadValue{"true or false"};
+  return *value;
 }
 
 std::vector<std::string> split_list(const std::string& text) {
@@ -229,7 +237,10 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args,
     if (eq != std::string::npos) {
       value = arg.substr(eq + 1);
     } else if (o->hint.empty()) {
-      value = "true";  // a flag
+      // A flag: alone it means true; "--tee false" as "--tee=false" (ddp_train's rule). Any other
+      // next word is the program, so only a bool word is taken: a program called true, false,
+      // yes, no, on, off, 1 or 0 right after a flag goes after "--".
+      value = i + 1 < args.size() && bool_word(args[i + 1]) ? args[++i] : "true";
     } else if (i + 1 < args.size()) {
       value = args[++i];
     } else {
@@ -248,7 +259,10 @@ std::string launch_help() {
       "WORLD_SIZE,\n"
       "LOCAL_RANK, MASTER_ADDR, MASTER_PORT, ...), shows their output prefixed with their rank,\n"
       "stops them all when one fails, and restarts the group up to --max-restarts times.\n"
-      "Every option can also be set as DDP_LAUNCH_<OPTION> (e.g. DDP_LAUNCH_NPROC=4).\n\n"
+      "Every option can also be set as DDP_LAUNCH_<OPTION> (e.g. DDP_LAUNCH_NPROC=4).\n"
+      "A flag alone means true; --tee false and --tee=false turn it off (true|false, 1|0, "
+      "yes|no,\n"
+      "on|off); a program named like one of these words that follows a flag goes after --.\n\n"
       "options:\n";
   for (const auto& o : options()) {
     std::string left = "--" + o.name + (o.hint.empty() ? "" : " " + o.hint);

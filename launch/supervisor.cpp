@@ -259,9 +259,12 @@ class Supervisor {
         const Outcome outcome{0, true, w->status};
         const int rank = w->rank;
         ask_for_flight_records();
+        reap();
+        // How the ended workers ended, read before the SIGTERMs below, which are no news.
+        const comm::RankEnds ended = ends_so_far();
         stop_group(SIGTERM);  // workers_ stays: the summary below reads it
         summarize(rank);
-        report_flight_records();
+        report_flight_records(ended);
         return outcome;
       }
       if (std::none_of(workers_.begin(), workers_.end(),
@@ -403,8 +406,19 @@ class Supervisor {
     while (!asked.empty() && !answered() && Clock::now() < deadline) pump(50);
   }
 
-  // The hang doctor's report over the records the workers left, if any (comm/diagnose.h).
-  void report_flight_records() const {
+  // How the workers that have ended so far ended (rank -> "signal SIGKILL (9)"): the hang doctor
+  // names it beside a rank that left no flight record.
+  comm::RankEnds ends_so_far() const {
+    comm::RankEnds ended;
+    for (const Worker& w : workers_) {
+      if (!w.running) ended[w.rank] = describe_status(w.status);
+    }
+    return ended;
+  }
+
+  // The hang doctor's report over the records the workers left, if any (comm/diagnose.h), with
+  // `ended` for the ranks that left none.
+  void report_flight_records(const comm::RankEnds& ended) const {
     bool any = false;
     std::error_code ec;
     for (const auto& entry : std::filesystem::directory_iterator(o_.flight_dir, ec)) {
@@ -412,7 +426,7 @@ class Supervisor {
     }
     if (!any) return;
     try {
-      const std::string report = comm::diagnose(comm::read_flight_dumps(o_.flight_dir));
+      const std::string report = comm::diagnose(comm::read_flight_dumps(o_.flight_dir), ended);
       note("the workers' flight records (ddp_train --diagnose):");
       size_t begin = 0;
       while (begin < report.size()) {

@@ -10,6 +10,8 @@
 
 #include <cxxopts.hpp>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "ddp/comm/diagnose.h"
 #include "ddp/comm/flight_recorder.h"
@@ -82,14 +84,36 @@ int rank_hint(const ddp::comm::Env& env) {
   return 0;
 }
 
+// A word cxxopts left over. ddp_train has no positional arguments, so a word right after a bool
+// option ("--augment maybe") can only be meant as its value: it gets the same error as
+// "--augment=maybe". Anything else is a stray word.
+[[noreturn]] void reject_unmatched(const std::vector<std::string>& args, const std::string& word) {
+  for (size_t i = 1; i < args.size(); ++i) {
+    const auto* key = args[i - 1].rfind("--", 0) == 0
+                          ? ddp::train::find_config_key(args[i - 1].substr(2))
+                          : nullptr;
+    if (args[i] == word && key != nullptr && key->is_flag) {
+      ddp::train::Config scratch;
+      ddp::train::set_config_value(scratch, key->name, word, "command line");  // throws
+    }
+  }
+  throw ddp::InputError(fmt::format("command line: unexpected argument '{}' (see --help)", word));
+}
+
 // Parses the command line into a Config: defaults, then the file, then the command line.
 // Returns false when the program should exit 0 (--help, --version, --make-timeseries-csv,
 // --diagnose).
 bool parse_command_line(int argc, char** argv, ddp::train::Config& config) {
   auto options = make_options();
+  // cxxopts reads a bool option only as "--flag" or "--flag=value"; "--flag value" is joined first.
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  std::vector<std::string> words = ddp::train::join_bool_values(args);
+  words.insert(words.begin(), argv[0]);
+  std::vector<const char*> word_ptrs;
+  for (const auto& word : words) word_ptrs.push_back(word.c_str());
   cxxopts::ParseResult result;
   try {
-    result = options.parse(argc, argv);
+    result = options.parse(static_cast<int>(word_ptrs.size()), word_ptrs.data());
   } catch (const cxxopts::exceptions::exception& e) {
     throw ddp::InputError(fmt::format("command line: {} (see --help)", e.what()));
   }
@@ -116,10 +140,7 @@ bool parse_command_line(int argc, char** argv, ddp::train::Config& config) {
         ddp::comm::read_flight_dumps(result["diagnose"].as<std::string>()));
     return false;
   }
-  if (!result.unmatched().empty()) {
-    throw ddp::InputError(
-        fmt::format("command line: unexpected argument '{}' (see --help)", result.unmatched()[0]));
-  }
+  if (!result.unmatched().empty()) reject_unmatched(args, result.unmatched()[0]);
   if (result.count("config") != 0U) {
     ddp::train::apply_config_file(config, result["config"].as<std::string>());
   }

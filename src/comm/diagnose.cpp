@@ -67,14 +67,60 @@ std::optional<std::string> disagreement(const std::vector<FlightDump>& dumps) {
   return std::nullopt;
 }
 
-// One line per rank (its last collective, its phase, why it wrote), then the ranks without a
-// record.
-std::string rank_summary(const std::vector<FlightDump>& dumps) {
+// The ranks that left no record and what is known of their end. Nothing they did can be read:
+// every statement about "all ranks" must leave them out and say so.
+struct Missing {
+  std::vector<int> ranks;
+  std::string why;  // "rank 1 ended with signal SIGKILL (9)", or a guess
+};
+
+Missing missing_of(const std::vector<FlightDump>& dumps, const RankEnds& ended) {
   const int world = dumps.front().world_size;
-  std::string out = fmt::format("flight records of {} of {} rank(s):\n", dumps.size(), world);
   std::vector<bool> seen(static_cast<size_t>(world), false);
   for (const auto& d : dumps) {
-    seen[static_cast<size_t>(d.rank)] = true;
+    if (d.rank < world) seen[static_cast<size_t>(d.rank)] = true;  // records of another job: no
+  }
+  Missing missing;
+  std::string known;
+  size_t unknown = 0;
+  for (int r = 0; r < world; ++r) {
+    if (seen[static_cast<size_t>(r)]) continue;
+    missing.ranks.push_back(r);
+    const auto end = ended.find(r);
+    if (end == ended.end()) {
+      ++unknown;
+    } else {
+      known += fmt::format("{}rank {} ended with {}", known.empty() ? "" : "; ", r, end->second);
+    }
+  }
+  if (known.empty()) {
+    missing.why = "killed before writing one? see their logs";
+  } else {
+    missing.why = unknown == 0 ? known : known + "; the others: see their logs";
+  }
+  return missing;
+}
+
+// "; no record from rank(s) 1 (rank 1 ended with signal SIGKILL (9)), so whether they entered
+// it is unknown", or "" when every rank left a record.
+std::string unknown_part(const Missing& missing, const std::string& what) {
+  if (missing.ranks.empty()) return "";
+  return fmt::format("; no record from rank(s) {} ({}), so whether they entered {} is unknown",
+                     ranks_text(missing.ranks), missing.why, what);
+}
+
+std::vector<int> ranks_of(const std::vector<FlightDump>& dumps) {
+  std::vector<int> ranks;
+  for (const auto& d : dumps) ranks.push_back(d.rank);
+  return ranks;
+}
+
+// One line per rank (its last collective, its phase, why it wrote), then the ranks without a
+// record.
+std::string rank_summary(const std::vector<FlightDump>& dumps, const Missing& missing) {
+  const int world = dumps.front().world_size;
+  std::string out = fmt::format("flight records of {} of {} rank(s):\n", dumps.size(), world);
+  for (const auto& d : dumps) {
     const auto last = record_of(d, d.last_issued);
     std::string state = "no collective yet";
     if (last) {
@@ -86,19 +132,16 @@ std::string rank_summary(const std::vector<FlightDump>& dumps) {
     out += fmt::format("  rank {}: {}; in phase '{}' when written ({})\n", d.rank, state, d.phase,
                        first_line(d.reason));
   }
-  std::vector<int> missing;
-  for (int r = 0; r < world; ++r) {
-    if (!seen[static_cast<size_t>(r)]) missing.push_back(r);
-  }
-  if (!missing.empty()) {
-    out += fmt::format("  no record from rank(s) {}: see their logs (killed before writing?)\n",
-                       ranks_text(missing));
+  if (!missing.ranks.empty()) {
+    out +=
+        fmt::format("  no record from rank(s) {} ({})\n", ranks_text(missing.ranks), missing.why);
   }
   return out;
 }
 
 // Ranks behind the others (last issued before `newest`): the first collective they did not enter.
-std::optional<std::string> behind_diagnosis(const std::vector<FlightDump>& dumps, uint64_t newest) {
+std::optional<std::string> behind_diagnosis(const std::vector<FlightDump>& dumps, uint64_t newest,
+                                            const Missing& missing) {
   std::vector<int> behind, ahead;
   uint64_t first_missing = newest;
   for (const auto& d : dumps) {
@@ -121,15 +164,46 @@ std::optional<std::string> behind_diagnosis(const std::vector<FlightDump>& dumps
       phases += fmt::format("{}rank {} was in '{}'", phases.empty() ? "" : ", ", d.rank, d.phase);
     }
   }
+  const std::string collective = what ? describe(*what) : fmt::format("#{}", first_missing);
   return fmt::format(
       "diagnosis: rank(s) {} did not enter collective {}, which rank(s) {} "
-      "entered; {} when the records were written\n",
-      ranks_text(behind), what ? describe(*what) : fmt::format("#{}", first_missing),
-      ranks_text(ahead), phases);
+      "entered; {} when the records were written{}\n",
+      ranks_text(behind), collective, ranks_text(ahead), phases,
+      unknown_part(missing, fmt::format("#{}", first_missing)));
 }
 
-// Every rank entered the newest collective: did some enter it only after others gave up?
-std::string newest_diagnosis(const std::vector<FlightDump>& dumps, uint64_t newest) {
+// The newest collective, entered in time by every rank with a record: completed or not. Only
+// with every rank's record can "every rank" be said; a rank without one may never have entered
+// it, and would leave the others waiting just so.
+std::string settled_diagnosis(const std::vector<FlightDump>& dumps, const CollectiveRecord& what,
+                              bool all_done, const Missing& missing) {
+  if (missing.ranks.empty()) {
+    if (all_done) {
+      return fmt::format("diagnosis: no rank lags: every rank completed collective {}\n",
+                         describe(what));
+    }
+    return fmt::format(
+        "diagnosis: every rank entered collective {} and it did not complete: a "
+        "network or backend problem, or a rank stuck inside it\n",
+        describe(what));
+  }
+  const std::string with =
+      fmt::format("every rank with a record ({})", ranks_text(ranks_of(dumps)));
+  const std::string unknown = unknown_part(missing, fmt::format("#{}", what.seq));
+  if (all_done) {
+    return fmt::format("diagnosis: no rank with a record lags: {} completed collective {}{}\n",
+                       with, describe(what), unknown);
+  }
+  return fmt::format(
+      "diagnosis: {} entered collective {} and it did not complete{}: a rank that ended or "
+      "stopped before entering it leaves the others waiting just so\n",
+      with, describe(what), unknown);
+}
+
+// Every rank with a record entered the newest collective: did some enter it only after others
+// gave up?
+std::string newest_diagnosis(const std::vector<FlightDump>& dumps, uint64_t newest,
+                             const Missing& missing) {
   double first_start = 0.0, first_failure = 0.0;
   for (const auto& d : dumps) {
     if (auto r = record_of(d, newest)) {
@@ -153,17 +227,11 @@ std::string newest_diagnosis(const std::vector<FlightDump>& dumps, uint64_t newe
     return fmt::format(
         "diagnosis: rank(s) {} entered collective {} only after another rank had "
         "given up on it ({:.1f} s after the first rank entered it): rank(s) {} "
-        "lagged\n",
-        ranks_text(late), describe(*what), first_failure - first_start, ranks_text(late));
+        "lagged{}\n",
+        ranks_text(late), describe(*what), first_failure - first_start, ranks_text(late),
+        unknown_part(missing, fmt::format("#{}", newest)));
   }
-  if (all_done) {
-    return fmt::format("diagnosis: no rank lags: every rank completed collective {}\n",
-                       describe(*what));
-  }
-  return fmt::format(
-      "diagnosis: every rank entered collective {} and it did not complete: a "
-      "network or backend problem, or a rank stuck inside it\n",
-      describe(*what));
+  return settled_diagnosis(dumps, *what, all_done, missing);
 }
 
 }  // namespace
@@ -220,14 +288,15 @@ std::vector<FlightDump> read_flight_dumps(const std::string& dir) {
   return dumps;
 }
 
-std::string diagnose(const std::vector<FlightDump>& dumps) {
+std::string diagnose(const std::vector<FlightDump>& dumps, const RankEnds& ended) {
   DDP_CHECK(!dumps.empty(), "diagnose needs at least one flight record");
-  const std::string out = rank_summary(dumps);
+  const Missing missing = missing_of(dumps, ended);
+  const std::string out = rank_summary(dumps, missing);
   if (auto disagree = disagreement(dumps)) return out + "diagnosis: " + *disagree + "\n";
   uint64_t newest = 0;
   for (const auto& d : dumps) newest = std::max(newest, d.last_issued);
-  if (auto behind = behind_diagnosis(dumps, newest)) return out + *behind;
-  return out + newest_diagnosis(dumps, newest);
+  if (auto behind = behind_diagnosis(dumps, newest, missing)) return out + *behind;
+  return out + newest_diagnosis(dumps, newest, missing);
 }
 
 }  // namespace ddp::comm

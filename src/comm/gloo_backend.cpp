@@ -1,9 +1,13 @@
 // CPU tensors through LibTorch's c10d ProcessGroupGloo over the job's store.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
+#include <algorithm>
 #include <cstdlib>
+#include <exception>
+#include <functional>
 
 #include "backends.h"
 #include "job_store.h"
@@ -11,19 +15,42 @@
 namespace ddp::comm {
 namespace {
 
-// Wraps c10d's work: turns its failures into CommError, and finishes kAvg (gloo has no AVG in
-// c10d 1.13) by dividing the sum in place once it has arrived.
+// Wraps c10d's work: turns its failures into CommError, and runs `finish` once the data has
+// arrived (kAvg's division: gloo has no AVG in c10d 1.13; reduce_scatter's local reduction; a
+// copy back into the caller's tensor). `finish` communicates with no one, so is_completed() may
+// run it as well as wait().
 class GlooWork : public Work {
  public:
   GlooWork(c10::intrusive_ptr<c10d::Work> work, CollectiveInfo info, std::string timeout_message,
-           at::Tensor divide)
+           std::function<void()> finish = nullptr)
       : work_(std::move(work)),
         info_(std::move(info)),
         timeout_message_(std::move(timeout_message)),
-        divide_(std::move(divide)) {}
+        finish_(std::move(finish)) {}
 
   void wait() override {
-    if (done_) return;
+    settle();
+    if (error_) std::rethrow_exception(error_);
+  }
+  bool is_completed() override {
+    if (!settled_ && work_->isCompleted()) settle();
+    return settled_;
+  }
+
+ private:
+  // Waits for c10d's work and finishes; a failure is kept for wait() to throw.
+  void settle() {
+    if (settled_) return;
+    try {
+      wait_for_gloo();
+      if (finish_) finish_();
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+    settled_ = true;
+    finish_ = nullptr;  // lets go of its tensors
+  }
+  void wait_for_gloo() {
     try {
       work_->wait();
     } catch (const std::exception& e) {
@@ -33,17 +60,56 @@ class GlooWork : public Work {
       }
       throw CommError(info_, failure_message(info_, "gloo", what));
     }
-    if (divide_.defined()) sum_to_average(divide_, info_.world_size);
-    done_ = true;
   }
-  bool is_completed() override { return done_ || work_->isCompleted(); }
 
- private:
   c10::intrusive_ptr<c10d::Work> work_;
   CollectiveInfo info_;
   std::string timeout_message_;
-  at::Tensor divide_;  // defined for kAvg
-  bool done_ = false;
+  std::function<void()> finish_;
+  bool settled_ = false;
+  std::exception_ptr error_;
+};
+
+// Note [A second collective is issued in program order]
+// A collective made of two, the second sending the first's result (all_reduce as reduce_scatter
+// then all_gather). c10d's gloo pairs the collectives of the ranks by the order in which each rank
+// enqueued them, so the second must enter every rank's queue at the same point of its collective
+// order. is_completed() is polled at moments that differ between ranks: it never issues it. The
+// second is issued by issue_second(), which wait() calls and which the group calls before it
+// issues any other collective (GlooProcessGroup::issue_pending): both are points in the order
+// of issues, the same on every rank whenever each rank waits.
+class TwoPhaseWork : public Work {
+ public:
+  TwoPhaseWork(WorkPtr first, std::function<WorkPtr()> issue)
+      : first_(std::move(first)), issue_(std::move(issue)) {}
+
+  // Waits for the first collective, then issues the second; a failure is kept for wait().
+  void issue_second() {
+    if (second_ || error_) return;
+    try {
+      first_->wait();
+      second_ = issue_();
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+    first_.reset();
+    issue_ = nullptr;
+  }
+  void wait() override {
+    issue_second();
+    if (error_) std::rethrow_exception(error_);
+    second_->wait();
+  }
+  // False until the second collective has been issued and is done (see the Note above).
+  bool is_completed() override {
+    return error_ != nullptr || (second_ != nullptr && second_->is_completed());
+  }
+
+ private:
+  WorkPtr first_;
+  std::function<WorkPtr()> issue_;
+  WorkPtr second_;
+  std::exception_ptr error_;
 };
 
 c10d::ReduceOp to_c10d(ReduceOp op) {
@@ -59,6 +125,48 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   return c10d::ReduceOp::SUM;
 }
 
+// The dtypes c10d's gloo reduces in every LibTorch we support (GENERATE_ALL_TYPES of
+// ProcessGroupGloo.cpp in 1.13: no bfloat16, bool or int16). bfloat16 is left out on every
+// version, so that it is summed in float32 (all_reduce_in_two_phases) wherever it runs.
+bool gloo_reduces(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat:
+    case at::kDouble:
+    case at::kHalf:
+    case at::kChar:
+    case at::kByte:
+    case at::kInt:
+    case at::kLong:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// A contiguous tensor's elements as a flat uint8 view of the same memory: gloo moves any dtype
+// this way, including those its type switch lacks.
+at::Tensor as_bytes(const at::Tensor& t) {
+  return t.view({-1}).view(at::kByte);
+}
+
+// The reduction over ranks of `blocks` ([world_size, n], row q from rank q) into `out` (n
+// elements): 16-bit floats widened to float32 and rounded once at the end; kAvg as all_reduce's
+// (sum divided by world_size, truncating for integers).
+void reduce_blocks(const at::Tensor& blocks, ReduceOp op, int world_size, const at::Tensor& out) {
+  const auto type = blocks.scalar_type();
+  const auto wide = type == at::kHalf || type == at::kBFloat16 ? blocks.to(at::kFloat) : blocks;
+  at::Tensor reduced;
+  if (op == ReduceOp::kMin) {
+    reduced = std::get<0>(wide.min(0));
+  } else if (op == ReduceOp::kMax) {
+    reduced = std::get<0>(wide.max(0));
+  } else {
+    reduced = wide.sum(0);  // integers sum in int64, wrapped back to their type by the copy
+    if (op == ReduceOp::kAvg) sum_to_average(reduced, world_size);
+  }
+  out.view({-1}).copy_(reduced);
+}
+
 void check_cpu(const at::Tensor& t, const CollectiveInfo& info) {
   if (!t.device().is_cpu()) {
     throw InputError(fmt::format("rank {}: {}: backend gloo needs CPU tensors, got one on {}",
@@ -66,7 +174,21 @@ void check_cpu(const at::Tensor& t, const CollectiveInfo& info) {
   }
 }
 
-// Progress in the rendezvous store, under keys of our own ("ddp/progress/<rank>").
+// c10d's all-gather of `input` into the flat `output` (world_size blocks), as bytes.
+c10::intrusive_ptr<c10d::Work> gather_bytes(c10d::ProcessGroupGloo& pg, const at::Tensor& output,
+                                            const at::Tensor& input, int world_size) {
+  // c10d wants one output tensor per rank: views into the flat output, so no copy follows.
+  const auto in = as_bytes(input);
+  const auto out = as_bytes(output);
+  std::vector<std::vector<at::Tensor>> outputs(1);
+  for (int r = 0; r < world_size; ++r)
+    outputs[0].push_back(out.narrow(0, r * in.numel(), in.numel()));
+  std::vector<at::Tensor> inputs{in};
+  return pg.allgather(outputs, inputs, c10d::AllgatherOptions());
+}
+
+// Progress in a store, under keys of our own ("ddp/progress/<rank>"; a subgroup's store has its
+// own prefix).
 class StoreProgressBoard : public ProcessGroup::ProgressBoard {
  public:
   explicit StoreProgressBoard(c10::intrusive_ptr<c10d::Store> store) : store_(std::move(store)) {}
@@ -90,23 +212,41 @@ class StoreProgressBoard : public ProcessGroup::ProgressBoard {
   c10::intrusive_ptr<c10d::Store> store_;
 };
 
+using DevicePtr = std::shared_ptr<::gloo::transport::Device>;
+
+// GLOO_SOCKET_IFNAME names an interface as in PyTorch; a job on one host uses loopback;
+// otherwise gloo binds to the address this host's name resolves to. Never MASTER_ADDR:
+// that is another machine's address on every node but the first.
+DevicePtr make_device(const LaunchInfo& launch) {
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+      ifname != nullptr && *ifname != '\0') {
+    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  }
+  if (launch.local_world_size == launch.world_size) {
+    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  }
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
 class GlooProcessGroup : public ProcessGroup {
  public:
-  GlooProcessGroup(const LaunchInfo& launch, const ProcessGroupOptions& options)
-      : ProcessGroup(launch.rank, launch.world_size, options) {
-    auto store = connect_store(launch, options.rendezvous_timeout);
-    set_progress_board(std::make_shared<StoreProgressBoard>(store));
+  // The world group over the job's store, or a subgroup over a prefix of its parent's store; the
+  // gloo device is shared. Connects the `size` ranks; when they do not connect, throws a
+  // CommError with `context` (the rendezvous, or the new_group) whose message starts with `head`.
+  GlooProcessGroup(c10::intrusive_ptr<c10d::Store> store, int rank, int size, DevicePtr device,
+                   const ProcessGroupOptions& options, const CollectiveInfo& context,
+                   const std::string& head)
+      : ProcessGroup(rank, size, options), store_(std::move(store)), device_(std::move(device)) {
+    set_progress_board(std::make_shared<StoreProgressBoard>(store_));
     auto opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
-    opts->devices.push_back(make_device(launch));
+    opts->devices.push_back(device_);
     opts->threads = 2;  // as torch.distributed does for one device
     try {
-      pg_ =
-          c10::make_intrusive<c10d::ProcessGroupGloo>(store, launch.rank, launch.world_size, opts);
+      pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, rank, size, opts);
     } catch (const std::exception& e) {
       const std::string what = e.what();
-      throw CommError(rendezvous_info(launch),
-                      fmt::format("rank {}: gloo could not connect the {} ranks: {}", launch.rank,
-                                  launch.world_size, what.substr(0, what.find('\n'))));
+      throw CommError(context, fmt::format("{}: gloo could not connect the {} ranks: {}", head,
+                                           size, what.substr(0, what.find('\n'))));
     }
   }
   std::string backend_name() const override { return "gloo"; }
@@ -114,14 +254,21 @@ class GlooProcessGroup : public ProcessGroup {
  protected:
   WorkPtr do_all_reduce(at::Tensor& tensor, ReduceOp op, const CollectiveInfo& info) override {
     check_cpu(tensor, info);
+    issue_pending();
+    if (!gloo_reduces(tensor.scalar_type())) return all_reduce_in_two_phases(tensor, op, info);
     std::vector<at::Tensor> tensors{tensor};
     c10d::AllreduceOptions opts;
     opts.reduceOp = to_c10d(op);
-    return wrap(pg_->allreduce(tensors, opts), info, op == ReduceOp::kAvg ? tensor : at::Tensor());
+    std::function<void()> finish;
+    if (op == ReduceOp::kAvg) {
+      finish = [t = tensor, w = world_size()]() mutable { sum_to_average(t, w); };
+    }
+    return wrap(pg_->allreduce(tensors, opts), info, std::move(finish));
   }
   WorkPtr do_broadcast(at::Tensor& tensor, int root, const CollectiveInfo& info) override {
     check_cpu(tensor, info);
-    std::vector<at::Tensor> tensors{tensor};
+    issue_pending();
+    std::vector<at::Tensor> tensors{as_bytes(tensor)};
     c10d::BroadcastOptions opts;
     opts.rootRank = root;
     return wrap(pg_->broadcast(tensors, opts), info);
@@ -130,47 +277,125 @@ class GlooProcessGroup : public ProcessGroup {
                         const CollectiveInfo& info) override {
     check_cpu(input, info);
     check_cpu(output, info);
-    // c10d wants one output tensor per rank: views into the flat output, so no copy follows.
-    std::vector<std::vector<at::Tensor>> outputs(1);
-    const auto flat = input.reshape({-1});
-    for (int r = 0; r < world_size(); ++r)
-      outputs[0].push_back(output.narrow(0, r * input.numel(), input.numel()));
-    std::vector<at::Tensor> inputs{flat};
-    return wrap(pg_->allgather(outputs, inputs, c10d::AllgatherOptions()), info);
+    issue_pending();
+    return wrap(gather_bytes(*pg_, output, input, world_size()), info);
+  }
+  WorkPtr do_reduce_scatter(at::Tensor& output, const at::Tensor& input, ReduceOp op,
+                            const CollectiveInfo& info) override {
+    check_cpu(input, info);
+    check_cpu(output, info);
+    issue_pending();
+    return reduce_scatter_through_all_to_all(output, input, op, info);
+  }
+  WorkPtr do_all_to_all(at::Tensor& output, const at::Tensor& input,
+                        const CollectiveInfo& info) override {
+    check_cpu(input, info);
+    check_cpu(output, info);
+    issue_pending();
+    if (input.numel() == 0) return std::make_shared<CompletedWork>();  // the same on every rank
+    return wrap(exchange_bytes(output, input), info);
   }
   WorkPtr do_barrier(const CollectiveInfo& info) override {
+    issue_pending();
     return wrap(pg_->barrier(c10d::BarrierOptions()), info);
   }
+  std::shared_ptr<ProcessGroup> do_new_group(const std::vector<int>& ranks,
+                                             const CollectiveInfo& info) override;
 
  private:
   WorkPtr wrap(c10::intrusive_ptr<c10d::Work> work, const CollectiveInfo& info,
-               at::Tensor divide = at::Tensor()) {
+               std::function<void()> finish = nullptr) {
     return std::make_shared<GlooWork>(std::move(work), info, timeout_message(info),
-                                      std::move(divide));
+                                      std::move(finish));
   }
 
-  // GLOO_SOCKET_IFNAME names an interface as in PyTorch; a job on one host uses loopback;
-  // otherwise gloo binds to the address this host's name resolves to. Never MASTER_ADDR:
-  // that is another machine's address on every node but the first.
-  static std::shared_ptr<::gloo::transport::Device> make_device(const LaunchInfo& launch) {
-    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
-        ifname != nullptr && *ifname != '\0') {
-      return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
-    }
-    if (launch.local_world_size == launch.world_size) {
-      return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
-    }
-    return c10d::ProcessGroupGloo::createDefaultDevice();
+  // c10d's all-to-all of equal blocks (empty split sizes), as bytes.
+  c10::intrusive_ptr<c10d::Work> exchange_bytes(const at::Tensor& output, const at::Tensor& input) {
+    auto out = as_bytes(output);
+    auto in = as_bytes(input);
+    std::vector<int64_t> output_splits;  // empty: equal blocks
+    std::vector<int64_t> input_splits;
+    return pg_->alltoall_base(out, in, output_splits, input_splits);
   }
 
+  WorkPtr reduce_scatter_through_all_to_all(const at::Tensor& output, const at::Tensor& input,
+                                            ReduceOp op, const CollectiveInfo& info);
+  WorkPtr all_reduce_in_two_phases(const at::Tensor& tensor, ReduceOp op,
+                                   const CollectiveInfo& info);
+
+  // Issues the second collective of the last two-phase all_reduce, if not yet issued, before this
+  // group issues another (Note [A second collective is issued in program order]).
+  void issue_pending() {
+    if (pending_) pending_->issue_second();
+    pending_.reset();
+  }
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  DevicePtr device_;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
+  std::shared_ptr<TwoPhaseWork> pending_;
+  int groups_made_ = 0;  // new_group calls so far: the same count on every rank
 };
+
+// gloo in LibTorch 1.13 has no reduce_scatter: an all-to-all of the bytes brings every rank's
+// block r to rank r, which then reduces the world_size blocks itself (reduce_blocks).
+WorkPtr GlooProcessGroup::reduce_scatter_through_all_to_all(const at::Tensor& output,
+                                                            const at::Tensor& input, ReduceOp op,
+                                                            const CollectiveInfo& info) {
+  if (output.numel() == 0) return std::make_shared<CompletedWork>();  // the same on every rank
+  const auto received = at::empty({input.numel()}, input.options());
+  auto finish = [received, output, op, w = world_size()] {
+    reduce_blocks(received.view({w, output.numel()}), op, w, output);
+  };
+  return wrap(exchange_bytes(received, input), info, std::move(finish));
+}
+
+// For the dtypes gloo cannot reduce (bfloat16 above all): 16-bit values on the wire, the sum in
+// float32. Padded to world_size equal blocks, reduce_scatter, then all_gather of the reduced
+// blocks, copied back into `tensor`. The all_gather needs the reduce_scatter's result, so it is
+// issued second (Note [A second collective is issued in program order]).
+WorkPtr GlooProcessGroup::all_reduce_in_two_phases(const at::Tensor& tensor, ReduceOp op,
+                                                   const CollectiveInfo& info) {
+  const int64_t n = tensor.numel();
+  if (n == 0) return std::make_shared<CompletedWork>();  // the same on every rank
+  const int w = world_size();
+  const int64_t block = (n + w - 1) / w;
+  auto padded = at::zeros({block * w}, tensor.options());  // the padding is reduced, then dropped
+  padded.narrow(0, 0, n).copy_(tensor.view({-1}));
+  const auto reduced = at::empty({block}, tensor.options());
+  auto first = reduce_scatter_through_all_to_all(reduced, padded, op, info);
+  auto issue = [pg = pg_, reduced, tensor, n, w, info, message = timeout_message(info)]() {
+    const auto gathered = at::empty({reduced.numel() * w}, reduced.options());
+    auto copy_back = [gathered, tensor, n] { tensor.view({-1}).copy_(gathered.narrow(0, 0, n)); };
+    return WorkPtr(std::make_shared<GlooWork>(gather_bytes(*pg, gathered, reduced, w), info,
+                                              message, std::move(copy_back)));
+  };
+  pending_ = std::make_shared<TwoPhaseWork>(std::move(first), std::move(issue));
+  return pending_;
+}
+
+// A prefix of this group's store per subgroup: "ddp/group/<k>/" for the k-th new_group call of
+// this group, the same k on every rank since all of them call new_group in the same order.
+std::shared_ptr<ProcessGroup> GlooProcessGroup::do_new_group(const std::vector<int>& ranks,
+                                                             const CollectiveInfo& info) {
+  issue_pending();
+  const std::string prefix = fmt::format("ddp/group/{}", ++groups_made_);  // PrefixStore adds '/'
+  const auto position = std::lower_bound(ranks.begin(), ranks.end(), rank());
+  if (position == ranks.end() || *position != rank()) return nullptr;
+  auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, store_);
+  return std::make_shared<GlooProcessGroup>(
+      store, static_cast<int>(position - ranks.begin()), static_cast<int>(ranks.size()), device_,
+      options(), info, fmt::format("rank {}: {} #{}", rank(), info.op, info.seq));
+}
 
 }  // namespace
 
 std::unique_ptr<ProcessGroup> make_gloo_process_group(const LaunchInfo& launch,
                                                       const ProcessGroupOptions& options) {
-  return std::make_unique<GlooProcessGroup>(launch, options);
+  auto store = connect_store(launch, options.rendezvous_timeout);
+  return std::make_unique<GlooProcessGroup>(store, launch.rank, launch.world_size,
+                                            make_device(launch), options, rendezvous_info(launch),
+                                            fmt::format("rank {}", launch.rank));
 }
 
 }  // namespace ddp::comm

@@ -1,10 +1,14 @@
 // CPU tensors through Open MPI's non-blocking collectives, for ranks started by mpirun.
 #include <ATen/ATen.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 #include <fmt/format.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
+#include <cmath>
 #include <cstdlib>
 #include <functional>
 #include <thread>
@@ -51,17 +55,70 @@ void ensure_initialized() {
   std::atexit(finalize_at_exit);
 }
 
+// The dtypes MPI can reduce with its own operations.
 MPI_Datatype to_mpi(const at::Tensor& t, const CollectiveInfo& info) {
-  // The dtypes MPI has a type for.
   static const std::pair<at::ScalarType, MPI_Datatype> kTypes[] = {
       {at::kFloat, MPI_FLOAT}, {at::kDouble, MPI_DOUBLE}, {at::kLong, MPI_INT64_T},
-      {at::kInt, MPI_INT32_T}, {at::kByte, MPI_UINT8_T},  {at::kChar, MPI_INT8_T},
+      {at::kInt, MPI_INT32_T}, {at::kShort, MPI_INT16_T}, {at::kByte, MPI_UINT8_T},
+      {at::kChar, MPI_INT8_T},
   };
   for (const auto& [dtype, mpi_type] : kTypes) {
     if (dtype == t.scalar_type()) return mpi_type;
   }
   throw InputError(
       fmt::format("rank {}: {}: backend mpi has no type for {}", info.rank, info.op, info.dtype));
+}
+
+enum class Combine { kSum, kMin, kMax };
+
+// An MPI user function over 16-bit floats (T: c10::Half or c10::BFloat16, whose storage is the
+// 16 bits on the wire): each combination widens both sides to float32, combines, rounds back.
+// Min and max propagate NaN, as torch.minimum and torch.maximum do.
+template <class T, Combine kCombine>
+void combine_16bit(void* in, void* inout, int* len, MPI_Datatype* /*type*/) {
+  const auto* a = static_cast<const T*>(in);
+  auto* b = static_cast<T*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    const float x = static_cast<float>(a[i]);
+    const float y = static_cast<float>(b[i]);
+    float r;
+    if constexpr (kCombine == Combine::kSum) {
+      r = x + y;
+    } else if constexpr (kCombine == Combine::kMin) {
+      r = std::isnan(x) || x < y ? x : y;
+    } else {
+      r = std::isnan(x) || x > y ? x : y;
+    }
+    b[i] = static_cast<T>(r);
+  }
+}
+
+// What MPI lacks, made once after MPI_Init: sum, min and max over float16 and bfloat16 (indexed
+// by Combine), and a 16-byte type for moving complex128.
+struct UserDefined {
+  MPI_Op half[3];
+  MPI_Op bfloat16[3];
+  MPI_Datatype bytes16;
+};
+
+const UserDefined& user_defined() {
+  static const UserDefined made = [] {
+    UserDefined u{};
+    MPI_User_function* const half[] = {combine_16bit<c10::Half, Combine::kSum>,
+                                       combine_16bit<c10::Half, Combine::kMin>,
+                                       combine_16bit<c10::Half, Combine::kMax>};
+    MPI_User_function* const bfloat16[] = {combine_16bit<c10::BFloat16, Combine::kSum>,
+                                           combine_16bit<c10::BFloat16, Combine::kMin>,
+                                           combine_16bit<c10::BFloat16, Combine::kMax>};
+    for (int i = 0; i < 3; ++i) {
+      DDP_MPI_CHECK(MPI_Op_create(half[i], /*commute=*/1, &u.half[i]), -1);
+      DDP_MPI_CHECK(MPI_Op_create(bfloat16[i], /*commute=*/1, &u.bfloat16[i]), -1);
+    }
+    DDP_MPI_CHECK(MPI_Type_contiguous(16, MPI_BYTE, &u.bytes16), -1);
+    DDP_MPI_CHECK(MPI_Type_commit(&u.bytes16), -1);
+    return u;
+  }();
+  return made;
 }
 
 MPI_Op to_mpi(ReduceOp op) {
@@ -75,6 +132,38 @@ MPI_Op to_mpi(ReduceOp op) {
       return MPI_SUM;
   }
   return MPI_SUM;
+}
+
+// The wire type and operation of a reduction: MPI's own, or 16-bit floats as MPI_UINT16_T under
+// our user-defined operations (kAvg sums; the caller divides).
+std::pair<MPI_Datatype, MPI_Op> reduction_of(const at::Tensor& t, ReduceOp op,
+                                             const CollectiveInfo& info) {
+  const auto combine = static_cast<size_t>(op == ReduceOp::kMin   ? Combine::kMin
+                                           : op == ReduceOp::kMax ? Combine::kMax
+                                                                  : Combine::kSum);
+  if (t.scalar_type() == at::kHalf) return {MPI_UINT16_T, user_defined().half[combine]};
+  if (t.scalar_type() == at::kBFloat16) return {MPI_UINT16_T, user_defined().bfloat16[combine]};
+  return {to_mpi(t, info), to_mpi(op)};
+}
+
+// Broadcast, all-gather and all-to-all only move elements: any dtype goes as an MPI type of its
+// element's size (bool, int16, float16, bfloat16 included).
+MPI_Datatype movement_type(const at::Tensor& t, const CollectiveInfo& info) {
+  switch (t.element_size()) {
+    case 1:
+      return MPI_UINT8_T;
+    case 2:
+      return MPI_UINT16_T;
+    case 4:
+      return MPI_UINT32_T;
+    case 8:
+      return MPI_UINT64_T;
+    case 16:
+      return user_defined().bytes16;
+    default:
+      throw InputError(fmt::format("rank {}: {}: backend mpi cannot move {} ({}-byte elements)",
+                                   info.rank, info.op, info.dtype, t.element_size()));
+  }
 }
 
 int checked_count(const at::Tensor& t, const CollectiveInfo& info) {
@@ -108,7 +197,7 @@ class MpiWork : public Work {
 
   void wait() override {
     const auto start = std::chrono::steady_clock::now();
-    while (!test()) {
+    while (!test(/*may_start_next=*/true)) {
       const auto now = std::chrono::steady_clock::now();
       if (now > deadline_) {
         g_failed = true;
@@ -124,10 +213,16 @@ class MpiWork : public Work {
       }
     }
   }
-  bool is_completed() override { return test(); }
+  bool is_completed() override { return test(/*may_start_next=*/false); }
 
  private:
-  bool test() {
+  // Note [Later parts start in wait()]: every rank must start its MPI collectives on a
+  // communicator in the same order. The next part of a large all-reduce is therefore started
+  // only from wait(), which ranks call in the same order, never from is_completed(), which the
+  // reducer polls at moments that differ between ranks (a part started there on one rank before
+  // another bucket's all-reduce, and after it on another, made MPI fail with MPI_ERR_TRUNCATE).
+  // A completed request is MPI_REQUEST_NULL, which MPI_Test reports complete again.
+  bool test(bool may_start_next) {
     if (done_) return true;
     int flag = 0;
     const int rc = MPI_Test(&request_, &flag, MPI_STATUS_IGNORE);
@@ -136,6 +231,7 @@ class MpiWork : public Work {
       throw CommError(info_, failure_message(info_, "mpi", mpi_error_string(rc)));
     }
     if (flag == 0) return false;
+    if (part_ + 1 < parts_ && !may_start_next) return false;
     if (++part_ < parts_) {
       request_ = start_part_(part_);
       return false;
@@ -156,7 +252,6 @@ class MpiWork : public Work {
   bool done_ = false;
 };
 
-// Both initialise MPI first: the base-class constructor's arguments run in no fixed order.
 int world_rank() {
   ensure_initialized();
   int rank = 0;
@@ -164,10 +259,15 @@ int world_rank() {
   return rank;
 }
 
-int world_size_of() {
-  ensure_initialized();
+int comm_rank(MPI_Comm comm) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  return rank;
+}
+
+int comm_size(MPI_Comm comm) {
   int size = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MPI_Comm_size(comm, &size);
   return size;
 }
 
@@ -175,31 +275,39 @@ class MpiProcessGroup : public ProcessGroup {
  public:
   static constexpr int64_t kPartElements = int64_t{1} << 20;
 
-  explicit MpiProcessGroup(const ProcessGroupOptions& options)
-      : ProcessGroup(world_rank(), world_size_of(), options) {
-    // Our own communicator, with errors returned instead of aborting the process.
-    DDP_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), rank());
+  // Owns `comm` (our own communicator: a duplicate of MPI_COMM_WORLD or a split of a group's),
+  // with errors returned instead of aborting the process.
+  MpiProcessGroup(MPI_Comm comm, const ProcessGroupOptions& options)
+      : ProcessGroup(comm_rank(comm), comm_size(comm), options), comm_(comm) {
     DDP_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), rank());
+  }
+  // Not after MPI_Finalize (a group kept until exit), nor after a failure (peers may be gone).
+  ~MpiProcessGroup() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized && !g_failed.load()) MPI_Comm_free(&comm_);
   }
   std::string backend_name() const override { return "mpi"; }
 
  protected:
   WorkPtr do_all_reduce(at::Tensor& tensor, ReduceOp op, const CollectiveInfo& info) override {
     const int count = checked_count(tensor, info);
-    const auto type = to_mpi(tensor, info);
+    const auto [type, mpi_op] = reduction_of(tensor, op, info);
     // Large messages go in 4 MB parts, one after the other: Open MPI's non-blocking all-reduce
     // of one 64 MB message (or of several parts at once) ran at 0.2-0.3 GB/s here, against
     // 2-4 GB/s for a single 4 MB message.
     auto* base = static_cast<char*>(tensor.data_ptr());
     const auto element = static_cast<int64_t>(tensor.element_size());
     const int64_t parts = std::max<int64_t>(1, (count + kPartElements - 1) / kPartElements);
-    auto start_part = [this, base, element, count, type, mpi_op = to_mpi(op)](int64_t i) {
+    // By value: the Work may outlive the group.
+    auto start_part = [comm = comm_, rank = rank(), base, element, count, type = type,
+                       mpi_op = mpi_op](int64_t i) {
       const int64_t begin = i * kPartElements;
       const int n = static_cast<int>(std::min<int64_t>(kPartElements, count - begin));
       MPI_Request request;
       DDP_MPI_CHECK(
-          MPI_Iallreduce(MPI_IN_PLACE, base + begin * element, n, type, mpi_op, comm_, &request),
-          rank());
+          MPI_Iallreduce(MPI_IN_PLACE, base + begin * element, n, type, mpi_op, comm, &request),
+          rank);
       return request;
     };
     return make_work(start_part, parts, info, op == ReduceOp::kAvg ? tensor : at::Tensor());
@@ -207,28 +315,70 @@ class MpiProcessGroup : public ProcessGroup {
   WorkPtr do_broadcast(at::Tensor& tensor, int root, const CollectiveInfo& info) override {
     const int count = checked_count(tensor, info);
     MPI_Request request;
-    DDP_MPI_CHECK(MPI_Ibcast(tensor.data_ptr(), count, to_mpi(tensor, info), root, comm_, &request),
-                  rank());
-    return make_work([request](int64_t) { return request; }, 1, info);
+    DDP_MPI_CHECK(
+        MPI_Ibcast(tensor.data_ptr(), count, movement_type(tensor, info), root, comm_, &request),
+        rank());
+    return make_work(started(request), 1, info);
   }
   WorkPtr do_all_gather(at::Tensor& output, const at::Tensor& input,
                         const CollectiveInfo& info) override {
     const int count = checked_count(input, info);
     checked_count(output, info);
-    const auto type = to_mpi(input, info);
+    const auto type = movement_type(input, info);
     MPI_Request request;
     DDP_MPI_CHECK(MPI_Iallgather(input.data_ptr(), count, type, output.data_ptr(), count, type,
                                  comm_, &request),
                   rank());
-    return make_work([request](int64_t) { return request; }, 1, info);
+    return make_work(started(request), 1, info);
+  }
+  WorkPtr do_reduce_scatter(at::Tensor& output, const at::Tensor& input, ReduceOp op,
+                            const CollectiveInfo& info) override {
+    checked_count(input, info);
+    const int count = checked_count(output, info);
+    const auto [type, mpi_op] = reduction_of(input, op, info);
+    MPI_Request request;
+    DDP_MPI_CHECK(MPI_Ireduce_scatter_block(input.data_ptr(), output.data_ptr(), count, type,
+                                            mpi_op, comm_, &request),
+                  rank());
+    return make_work(started(request), 1, info, op == ReduceOp::kAvg ? output : at::Tensor());
+  }
+  WorkPtr do_all_to_all(at::Tensor& output, const at::Tensor& input,
+                        const CollectiveInfo& info) override {
+    checked_count(output, info);
+    const int block = checked_count(input, info) / world_size();
+    const auto type = movement_type(input, info);
+    MPI_Request request;
+    DDP_MPI_CHECK(MPI_Ialltoall(input.data_ptr(), block, type, output.data_ptr(), block, type,
+                                comm_, &request),
+                  rank());
+    return make_work(started(request), 1, info);
   }
   WorkPtr do_barrier(const CollectiveInfo& info) override {
     MPI_Request request;
     DDP_MPI_CHECK(MPI_Ibarrier(comm_, &request), rank());
-    return make_work([request](int64_t) { return request; }, 1, info);
+    return make_work(started(request), 1, info);
+  }
+  // MPI_Comm_split of our communicator, keyed by our rank: the members keep their order, so a
+  // member's rank in the subgroup is its position in the sorted `ranks`. It blocks until every
+  // rank of this group has called it, without a timeout (MPI has none for it).
+  std::shared_ptr<ProcessGroup> do_new_group(const std::vector<int>& ranks,
+                                             const CollectiveInfo& info) override {
+    const bool member = std::binary_search(ranks.begin(), ranks.end(), rank());
+    MPI_Comm sub = MPI_COMM_NULL;
+    const int rc = MPI_Comm_split(comm_, member ? 0 : MPI_UNDEFINED, rank(), &sub);
+    if (rc != MPI_SUCCESS) {
+      g_failed = true;
+      throw CommError(info, failure_message(info, "mpi", mpi_error_string(rc)));
+    }
+    if (!member) return nullptr;
+    return std::make_shared<MpiProcessGroup>(sub, options());
   }
 
  private:
+  // A collective started by one call.
+  static MpiWork::StartPart started(MPI_Request request) {
+    return [request](int64_t) { return request; };
+  }
   WorkPtr make_work(MpiWork::StartPart start_part, int64_t parts, const CollectiveInfo& info,
                     at::Tensor divide = at::Tensor()) {
     return std::make_shared<MpiWork>(std::move(start_part), parts, info, timeout_message(info),
@@ -241,7 +391,11 @@ class MpiProcessGroup : public ProcessGroup {
 }  // namespace
 
 std::unique_ptr<ProcessGroup> make_mpi_process_group(const ProcessGroupOptions& options) {
-  return std::make_unique<MpiProcessGroup>(options);
+  ensure_initialized();
+  user_defined();  // our 16-bit operations, made once now that MPI is up
+  MPI_Comm comm = MPI_COMM_NULL;
+  DDP_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm), world_rank());
+  return std::make_unique<MpiProcessGroup>(comm, options);
 }
 
 std::string mpi_broadcast_bytes(const std::string& root_value) {

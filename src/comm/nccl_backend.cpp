@@ -30,9 +30,11 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -47,6 +49,9 @@
 #endif
 #if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
 #define DDP_NCCL_HAS_AVG_AND_BF16 1  // ncclAvg and ncclBfloat16 arrived in NCCL 2.10
+#endif
+#if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 7, 0)
+#define DDP_NCCL_HAS_SEND_RECV 1  // ncclSend and ncclRecv arrived in NCCL 2.7
 #endif
 #if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 13, 0)
 #define DDP_NCCL_HAS_LAST_ERROR 1  // ncclGetLastError arrived in NCCL 2.13
@@ -323,38 +328,57 @@ c10::DeviceIndex checked_device(const LaunchInfo& launch) {
   return static_cast<c10::DeviceIndex>(launch.local_rank);
 }
 
+// What a failure to create a communicator is reported as.
+CollectiveInfo init_info(int rank, int world_size) {
+  CollectiveInfo info;
+  info.op = "init(ncclCommInitRank)";
+  info.rank = rank;
+  info.world_size = world_size;
+  return info;
+}
+
+// Rank 0 creates the id; `exchange` (TCP store or MPI_Bcast) hands its bytes to every rank.
+ncclUniqueId world_unique_id(int rank, const BroadcastBytes& exchange, const CollectiveInfo& info) {
+  ncclUniqueId id;
+  std::memset(&id, 0, sizeof(id));
+  std::string bytes;
+  if (rank == 0) {
+    DDP_NCCL_CHECK(ncclGetUniqueId(&id), info);
+    bytes.assign(reinterpret_cast<const char*>(&id), sizeof(id));
+  }
+  bytes = exchange(bytes);
+  if (bytes.size() != sizeof(id)) {
+    throw CommError(info, "rank " + std::to_string(rank) + ": " + info.op +
+                              ": the NCCL id from rank 0 has " + std::to_string(bytes.size()) +
+                              " bytes, expected " + std::to_string(sizeof(id)));
+  }
+  std::memcpy(&id, bytes.data(), sizeof(id));
+  return id;
+}
+
 class NcclProcessGroup : public ProcessGroup {
  public:
+  // The world group: rank 0's id reaches every rank through `exchange`.
   NcclProcessGroup(const LaunchInfo& launch, const ProcessGroupOptions& options,
                    const BroadcastBytes& exchange)
-      : ProcessGroup(launch.rank, launch.world_size, options),
-        device_(checked_device(launch)),
-        comm_stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device_)) {
-    CollectiveInfo info;
-    info.op = "init(ncclCommInitRank)";
-    info.rank = rank();
-    info.world_size = world_size();
+      : NcclProcessGroup(launch.rank, launch.world_size, options, checked_device(launch), [&] {
+          return world_unique_id(launch.rank, exchange, init_info(launch.rank, launch.world_size));
+        }) {}
 
+  // A communicator of `size` ranks on `device`, joined with the id `unique_id` returns (called
+  // once the device is current: the world's exchange, or a subgroup's id from its parent).
+  NcclProcessGroup(int rank, int size, const ProcessGroupOptions& options, c10::DeviceIndex device,
+                   const std::function<ncclUniqueId()>& unique_id)
+      : ProcessGroup(rank, size, options),
+        device_(device),
+        comm_stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device_)) {
+    const CollectiveInfo info = init_info(rank, size);
     c10::cuda::CUDAGuard guard(device_);
-    // Rank 0 creates the id; `exchange` (TCP store or MPI_Bcast) hands its bytes to every rank.
-    ncclUniqueId id;
-    std::memset(&id, 0, sizeof(id));
-    std::string bytes;
-    if (rank() == 0) {
-      DDP_NCCL_CHECK(ncclGetUniqueId(&id), info);
-      bytes.assign(reinterpret_cast<const char*>(&id), sizeof(id));
-    }
-    bytes = exchange(bytes);
-    if (bytes.size() != sizeof(id)) {
-      throw CommError(info, "rank " + std::to_string(rank()) + ": " + info.op +
-                                ": the NCCL id from rank 0 has " + std::to_string(bytes.size()) +
-                                " bytes, expected " + std::to_string(sizeof(id)));
-    }
-    std::memcpy(&id, bytes.data(), sizeof(id));
-    // Blocks until all world_size ranks have joined. NCCL's blocking init has no timeout of its
-    // own; the exchange above (bounded by options.timeout) is where a missing rank shows up.
+    const ncclUniqueId id = unique_id();
+    // Blocks until all `size` ranks have joined. NCCL's blocking init has no timeout of its
+    // own; the id's exchange (bounded by options.timeout) is where a missing rank shows up.
     ncclComm_t comm = nullptr;
-    DDP_NCCL_CHECK(ncclCommInitRank(&comm, world_size(), id, rank()), info);
+    DDP_NCCL_CHECK(ncclCommInitRank(&comm, size, id, rank), info);
     comm_ = std::make_shared<NcclComm>(comm, comm_stream_.stream(), options.timeout);
   }
 
@@ -410,6 +434,79 @@ class NcclProcessGroup : public ProcessGroup {
     });
   }
 
+  // Rank r receives the reduction of every rank's block r.
+  WorkPtr do_reduce_scatter(at::Tensor& output, const at::Tensor& input, ReduceOp op,
+                            const CollectiveInfo& info) override {
+    check_tensor(input, "input");
+    check_tensor(output, "output");
+    const ncclDataType_t dtype = to_nccl_dtype(input.scalar_type(), info);
+    if (output.numel() == 0) return std::make_shared<CompletedWork>();
+    return enqueue({output, input}, info, [&](cudaStream_t stream) {
+      DDP_NCCL_CHECK(ncclReduceScatter(input.data_ptr(), output.data_ptr(), count(output), dtype,
+                                       to_nccl_op(op), comm_->get(), stream),
+                     info);
+      if (!kNcclHasAvg && op == ReduceOp::kAvg && world_size() > 1) {  // as in do_all_reduce
+        c10::cuda::CUDAStreamGuard on_comm(comm_stream_);
+        sum_to_average(output, world_size());
+      }
+    });
+  }
+
+  // One send and one receive per peer in one NCCL group, which NCCL runs together (no order
+  // between the peers to deadlock on).
+  WorkPtr do_all_to_all(at::Tensor& output, const at::Tensor& input,
+                        const CollectiveInfo& info) override {
+    check_tensor(input, "input");
+    check_tensor(output, "output");
+    const ncclDataType_t dtype = to_nccl_dtype(input.scalar_type(), info);
+    if (input.numel() == 0) return std::make_shared<CompletedWork>();
+#ifndef DDP_NCCL_HAS_SEND_RECV
+    (void)dtype;
+    throw InputError("backend nccl: " + info.op + " needs NCCL 2.7 or newer (ncclSend, ncclRecv)");
+#else
+    const size_t block = count(input) / static_cast<size_t>(world_size());
+    const size_t block_bytes = block * input.element_size();
+    return enqueue({output, input}, info, [&](cudaStream_t stream) {
+      const auto* send = static_cast<const char*>(input.data_ptr());
+      auto* recv = static_cast<char*>(output.data_ptr());
+      DDP_NCCL_CHECK(ncclGroupStart(), info);
+      for (int q = 0; q < world_size(); ++q) {
+        const size_t offset = static_cast<size_t>(q) * block_bytes;
+        DDP_NCCL_CHECK(ncclSend(send + offset, block, dtype, q, comm_->get(), stream), info);
+        DDP_NCCL_CHECK(ncclRecv(recv + offset, block, dtype, q, comm_->get(), stream), info);
+      }
+      DDP_NCCL_CHECK(ncclGroupEnd(), info);
+    });
+#endif
+  }
+
+  // The subgroup's first rank makes a fresh id; a broadcast over this group's communicator, which
+  // every rank of this group joins (new_group is a collective of this group), hands it to the
+  // members, who then create the subgroup's communicator together.
+  std::shared_ptr<ProcessGroup> do_new_group(const std::vector<int>& ranks,
+                                             const CollectiveInfo& info) override {
+    ncclUniqueId id;
+    std::memset(&id, 0, sizeof(id));
+    if (rank() == ranks.front()) DDP_NCCL_CHECK(ncclGetUniqueId(&id), info);
+    const auto size = static_cast<int64_t>(sizeof(id));
+    at::Tensor host = at::empty({size}, at::TensorOptions().dtype(at::kByte));
+    std::memcpy(host.data_ptr(), &id, sizeof(id));
+    at::Tensor bytes = host.to(device());
+    auto work = enqueue({bytes}, info, [&](cudaStream_t stream) {
+      DDP_NCCL_CHECK(ncclBroadcast(bytes.data_ptr(), bytes.data_ptr(), sizeof(id), ncclUint8,
+                                   ranks.front(), comm_->get(), stream),
+                     info);
+    });
+    work->wait_on_host();  // the bytes are final: the copy below need not wait on any stream
+    host = bytes.cpu();
+    std::memcpy(&id, host.data_ptr(), sizeof(id));
+    const auto position = std::lower_bound(ranks.begin(), ranks.end(), rank());
+    if (position == ranks.end() || *position != rank()) return nullptr;
+    return std::make_shared<NcclProcessGroup>(static_cast<int>(position - ranks.begin()),
+                                              static_cast<int>(ranks.size()), options(), device_,
+                                              [&id] { return id; });
+  }
+
   // An all-reduce of one element, waited for on the host: a barrier is a host-side meeting point,
   // so it blocks (with the group's timeout, if any) even where wait() would not.
   WorkPtr do_barrier(const CollectiveInfo& info) override {
@@ -424,8 +521,12 @@ class NcclProcessGroup : public ProcessGroup {
   }
 
  private:
-  at::Device device() const { return at::Device(at::kCUDA, device_); }
-  static size_t count(const at::Tensor& tensor) { return static_cast<size_t>(tensor.numel()); }
+  at::Device device() const {
+    return at::Device(at::kCUDA, device_);
+  }
+  static size_t count(const at::Tensor& tensor) {
+    return static_cast<size_t>(tensor.numel());
+  }
 
   void check_tensor(const at::Tensor& tensor, const char* role) const {
     const std::string head = "backend nccl needs CUDA tensors on cuda:" + std::to_string(device_);

@@ -2,6 +2,9 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
 
 namespace ddp::comm {
 
@@ -133,9 +136,10 @@ CollectiveInfo ProcessGroup::next_info(std::string op, const at::Tensor* tensor)
     info.dtype = dtype_name(tensor->scalar_type());
   }
   if (issue_hook_) issue_hook_(info);
+  const auto bytes = tensor == nullptr ? int64_t{0} : static_cast<int64_t>(tensor->nbytes());
+  bytes_issued_ += bytes;
   // Recorded as issued before the backend sees it: a backend call that blocks shows as waiting.
-  recorder_->issued(info.seq, info.op,
-                    tensor == nullptr ? 0 : static_cast<int64_t>(tensor->nbytes()));
+  recorder_->issued(info.seq, info.op, bytes);
   return info;
 }
 
@@ -170,9 +174,79 @@ WorkPtr ProcessGroup::all_gather(at::Tensor& output, const at::Tensor& input) {
   return recorded(info, [&] { return do_all_gather(output, input, info); });
 }
 
+namespace {
+
+// The contract of reduce_scatter and all_to_all: contiguous tensors of one dtype, `input` in
+// world_size equal blocks, `output` of `output_blocks` of them.
+void check_blocks(const std::string& op, const at::Tensor& output, const at::Tensor& input,
+                  int world_size, int64_t output_blocks) {
+  if (!output.is_contiguous() || !input.is_contiguous()) {
+    throw InputError(op + " needs contiguous tensors");
+  }
+  if (output.scalar_type() != input.scalar_type()) {
+    throw InputError(fmt::format("{}: output is {}, input {}: they must have one dtype", op,
+                                 dtype_name(output.scalar_type()),
+                                 dtype_name(input.scalar_type())));
+  }
+  if (input.numel() % world_size != 0 ||
+      output.numel() * world_size != input.numel() * output_blocks) {
+    throw InputError(fmt::format(
+        "{}: input has {} elements and output {}: with world size {}, input must be {} equal "
+        "blocks and output {} of them",
+        op, input.numel(), output.numel(), world_size, world_size, output_blocks));
+  }
+}
+
+// Sorted `ranks`, or InputError naming the rank that is out of [0, world_size) or repeated.
+std::vector<int> checked_group_ranks(std::vector<int> ranks, int world_size) {
+  if (ranks.empty()) throw InputError("new_group needs at least one rank");
+  std::sort(ranks.begin(), ranks.end());
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] < 0 || ranks[i] >= world_size) {
+      throw InputError(fmt::format("new_group: rank {} is not a rank of this group (ranks 0-{})",
+                                   ranks[i], world_size - 1));
+    }
+    if (i > 0 && ranks[i] == ranks[i - 1]) {
+      throw InputError(fmt::format("new_group: rank {} is listed twice", ranks[i]));
+    }
+  }
+  return ranks;
+}
+
+}  // namespace
+
+WorkPtr ProcessGroup::reduce_scatter(at::Tensor& output, const at::Tensor& input, ReduceOp op) {
+  check_blocks("reduce_scatter", output, input, world_size_, 1);
+  const auto info = next_info(fmt::format("reduce_scatter({})", to_string(op)), &input);
+  return recorded(info, [&] { return do_reduce_scatter(output, input, op, info); });
+}
+
+WorkPtr ProcessGroup::all_to_all(at::Tensor& output, const at::Tensor& input) {
+  check_blocks("all_to_all", output, input, world_size_, world_size_);
+  const auto info = next_info("all_to_all", &input);
+  return recorded(info, [&] { return do_all_to_all(output, input, info); });
+}
+
 WorkPtr ProcessGroup::barrier() {
   const auto info = next_info("barrier", nullptr);
   return recorded(info, [&] { return do_barrier(info); });
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::new_group(std::vector<int> ranks) {
+  ranks = checked_group_ranks(std::move(ranks), world_size_);
+  // Recorded as a collective: the backends build the subgroup's communicator collectively.
+  const auto info = next_info(fmt::format("new_group(ranks {})", fmt::join(ranks, ",")), nullptr);
+  std::shared_ptr<ProcessGroup> group;
+  try {
+    group = do_new_group(ranks, info);
+  } catch (...) {
+    recorder_->finished(info.seq, false);
+    throw;
+  }
+  recorder_->finished(info.seq, true);
+  const bool member = std::binary_search(ranks.begin(), ranks.end(), rank_);
+  DDP_CHECK((group != nullptr) == member, "new_group: the backend disagrees about membership");
+  return group;
 }
 
 }  // namespace ddp::comm

@@ -117,7 +117,6 @@ DistributedDataParallelImpl::DistributedDataParallelImpl(std::shared_ptr<torch::
       static_cast<size_t>(options_.first_bucket_mb() * 1024 * 1024);
   reducer_options.find_unused_parameters = options_.find_unused_parameters();
   reducer_options.gradient_as_bucket_view = options_.gradient_as_bucket_view();
-  reducer_options.comm_hook = options_.comm_hook();
   if (!params.empty()) {
     reducer_ = std::make_unique<core::Reducer>(params, names, group_, reducer_options);
   }

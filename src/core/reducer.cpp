@@ -45,8 +45,7 @@ Reducer::Reducer(std::vector<torch::Tensor> params, std::vector<std::string> nam
       group_(std::move(group)),
       options_(options),
       hooks_(std::make_unique<Hooks>()),
-      passthrough_(group_->world_size() == 1 && options_.comm_hook == CommHook::kAllReduce &&
-                   !options_.gradient_as_bucket_view) {
+      passthrough_(group_->world_size() == 1 && !options_.gradient_as_bucket_view) {
   DDP_CHECK(params_.size() == names_.size(), "one name per parameter");
   // Gradients arrive roughly in reverse registration order: bucket that way until the first
   // iteration shows the real order.
@@ -60,6 +59,17 @@ Reducer::Reducer(std::vector<torch::Tensor> params, std::vector<std::string> nam
     hooks_->keys.push_back(accumulator->add_post_hook(std::make_unique<GradReadyHook>(this, i)));
     hooks_->accumulators.push_back(std::move(accumulator));
   }
+}
+
+void Reducer::register_comm_hook(CommHookFn hook) {
+  DDP_CHECK(hook != nullptr, "register_comm_hook needs a hook");
+  if (hook_ || started_) {
+    throw Error(fmt::format(
+        "rank {}: register_comm_hook: {}; register one hook, once, before the first backward",
+        group_->rank(), hook_ ? "a comm hook is registered already" : "training has started"));
+  }
+  hook_ = std::move(hook);
+  passthrough_ = false;  // a hook runs even on one rank (PowerSGD compresses there too)
 }
 
 Reducer::~Reducer() {
@@ -106,9 +116,10 @@ void Reducer::begin_iteration() {
   ready_.assign(params_.size(), false);
   ready_order_.clear();
   next_launch_ = 0;
+  started_ = true;
   for (auto& bucket : buckets_) {
     bucket.pending = bucket.params.size();
-    bucket.work.reset();
+    bucket.future.reset();
   }
   stats_ = IterationStats();
   stats_.first_grad = Clock::now();
@@ -164,7 +175,7 @@ void Reducer::launch_ready_buckets() {
 
 void Reducer::note_completed() {
   for (size_t b = 0; b < next_launch_; ++b) {
-    if (stats_.bucket_done[b] == Clock::time_point() && buckets_[b].work->is_completed()) {
+    if (stats_.bucket_done[b] == Clock::time_point() && buckets_[b].future->is_completed()) {
       stats_.bucket_done[b] = Clock::now();
     }
   }
@@ -174,30 +185,34 @@ void Reducer::launch(size_t b) {
   auto& bucket = buckets_[b];
   stats_.bucket_launch[b] = Clock::now();
   if (passthrough_) {
-    bucket.wire = bucket.flat;
-    bucket.work = std::make_shared<comm::CompletedWork>();
+    bucket.future = Future::ready(bucket.flat);
     return;
   }
   group_->set_phase(fmt::format("backward: bucket {}", b));  // for the flight recorder
-  switch (options_.comm_hook) {
-    case CommHook::kAllReduce:
-      bucket.wire = bucket.flat;
-      bucket.work = group_->all_reduce(bucket.wire, comm::ReduceOp::kAvg);
-      break;
-    case CommHook::kFp16Compress:
-    case CommHook::kBf16Compress: {
-      // Divide in float32, then cast. PyTorch's fp16_compress_hook and bf16_compress_hook
-      // (torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py, 1.13 and 2.x) cast
-      // first and divide in the narrow type; dividing first also keeps a gradient above
-      // float16's largest value (65504) whose share of the average is below it.
-      const auto dtype =
-          options_.comm_hook == CommHook::kFp16Compress ? torch::kHalf : torch::kBFloat16;
-      bucket.wire = bucket.flat.div(group_->world_size()).to(dtype);
-      bucket.work = group_->all_reduce(bucket.wire, comm::ReduceOp::kSum);
-      break;
+  std::vector<torch::Tensor> params;
+  for (size_t i : bucket.params) params.push_back(params_[i]);
+  GradBucket view(b, buckets_.size(), bucket.flat, bucket.views, std::move(params));
+  const int64_t bytes_before = group_->bytes_issued();
+  bucket.future = hook_ ? hook_(view) : allreduce_hook(*group_, view);
+  DDP_CHECK(bucket.future != nullptr, "a comm hook returned no future");
+  stats_.bucket_bytes[b] += group_->bytes_issued() - bytes_before;
+}
+
+void Reducer::wait_for(size_t b) {
+  auto& bucket = buckets_[b];
+  group_->set_phase(fmt::format("backward: bucket {}", b));  // continuations may communicate
+  const int64_t bytes_before = group_->bytes_issued();
+  const auto reduced = bucket.future->wait();
+  stats_.bucket_bytes[b] += group_->bytes_issued() - bytes_before;
+  if (stats_.bucket_done[b] == Clock::time_point()) stats_.bucket_done[b] = Clock::now();
+  if (!reduced.is_same(bucket.flat)) {
+    if (!reduced.defined() || reduced.numel() != bucket.flat.numel()) {
+      throw Error(fmt::format(
+          "rank {}: the comm hook's future for bucket {} holds {} elements; the bucket has {}",
+          group_->rank(), b, reduced.defined() ? reduced.numel() : 0, bucket.flat.numel()));
     }
+    bucket.flat.copy_(reduced.view({-1}));
   }
-  stats_.bucket_bytes[b] = static_cast<int64_t>(bucket.wire.nbytes());
 }
 
 void Reducer::report_unready() const {
@@ -242,10 +257,8 @@ void Reducer::finalize() {
   note_completed();
   for (size_t b = 0; b < buckets_.size(); ++b) {
     auto& bucket = buckets_[b];
-    bucket.work->wait();
-    if (stats_.bucket_done[b] == Clock::time_point()) stats_.bucket_done[b] = Clock::now();
-    if (!bucket.wire.is_same(bucket.flat)) bucket.flat.copy_(bucket.wire);  // decompress
-    bucket.wire = torch::Tensor();
+    wait_for(b);
+    bucket.future.reset();
     if (passthrough_) continue;
     for (size_t k = 0; k < bucket.params.size(); ++k) {
       const size_t i = bucket.params[k];

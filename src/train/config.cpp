@@ -38,12 +38,19 @@ double parse_float(const std::string& text) {
   return value;
 }
 
-bool parse_bool(const std::string& text) {
+// The words a bool takes, in any case: true|yes|on|1 and false|no|off|0; nullopt for others.
+std::optional<bool> bool_word(const std::string& text) {
   std::string t = text;
   std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
   if (t == "true" || t == "yes" || t == "on" || t == "1") return true;
   if (t == "false" || t == "no" || t == "off" || t == "0") return false;
-  throw BadValue{"true or false"};
+  return std::nullopt;
+}
+
+bool parse_bool(const std::string& text) {
+  const std::optional<bool> value = bool_word(text);
+  if (!value) throw BadValue{"true or false"};
+  return *value;
 }
 
 std::string format_float(double v) {
@@ -63,8 +70,9 @@ constexpr Named<LrScaling> kLrScalingNames[] = {{LrScaling::kNone, "none"},
 constexpr Named<SavePrefix> kSavePrefixNames[] = {{SavePrefix::kModule, "module"},
                                                   {SavePrefix::kNone, "none"}};
 constexpr Named<CommHook> kCommHookNames[] = {{CommHook::kAllReduce, "allreduce"},
-                                              {CommHook::kFp16Compress, "fp16"},
-                                              {CommHook::kBf16Compress, "bf16"}};
+                                              {CommHook::kFp16, "fp16"},
+                                              {CommHook::kBf16, "bf16"},
+                                              {CommHook::kPowerSgd, "powersgd"}};
 
 // "sgd|adam|adamw"
 template <class E, size_t N>
@@ -266,15 +274,21 @@ std::vector<ConfigKey> make_keys() {
                "DDP: gradients live in the all-reduce buckets (saves a copy and memory)"),
       bool_key("sync-bn", &C::sync_bn,
                "BatchNorm statistics over the global batch (SyncBatchNorm), for small batches"),
-      enum_key("comm-hook", DDP_OPTION(comm_hook), kCommHookNames,
-               "DDP: gradient communication (fp16/bf16: compressed to half the bytes)"),
+      enum_key("comm-hook", &C::comm_hook, kCommHookNames,
+               "DDP: how gradients are reduced (fp16/bf16: half the bytes on the wire; "
+               "powersgd: low-rank compression, PyTorch's powerSGD_hook)"),
+      int_key("powersgd-rank", &C::powersgd_rank, 1,
+              "PowerSGD: rank of the approximation (matrix_approximation_rank)"),
+      int_key("powersgd-start-iter", &C::powersgd_start_iter, 2,
+              "PowerSGD: steps of plain all-reduce first (start_powerSGD_iter; PyTorch advises "
+              "about 10% of training)"),
       int_key("threads", &C::threads, 0, "intra-op threads per process (0: LibTorch's default)"),
       string_key("output-dir", &C::output_dir, {}, "PATH", "directory for metrics and checkpoints"),
       string_key("log-level", &C::log_level, {"trace", "debug", "info", "warn", "error", "off"}, "",
                  "log level of rank 0"),
       string_key("progress", &C::progress, {"auto", "bar", "lines", "off"}, "",
                  "rank 0's progress in an epoch: a bar redrawn on a terminal, or log lines "
-                 "(auto: the bar on a terminal, lines otherwise)"),
+                 "(auto: the bar on a terminal, lines otherwise and under mpirun)"),
       float_key("progress-every", &C::progress_every, 0.0, true,
                 "seconds between progress lines in a log"),
       string_key("timeline", &C::timeline, {}, "PATH",
@@ -327,6 +341,33 @@ const ConfigKey* find_config_key(const std::string& name) {
     if (key.name == wanted) return &key;
   }
   return nullptr;
+}
+
+std::vector<std::string> join_bool_values(const std::vector<std::string>& args) {
+  auto bool_option = [](const std::string& word) {
+    if (word.rfind("--", 0) != 0) return false;
+    const std::string name = word.substr(2);  // the parser's exact spelling, as --help shows it
+    const auto& keys = config_keys();
+    return std::any_of(keys.begin(), keys.end(),
+                       [&](const ConfigKey& k) { return k.is_flag && k.name == name; });
+  };
+  std::vector<std::string> out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--") {  // what follows is positional, whatever it looks like
+      out.insert(out.end(), args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
+      break;
+    }
+    if (!bool_option(args[i])) {
+      out.push_back(args[i]);
+      continue;
+    }
+    // Only a bool word is taken as the value: "--augment --epochs 3" keeps "--epochs", and a
+    // word that is no bool stays for the parser to report.
+    const bool value_follows = i + 1 < args.size() && bool_word(args[i + 1]).has_value();
+    out.push_back(args[i] + "=" + (value_follows ? args[i + 1] : std::string("true")));
+    if (value_follows) ++i;
+  }
+  return out;
 }
 
 void set_config_value(Config& config, const std::string& key, const std::string& value,

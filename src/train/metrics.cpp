@@ -32,7 +32,7 @@ std::string to_json(const EpochMetrics& m) {
       "{{\"epoch\": {}, \"steps\": {}, \"lr\": {:.9g}, \"train_loss\": {}, \"val_loss\": {}, "
       "\"val_mae\": {}, \"test_loss\": {}, \"test_accuracy\": {}, \"test_mae\": {}, "
       "\"naive_test_loss\": {}, \"naive_test_mae\": {}, \"samples_per_s\": {:.6g}, "
-      "\"epoch_seconds\": {:.6g}}}",
+      "\"epoch_seconds\": {:.6g}, \"grad_bytes_per_step\": {:.9g}}}",
       m.epoch, m.steps, m.lr, number_or_null(m.train_loss),
       number_or_null(field(v, [](const Scores& s) { return std::optional(s.loss); })),
       number_or_null(field(v, [](const Scores& s) { return s.mae; })),
@@ -41,7 +41,7 @@ std::string to_json(const EpochMetrics& m) {
       number_or_null(field(t, [](const Scores& s) { return s.mae; })),
       number_or_null(field(t, [](const Scores& s) { return s.naive_loss; })),
       number_or_null(field(t, [](const Scores& s) { return s.naive_mae; })), m.samples_per_s,
-      m.epoch_seconds);
+      m.epoch_seconds, m.grad_bytes_per_step);
 }
 
 std::string describe(const EpochMetrics& m) {

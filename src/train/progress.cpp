@@ -10,11 +10,14 @@
 
 namespace ddp::train {
 
-ProgressStyle progress_style(const std::string& setting, bool is_terminal, bool is_main) {
+ProgressStyle progress_style(const std::string& setting, bool is_terminal, bool under_mpirun,
+                             bool is_main) {
   if (!is_main || setting == "off") return ProgressStyle::kOff;
   if (setting == "bar") return ProgressStyle::kBar;
   if (setting == "lines") return ProgressStyle::kLines;
-  return is_terminal ? ProgressStyle::kBar : ProgressStyle::kLines;
+  // Open MPI relays each rank's output through a pseudo-terminal of its own, so isatty says yes
+  // even when mpirun writes to a file; redraws would fill that file. Lines read well either way.
+  return is_terminal && !under_mpirun ? ProgressStyle::kBar : ProgressStyle::kLines;
 }
 
 std::string format_duration(double seconds) {

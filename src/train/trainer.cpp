@@ -17,6 +17,7 @@
 #include "ddp/common/error.h"
 #include "ddp/common/files.h"
 #include "ddp/common/log.h"
+#include "ddp/core/powersgd.h"
 #include "ddp/core/sync_batch_norm.h"
 #include "ddp/data/distributed_sampler.h"
 #include "ddp/data/loader.h"
@@ -62,6 +63,37 @@ void record_reducer(Timeline& timeline, const core::IterationStats& s, int64_t s
   for (size_t b = 0; b < s.bucket_launch.size(); ++b) {
     timeline.add("all-reduce", "comm", Timeline::kBucketLane + static_cast<int>(b),
                  s.bucket_launch[b], s.bucket_done[b], step, s.bucket_bytes[b]);
+  }
+}
+
+// The bytes the step's gradient collectives carried (0 on one rank without a hook).
+int64_t gradient_bytes(const core::IterationStats& s) {
+  int64_t total = 0;
+  for (int64_t bytes : s.bucket_bytes) total += bytes;
+  return total;
+}
+
+// --comm-hook's hook on the model; allreduce registers none (the reducer's own average).
+void register_comm_hook(DistributedDataParallel& model, const Config& c,
+                        const std::shared_ptr<comm::ProcessGroup>& group) {
+  switch (c.comm_hook) {
+    case CommHook::kAllReduce:
+      return;
+    case CommHook::kFp16:
+      model->register_comm_hook(group, core::fp16_compress_hook);
+      return;
+    case CommHook::kBf16:
+      model->register_comm_hook(group, core::bf16_compress_hook);
+      return;
+    case CommHook::kPowerSgd:
+      model->register_comm_hook(std::make_shared<core::PowerSGDState>(
+                                    group, core::PowerSGDOptions()
+                                               .matrix_approximation_rank(c.powersgd_rank)
+                                               .start_powerSGD_iter(c.powersgd_start_iter)),
+                                core::powersgd_hook);
+      log::info("comm hook powersgd: rank {}, plain all-reduce for the first {} steps",
+                c.powersgd_rank, c.powersgd_start_iter);
+      return;
   }
 }
 
@@ -164,7 +196,9 @@ Trainer::Trainer(Config config, const comm::Env& env)
       faults_(std::make_unique<FaultInjector>(env, dist_.launch.restart_count, *dist_.group)),
       watchdog_(start_watchdog(config_, dist_, env)) {
   if (!config_.timeline.empty()) timeline_ = std::make_unique<Timeline>();
-  progress_style_ = progress_style(config_.progress, ::isatty(STDOUT_FILENO) != 0, dist_.is_main());
+  progress_style_ =
+      progress_style(config_.progress, ::isatty(STDOUT_FILENO) != 0,
+                     dist_.launch.launcher == comm::Launcher::kMpirun, dist_.is_main());
   // A group the launcher (or torchrun) restarted continues from its last checkpoint.
   if (config_.resume.empty() && dist_.launch.restart_count != 0) {
     log::info("restart {} of the job: resuming from the newest checkpoint in '{}'",
@@ -200,6 +234,7 @@ void Trainer::build_model() {
   }
   // Collective: checks the model is the same everywhere, broadcasts rank 0's weights.
   model_ = DistributedDataParallel(workload_.module, dist_.group, config_.ddp);
+  register_comm_hook(model_, config_, dist_.group);
   optimizer_ = make_optimizer(config_, workload_.module->parameters());
 }
 
@@ -301,13 +336,15 @@ bool Trainer::stop_after_epoch(int64_t epoch, bool saved) {
 
 // One epoch's training pass, from begin_epoch() to end_epoch().
 struct Trainer::EpochPass {
-  int64_t epoch = 0;   // 0-based
-  int64_t steps = 0;   // optimizer steps of the whole epoch: the same on every rank
-  int64_t step = 0;    // steps of this epoch done (a resumed epoch starts after the checkpoint's)
-  int64_t skip = 0;    // batches the resumed epoch had trained, still to pass over
-  bool first = false;  // the run's first step: its shapes are logged
+  int64_t epoch = 0;  // 0-based
+  int64_t steps = 0;  // optimizer steps of the whole epoch: the same on every rank
+  int64_t step = 0;   // steps of this epoch done (a resumed epoch starts after the checkpoint's)
+  int64_t skip = 0;   // batches the resumed epoch had trained, still to pass over
+  int64_t first_step = 0;   // the step this pass started after
+  bool first = false;       // the run's first step: its shapes are logged
   bool pin_memory = false;  // pinned batches: copied to the GPU without blocking
   int64_t trained = 0;      // samples
+  int64_t grad_bytes = 0;   // handed to the gradients' collectives by this rank
   torch::Tensor loss_sum;   // on the device, so the loop never waits for it
   Clock::time_point start;
   std::unique_ptr<data::BatchLoader> loader;
@@ -353,6 +390,7 @@ bool Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
     // Finalize, the reducer's at backward's end (it waited for every bucket and wrote the
     // averages into .grad): onto the timeline.
     if (timeline) record_reducer(*timeline, model_->reducer().last_iteration(), step_ + 1);
+    pass.grad_bytes += gradient_bytes(model_->reducer().last_iteration());
 
     // Step.
     {
@@ -401,6 +439,7 @@ Trainer::EpochPass Trainer::begin_epoch(int64_t epoch) {
   // loader gives the same batches, and the first ones are passed over.
   pass.skip = epoch == start_epoch_ ? start_epoch_step_ : 0;
   pass.step = pass.skip;
+  pass.first_step = pass.skip;
   pass.progress.emplace(progress_style_, config_.progress_every, epoch + 1, config_.epochs,
                         pass.steps, dist_.world_size());
   return pass;
@@ -443,6 +482,9 @@ void Trainer::end_epoch(EpochPass& pass, EpochMetrics& m) {
   m.steps = step_;
   m.train_loss = sums[0].item<double>() / sums[1].item<double>();
   m.samples_per_s = sums[1].item<double>() / m.epoch_seconds;
+  const int64_t trained_steps = pass.step - pass.first_step;
+  m.grad_bytes_per_step =
+      trained_steps > 0 ? static_cast<double>(pass.grad_bytes) / trained_steps : 0.0;
 }
 
 bool Trainer::stop_requested() {

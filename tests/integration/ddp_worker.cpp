@@ -2,8 +2,8 @@
 // model for 5 steps with DDP, per-rank batch B, and, in the same process, the same model without
 // DDP on the global batch of world * B samples; exits 0 only if the parameters agree.
 //   ddp_worker BACKEND SCENARIO
-// SCENARIO: sgd | nosync | adam | fp16 | bucket-view | unused | unused-find | mismatch | overlap |
-//           buffers | no-buffers
+// SCENARIO: sgd | nosync | adam | fp16 | bf16 | custom-hook | powersgd-warmup | bucket-view |
+//           unused | unused-find | mismatch | overlap | buffers | no-buffers
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -11,6 +11,7 @@
 
 #include "ddp/comm/rendezvous.h"
 #include "ddp/core/distributed_data_parallel.h"
+#include "ddp/core/powersgd.h"
 
 namespace {
 
@@ -55,6 +56,37 @@ double max_relative_error(Net ours, Net reference) {
 // BatchNorm's running statistics are buffers: each rank's forward updates them from its own
 // batch. With broadcast_buffers, rank 0's are broadcast before each forward, so after
 // pre_forward() every rank holds rank 0's; without, they stay apart. Prints their checksum.
+// A user's hook: counts the buckets it reduced, then the plain average.
+struct CountingState {
+  std::shared_ptr<ddp::comm::ProcessGroup> group;
+  int64_t buckets = 0;
+  int64_t last_buckets = 0;  // of those, the last of their iteration
+};
+
+ddp::FuturePtr counting_hook(CountingState& state, ddp::GradBucket& bucket) {
+  ++state.buckets;
+  if (bucket.is_last()) ++state.last_buckets;
+  return ddp::allreduce_hook(*state.group, bucket);
+}
+
+// Registers the scenario's hook (none for the plain all-reduce). Returns the counting state of
+// custom-hook.
+std::shared_ptr<CountingState> register_hook(ddp::DistributedDataParallel& model,
+                                             const std::shared_ptr<ddp::comm::ProcessGroup>& group,
+                                             const std::string& scenario) {
+  if (scenario == "fp16") model->register_comm_hook(group, ddp::fp16_compress_hook);
+  if (scenario == "bf16") model->register_comm_hook(group, ddp::bf16_compress_hook);
+  if (scenario == "powersgd-warmup") {  // the plain all-reduce until iteration 100
+    model->register_comm_hook(std::make_shared<ddp::PowerSGDState>(
+                                  group, ddp::PowerSGDOptions().start_powerSGD_iter(100)),
+                              ddp::powersgd_hook);
+  }
+  if (scenario != "custom-hook") return nullptr;
+  auto state = std::make_shared<CountingState>(CountingState{group});
+  model->register_comm_hook(state, counting_hook);
+  return state;
+}
+
 int check_buffers(const std::shared_ptr<ddp::comm::ProcessGroup>& group, bool broadcast) {
   torch::manual_seed(100);
   torch::nn::Sequential net(torch::nn::Linear(kIn, kHidden), torch::nn::BatchNorm1d(kHidden),
@@ -108,10 +140,9 @@ int main(int argc, char** argv) {
                        .bucket_cap_mb(1024.0 / (1 << 20))  // ~1 KB buckets: several per model
                        .first_bucket_mb(256.0 / (1 << 20))
                        .find_unused_parameters(scenario == "unused-find")
-                       .gradient_as_bucket_view(scenario == "bucket-view")
-                       .comm_hook(scenario == "fp16" ? ddp::CommHook::kFp16Compress
-                                                     : ddp::CommHook::kAllReduce);
+                       .gradient_as_bucket_view(scenario == "bucket-view");
     ddp::DistributedDataParallel model(net, group, options);
+    const auto counting = register_hook(model, group, scenario);
     auto optimizer = make_optimizer(scenario, model->parameters());
     auto reference_optimizer = make_optimizer(scenario, reference->parameters());
 
@@ -166,8 +197,20 @@ int main(int argc, char** argv) {
         }
       }
     }
+    if (counting) {
+      // Every bucket of every step went through the hook, and a second hook is refused.
+      std::cout << fmt::format("rank {}: the hook reduced {} buckets, {} of them last\n", rank,
+                               counting->buckets, counting->last_buckets);
+      if (counting->last_buckets != kSteps || counting->buckets < kSteps) return 6;
+      try {
+        model->register_comm_hook(group, ddp::allreduce_hook);
+        return 7;
+      } catch (const ddp::Error& e) {
+        std::cout << "second hook refused: " << e.what() << "\n";
+      }
+    }
     const double error = max_relative_error(net, reference);
-    const double tolerance = scenario == "fp16" ? 2e-2 : 1e-5;
+    const double tolerance = scenario == "fp16" ? 2e-2 : scenario == "bf16" ? 5e-2 : 1e-5;
     std::cout << fmt::format(
         "rank {}/{}: {} buckets{}, max relative error {:.3g} (tolerance {:.0e})\n", rank, world,
         model->reducer().buckets().size(), model->reducer().rebuilt() ? " (rebuilt)" : "", error,

@@ -86,6 +86,52 @@ TEST(Cli, BadInputsExitTwoWithOneLine) {
                    "wrong IDX magic number");
 }
 
+// Bool options as the README writes them, through the real parser: every one spaced
+// ("--broadcast-buffers false"), then a bare flag before another option, the "=" form and the
+// other bool words. config.yaml holds what was asked; a bad value names the option and the value.
+TEST(Cli, BoolOptionsTakeTheFlagTheSpacedAndTheEqualsForm) {
+  TempDir dir;
+  const std::vector<std::string> job = {"--config",
+                                        std::string(DDP_SOURCE_DIR) + "/configs/random_linear.yaml",
+                                        "--output-dir", dir.path()};
+  std::vector<std::string> spaced = job;
+  std::vector<std::string> bools;
+  for (const auto& key : ddp::train::config_keys()) {
+    if (!key.is_flag) continue;
+    bools.push_back(key.name);
+    spaced.insert(spaced.end(), {"--" + key.name, "false"});
+  }
+  spaced.insert(spaced.end(), {"--epochs", "1"});
+  auto r = ddp_train(spaced);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto resolved = ddp::testing::read_file(dir.file("config.yaml"));
+  for (const auto& name : bools) {
+    EXPECT_NE(resolved.find("\n" + name + ": false\n"), std::string::npos) << name << resolved;
+  }
+  EXPECT_NE(resolved.find("\nepochs: 1\n"), std::string::npos) << resolved;
+
+  std::vector<std::string> mixed = job;
+  mixed.insert(mixed.end(), {"--nesterov", "--epochs", "2", "--drop-last=true",
+                             "--broadcast-buffers", "false", "--find-unused-parameters", "yes",
+                             "--gradient-as-bucket-view", "on", "--checkpoint-on-signal", "1"});
+  r = ddp_train(mixed);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("done: 2 epochs"), std::string::npos) << r.output;
+  resolved = ddp::testing::read_file(dir.file("config.yaml"));
+  for (const char* line : {"nesterov: true", "epochs: 2", "drop-last: true",
+                           "broadcast-buffers: false", "find-unused-parameters: true",
+                           "gradient-as-bucket-view: true", "checkpoint-on-signal: true"}) {
+    EXPECT_NE(resolved.find("\n" + std::string(line) + "\n"), std::string::npos) << line << "\n"
+                                                                                 << resolved;
+  }
+
+  expect_bad_input({"--augment", "maybe"},
+                   "command line: key 'augment': expected true or false, got 'maybe'");
+  expect_bad_input({"--nesterov=maybe"},
+                   "command line: key 'nesterov': expected true or false, got 'maybe'");
+  expect_bad_input({"--epochs", "1", "stray"}, "command line: unexpected argument 'stray'");
+}
+
 // The csv dataset: scripts/make_timeseries_csv writes the synthetic series, and each kind of bad
 // file or setting is named.
 TEST(Cli, TimeSeriesCsvFromTheScriptAndItsBadInputs) {

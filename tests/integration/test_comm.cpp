@@ -206,6 +206,14 @@ TEST_P(GlooRanks, CollectivesMatchClosedForms) {
 }
 INSTANTIATE_TEST_SUITE_P(Worlds, GlooRanks, ::testing::Values(2, 3, 4));
 
+// The same checks on the world-size-1 backend (subgroups of the one rank).
+TEST(Local, CollectivesMatchClosedForms) {
+  auto results = run_env_ranks(1, {"local", "collectives"}, std::chrono::seconds(120));
+  EXPECT_EQ(results[0].exit_code, 0) << results[0].output;
+  EXPECT_NE(results[0].output.find("rank 0/1: "), std::string::npos) << results[0].output;
+  EXPECT_NE(results[0].output.find(" 0 failures"), std::string::npos) << results[0].output;
+}
+
 TEST(Gloo, RankThatNeverJoinsTimesOutTheOthers) {
   const auto start = Clock::now();
   auto results = run_env_ranks(3, {"gloo", "skip", "3000"}, std::chrono::seconds(60));
@@ -272,6 +280,17 @@ TEST(Mpi, CollectivesMatchClosedFormsWithTwoRanks) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("rank 0/2: "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("rank 1/2: "), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("MISMATCH"), std::string::npos) << r.output;
+}
+
+// An odd world, as gloo has: uneven subgroups (ranks {0, 2} and {1}).
+TEST(Mpi, CollectivesMatchClosedFormsWithThreeRanksOversubscribed) {
+  if (!compiled("mpi")) GTEST_FAIL() << "mpi backend not compiled in";
+  auto r = run_mpirun(3, {"mpi", "collectives"}, std::chrono::seconds(280));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_NE(r.output.find(fmt::format("rank {}/3: ", rank)), std::string::npos) << r.output;
+  }
   EXPECT_EQ(r.output.find("MISMATCH"), std::string::npos) << r.output;
 }
 

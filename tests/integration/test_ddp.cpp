@@ -41,16 +41,19 @@ TEST_P(GlooDdp, EqualsOneProcessWithTheGlobalBatch) {
   expect_all_pass(gloo_job(GetParam().world, GetParam().scenario));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Scenarios, GlooDdp,
-    ::testing::Values(Case{2, "sgd"}, Case{3, "sgd"}, Case{2, "nosync"}, Case{3, "nosync"},
-                      Case{2, "adam"}, Case{3, "adam"}, Case{2, "fp16"}, Case{2, "bucket-view"},
-                      Case{3, "bucket-view"}, Case{2, "unused-find"}, Case{3, "unused-find"}),
-    [](const ::testing::TestParamInfo<Case>& info) {
-      std::string name = info.param.scenario + "_world" + std::to_string(info.param.world);
-      std::replace(name.begin(), name.end(), '-', '_');
-      return name;
-    });
+INSTANTIATE_TEST_SUITE_P(Scenarios, GlooDdp,
+                         ::testing::Values(Case{2, "sgd"}, Case{3, "sgd"}, Case{2, "nosync"},
+                                           Case{3, "nosync"}, Case{2, "adam"}, Case{3, "adam"},
+                                           Case{2, "fp16"}, Case{2, "bf16"}, Case{3, "bf16"},
+                                           Case{2, "custom-hook"}, Case{3, "powersgd-warmup"},
+                                           Case{2, "bucket-view"}, Case{3, "bucket-view"},
+                                           Case{2, "unused-find"}, Case{3, "unused-find"}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           std::string name =
+                               info.param.scenario + "_world" + std::to_string(info.param.world);
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
 
 class MpiDdp : public ::testing::TestWithParam<Case> {};
 
@@ -67,9 +70,14 @@ TEST_P(MpiDdp, EqualsOneProcessWithTheGlobalBatch) {
 
 INSTANTIATE_TEST_SUITE_P(Scenarios, MpiDdp,
                          ::testing::Values(Case{2, "sgd"}, Case{3, "sgd"}, Case{2, "nosync"},
-                                           Case{3, "nosync"}, Case{2, "adam"}, Case{3, "adam"}),
+                                           Case{3, "nosync"}, Case{2, "adam"}, Case{3, "adam"},
+                                           Case{2, "fp16"}, Case{3, "bf16"},
+                                           Case{2, "custom-hook"}),
                          [](const ::testing::TestParamInfo<Case>& info) {
-                           return info.param.scenario + "_world" + std::to_string(info.param.world);
+                           std::string name =
+                               info.param.scenario + "_world" + std::to_string(info.param.world);
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
                          });
 
 TEST(Ddp, BucketsAreRebuiltOnceFromTheObservedOrder) {

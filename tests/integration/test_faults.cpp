@@ -1,8 +1,9 @@
 // Fault injection with real processes under the launcher: a rank killed at a random step (five
-// seeds) ends the job within 10 s with no process left, and --resume auto ends where an
-// uninterrupted run ends; a hung rank is named by the launcher's merged flight records; a full
-// disk during a save is a clear error that leaves the previous checkpoint intact; SIGTERM with
-// --checkpoint-on-signal stops every rank after the same step with a checkpoint to resume from.
+// seeds) ends the job within 10 s with no process left, the launcher's diagnosis names it as the
+// rank without a flight record, and --resume auto ends where an uninterrupted run ends; a hung
+// rank is named by the launcher's merged flight records; a full disk during a save is a clear
+// error that leaves the previous checkpoint intact; SIGTERM with --checkpoint-on-signal stops
+// every rank after the same step with a checkpoint to resume from.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -93,6 +94,18 @@ TEST_P(KillARandomRank, TheJobEndsWithin10sAndResumesToTheUninterruptedResult) {
       << r.output;
   for (int rk : {0, 1})
     EXPECT_FALSE(process_alive(launcher_worker_pid(r.output, rk))) << "rank " << rk << " is left";
+  // The launcher's hang doctor has at most the survivor's flight record (under load the
+  // survivor may end before writing it): never a claim about "every rank", and with the
+  // survivor's record, the killed rank named with how it ended.
+  const std::string r_text = std::to_string(rank);
+  if (contains(r.output, "flight records of 1 of 2 rank(s)")) {
+    EXPECT_TRUE(contains(r.output, "no record from rank(s) " + r_text + " (rank " + r_text +
+                                       " ended with signal SIGKILL (9))"))
+        << r.output;
+  }
+  for (const char* claim : {"every rank entered", "every rank completed", "no rank lags:"}) {
+    EXPECT_FALSE(contains(r.output, claim)) << r.output;
+  }
 
   const auto resumed =
       ddp::testing::run_process(linear_job(out.path(), {"--resume", "auto"}), {}, seconds(120));

@@ -8,6 +8,7 @@
 #include <regex>
 #include <set>
 
+#include "ranks.h"
 #include "subprocess.h"
 
 namespace {
@@ -124,6 +125,24 @@ TEST(Progress, ATerminalGetsABarPerEpochRedrawnInPlace) {
                           R"( \[=+\] 32/32 loss \d+\.\d{4} \d+ samples/s in \d+:\d\d\x1b\[K\r?\n)");
     EXPECT_TRUE(std::regex_search(r.output, done)) << epoch << "\n" << r.output;
   }
+}
+
+// Open MPI gives each rank a pseudo-terminal even when mpirun's own output is a file or a pipe
+// (checked first: without it this test would prove nothing), so isatty says yes; auto must still
+// mean lines, or rank 0 redraws its bar into the file.
+TEST(Progress, UnderMpirunAFileGetsLinesNotRedraws) {
+  const auto tty = ddp::testing::run_mpirun(1, {"sh", "-c", "test -t 1"}, std::chrono::seconds(60));
+  ASSERT_EQ(tty.exit_code, 0) << "mpirun's ranks have no terminal for stdout here\n" << tty.output;
+
+  TempDir dir;
+  const auto r = ddp::testing::run_mpirun(2, mlp_job(dir.path(), {"--progress-every", "0.01"}),
+                                          std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("launched by mpirun: 2 rank(s)"), std::string::npos) << r.output;
+  const std::regex line(R"(\[info\] epoch 1/1: step \d+/16 \(\d+%\), loss \d+\.\d{4})");
+  EXPECT_TRUE(std::regex_search(r.output, line)) << r.output;
+  EXPECT_EQ(r.output.find('\r'), std::string::npos) << "no redraws under mpirun:\n" << r.output;
+  EXPECT_EQ(r.output.find("\x1b[K"), std::string::npos) << r.output;
 }
 
 }  // namespace

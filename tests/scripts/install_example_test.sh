@@ -3,7 +3,8 @@
 # prefix, builds examples/custom_model against it (find_package(ddp), ddp::ddp), trains it on 2
 # ranks with the INSTALLED launcher, and checks the results: both ranks ran, the test accuracy
 # is real, and Python loads the weights into nn.DataParallel(<the same CNN>) with strict=True
-# and gets the same accuracy from them.
+# and gets the same accuracy from them. Then examples/custom_hook (a user's comm hook: a
+# hierarchical all-reduce on subgroups) on 4 ranks: its model must equal the built-in's.
 #
 #   tests/scripts/install_example_test.sh BUILD_DIR SOURCE_DIR      (ctest: Install.*)
 set -euo pipefail
@@ -103,4 +104,14 @@ if abs(accuracy - cpp_accuracy) > 0.002:
     sys.exit(f"FAIL: Python's accuracy with the saved weights, {accuracy:.4f}, is not C++'s")
 PY
 
-echo "PASS: the package builds the example; 2 ranks reached test accuracy $accuracy (> $min_accuracy)"
+step "build examples/custom_hook against the installed package; run it on 4 ranks, 2 per node"
+cmake -S "$source_dir/examples/custom_hook" -B "$tmp/hook" -G Ninja \
+  -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$tmp/prefix" >"$tmp/hook-configure.log" 2>&1 &&
+  cmake --build "$tmp/hook" >"$tmp/hook-build.log" 2>&1 ||
+  { cat "$tmp/hook-configure.log" "$tmp/hook-build.log"; fail "building examples/custom_hook failed"; }
+"$tmp/prefix/bin/launcher" --nproc 4 "$tmp/hook/custom_hook" 2 2>&1 | tee "$tmp/hook.log" ||
+  fail "the hook example failed on 4 ranks (exit ${PIPESTATUS[0]})"
+[[ $(grep -c "2 nodes of 2; hierarchical all-reduce vs built-in: .*(equal)" "$tmp/hook.log") == 4 ]] ||
+  fail "not every one of the 4 ranks found the hierarchical all-reduce equal to the built-in"
+
+echo "PASS: the package builds the examples; 2 ranks reached test accuracy $accuracy (> $min_accuracy); the custom hook equals the built-in on 4 ranks"

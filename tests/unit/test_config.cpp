@@ -83,6 +83,52 @@ TEST(Config, NonPositiveBatchSizeAndLr) {
   EXPECT_EQ(msg, "command line: key 'lr': expected a finite number, got 'nan'");
 }
 
+// Every bool option (the key table's, so a new one is covered too), in the three spellings the
+// README shows, with each word parse_bool knows; the joined "--key=value" is what cxxopts hands
+// to set_config_value. A next word that is no bool is never taken as the value.
+TEST(Config, EveryBoolOptionTakesTheFlagTheSpacedAndTheEqualsForm) {
+  using ddp::train::join_bool_values;
+  using Words = std::vector<std::string>;
+  int bools = 0;
+  for (const auto& key : ddp::train::config_keys()) {
+    if (!key.is_flag) continue;
+    ++bools;
+    const std::string flag = "--" + key.name;
+    const std::vector<std::pair<Words, bool>> cases = {
+        {{flag}, true},           {{flag, "false"}, false},
+        {{flag, "true"}, true},   {{flag, "0"}, false},
+        {{flag, "1"}, true},      {{flag, "no"}, false},
+        {{flag, "YES"}, true},    {{flag, "off"}, false},
+        {{flag, "on"}, true},     {{flag + "=false"}, false},
+        {{flag + "=true"}, true}, {{flag + "=No"}, false}};
+    for (const auto& [words, expected] : cases) {
+      const Words joined = join_bool_values(words);
+      ASSERT_EQ(joined.size(), 1u) << words.back();
+      const auto eq = joined[0].find('=');
+      ASSERT_NE(eq, std::string::npos) << joined[0];
+      EXPECT_EQ(joined[0].substr(0, eq), flag);
+      Config c;
+      key.set(c, expected ? "false" : "true");  // the field starts at the other value
+      ddp::train::set_config_value(c, joined[0].substr(2, eq - 2), joined[0].substr(eq + 1),
+                                   "command line");
+      EXPECT_EQ(key.get(c), expected ? "true" : "false") << words.front() << " " << words.back();
+    }
+    EXPECT_EQ(join_bool_values({flag, "--epochs", "3"}), (Words{flag + "=true", "--epochs", "3"}));
+    EXPECT_EQ(join_bool_values({"--epochs", "3", flag}), (Words{"--epochs", "3", flag + "=true"}));
+    EXPECT_EQ(join_bool_values({flag, "maybe"}), (Words{flag + "=true", "maybe"}));
+    EXPECT_EQ(join_bool_values({"--", flag, "false"}), (Words{"--", flag, "false"}));
+  }
+  EXPECT_GE(bools, 9);
+  // Other options' values are theirs, even when they read like a bool.
+  const Words others = {"--output-dir", "true", "--timeline", "off", "--drop_last", "false", "-h"};
+  EXPECT_EQ(join_bool_values(others), others);
+  // A bad value names the key and the value.
+  Config c;
+  EXPECT_EQ(
+      input_error_of([&] { ddp::train::set_config_value(c, "augment", "maybe", "command line"); }),
+      "command line: key 'augment': expected true or false, got 'maybe'");
+}
+
 TEST(Config, SyntaxErrorNamesLine) {
   TempDir dir;
   const auto msg = input_error_of([&] { load(dir, "epochs: 1\nlr: [0.1\n"); });

@@ -130,14 +130,66 @@ TEST(Diagnose, OtherCases) {
                         "all_reduce(sum) of 64 bytes"),
             std::string::npos)
       << report;
-  // Everyone done; a missing rank.
+  // Everyone with a record done; a missing rank, of which nothing is known.
   report = ddp::comm::diagnose({dump(0, 3, {a}), dump(2, 3, {a})});
-  EXPECT_NE(report.find("no record from rank(s) 1"), std::string::npos) << report;
-  EXPECT_NE(report.find("diagnosis: no rank lags"), std::string::npos) << report;
+  EXPECT_NE(report.find("  no record from rank(s) 1 (killed before writing one? see their logs)\n"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("diagnosis: no rank with a record lags: every rank with a record (0, 2) "
+                        "completed collective #5 all_reduce(sum) (epoch 1: training metrics); no "
+                        "record from rank(s) 1 (killed before writing one? see their logs), so "
+                        "whether they entered #5 is unknown\n"),
+            std::string::npos)
+      << report;
+  EXPECT_EQ(report.find("no rank lags"), std::string::npos) << report;
+  // Everyone done, every record there.
+  report = ddp::comm::diagnose({dump(0, 2, {a}), dump(1, 2, {a})});
+  EXPECT_NE(report.find("diagnosis: no rank lags: every rank completed collective #5"),
+            std::string::npos)
+      << report;
   // Everyone entered in time and nothing completed.
   const auto stuck = record(6, "all_reduce(avg)", "backward: bucket 0", 3, 0, kIssued);
   report = ddp::comm::diagnose({dump(0, 2, {a, stuck}), dump(1, 2, {a, stuck})});
   EXPECT_NE(report.find("every rank entered collective #6"), std::string::npos) << report;
+}
+
+// The launcher after a SIGKILL: the killed rank wrote no record, the other one waits in the
+// collective the dead rank never joined. One rank's record cannot tell whether "every rank"
+// entered it: the diagnosis names the rank without a record, how it ended, and what is unknown.
+TEST(Diagnose, ARankWithoutARecordIsNamedAndNeverCountedAsHavingEnteredTheCollective) {
+  const auto a = record(8, "all_reduce(avg)", "backward: bucket 0", 1, 2, kDone);
+  const auto waiting = record(9, "all_reduce(avg)", "backward: bucket 0", 3, 0, kIssued);
+  const auto failed = record(9, "all_reduce(avg)", "backward: bucket 0", 3, 4, kFailed);
+  const ddp::comm::RankEnds killed = {{1, "signal SIGKILL (9)"}};
+  for (const auto& newest : {waiting, failed}) {
+    const auto report = ddp::comm::diagnose({dump(0, 2, {a, newest})}, killed);
+    EXPECT_NE(report.find("flight records of 1 of 2 rank(s)"), std::string::npos) << report;
+    EXPECT_NE(report.find("  no record from rank(s) 1 (rank 1 ended with signal SIGKILL (9))\n"),
+              std::string::npos)
+        << report;
+    EXPECT_NE(report.find("diagnosis: every rank with a record (0) entered collective #9 "
+                          "all_reduce(avg) (backward: bucket 0) and it did not complete; no "
+                          "record from rank(s) 1 (rank 1 ended with signal SIGKILL (9)), so "
+                          "whether they entered #9 is unknown: a rank that ended or stopped "
+                          "before entering it leaves the others waiting just so\n"),
+              std::string::npos)
+        << report;
+    EXPECT_EQ(report.find("every rank entered"), std::string::npos) << report;
+    EXPECT_EQ(report.find("every rank completed"), std::string::npos) << report;
+  }
+  // Three ranks, one behind, one killed, one never heard of: each is named for what it is.
+  const auto report =
+      ddp::comm::diagnose({dump(0, 4, {a, waiting}), dump(2, 4, {a}, "step 3: forward")}, killed);
+  EXPECT_NE(report.find("  no record from rank(s) 1, 3 (rank 1 ended with signal SIGKILL (9); "
+                        "the others: see their logs)\n"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("diagnosis: rank(s) 2 did not enter collective #9 all_reduce(avg) "
+                        "(backward: bucket 0), which rank(s) 0 entered; rank 2 was in 'step 3: "
+                        "forward' when the records were written; no record from rank(s) 1, 3 "),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("so whether they entered #9 is unknown\n"), std::string::npos) << report;
 }
 
 }  // namespace

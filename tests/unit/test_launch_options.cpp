@@ -49,6 +49,35 @@ TEST(LaunchOptions, OptionsEndAtTheProgramWhoseArgumentsArePassedOn) {
   EXPECT_EQ(d.run_id, "none");
 }
 
+// ddp_train's rule for flags: alone, spaced and with "=" (every flag of the table: --tee, --help);
+// only a bool word is taken, so the next option or the program is never swallowed.
+TEST(LaunchOptions, AFlagTakesTheFlagTheSpacedAndTheEqualsForm) {
+  using Words = std::vector<std::string>;
+  const std::vector<std::pair<Words, bool>> cases = {
+      {{"--tee"}, true},        {{"--tee", "false"}, false}, {{"--tee", "true"}, true},
+      {{"--tee", "0"}, false},  {{"--tee", "1"}, true},      {{"--tee", "no"}, false},
+      {{"--tee", "yes"}, true}, {{"--tee", "off"}, false},   {{"--tee", "on"}, true},
+      {{"--tee=false"}, false}, {{"--tee=1"}, true}};
+  for (const auto& [flag, expected] : cases) {
+    Words args = flag;
+    args.insert(args.end(), {"--log-dir", "logs", "prog", "--x"});
+    const auto o = parse(args);
+    EXPECT_EQ(o.tee, expected) << args[0] << " " << args[1];
+    EXPECT_EQ(o.log_dir, "logs");
+    EXPECT_EQ(o.program, (Words{"prog", "--x"}));
+  }
+  // The program right after a flag stays the program; one named like a bool goes after "--".
+  EXPECT_EQ(parse({"--tee", "ddp_train", "false"}).program, (Words{"ddp_train", "false"}));
+  EXPECT_TRUE(parse({"--tee", "ddp_train"}).tee);
+  const auto escaped = parse({"--tee", "--", "true"});
+  EXPECT_TRUE(escaped.tee);
+  EXPECT_EQ(escaped.program, Words{"true"});
+  EXPECT_EQ(parse({"--tee", "false", "true"}).program, Words{"true"});
+  EXPECT_FALSE(parse({"--help", "false", "prog"}).help);
+  EXPECT_TRUE(parse({"--help", "prog"}).help);
+  EXPECT_EQ(error_of({"--tee=maybe", "prog"}), "--tee: expected true or false, got 'maybe'");
+}
+
 TEST(LaunchOptions, EnvVariablesSetOptionsAndTheCommandLineWins) {
   const Env env = {
       {"DDP_LAUNCH_NPROC_PER_NODE", "3"}, {"DDP_LAUNCH_RUN_ID", "job7"}, {"DDP_LAUNCH_TEE", "1"}};

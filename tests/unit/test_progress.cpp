@@ -27,12 +27,27 @@ ProgressState state(int64_t step, int64_t steps, double elapsed_s) {
 
 TEST(Progress, StyleIsABarOnATerminalLinesElsewhereAndNothingOffRankZero) {
   using ddp::train::progress_style;
-  EXPECT_EQ(progress_style("auto", true, true), ProgressStyle::kBar);
-  EXPECT_EQ(progress_style("auto", false, true), ProgressStyle::kLines);
-  EXPECT_EQ(progress_style("bar", false, true), ProgressStyle::kBar);
-  EXPECT_EQ(progress_style("lines", true, true), ProgressStyle::kLines);
-  EXPECT_EQ(progress_style("off", true, true), ProgressStyle::kOff);
-  EXPECT_EQ(progress_style("bar", true, false), ProgressStyle::kOff);
+  const bool tty = true, mpirun = true, main = true;
+  EXPECT_EQ(progress_style("auto", tty, !mpirun, main), ProgressStyle::kBar);
+  EXPECT_EQ(progress_style("auto", !tty, !mpirun, main), ProgressStyle::kLines);
+  EXPECT_EQ(progress_style("bar", !tty, !mpirun, main), ProgressStyle::kBar);
+  EXPECT_EQ(progress_style("lines", tty, !mpirun, main), ProgressStyle::kLines);
+  EXPECT_EQ(progress_style("off", tty, !mpirun, main), ProgressStyle::kOff);
+  EXPECT_EQ(progress_style("bar", tty, !mpirun, !main), ProgressStyle::kOff);
+}
+
+// mpirun gives its ranks a pseudo-terminal even when its own output goes to a file: there auto
+// means lines whatever isatty says; an explicit setting is obeyed.
+TEST(Progress, UnderMpirunAutoIsLinesEvenOnItsPseudoTerminal) {
+  using ddp::train::progress_style;
+  const bool tty = true, mpirun = true, main = true;
+  EXPECT_EQ(progress_style("auto", tty, mpirun, main), ProgressStyle::kLines);
+  EXPECT_EQ(progress_style("auto", !tty, mpirun, main), ProgressStyle::kLines);
+  EXPECT_EQ(progress_style("bar", tty, mpirun, main), ProgressStyle::kBar);
+  EXPECT_EQ(progress_style("bar", !tty, mpirun, main), ProgressStyle::kBar);
+  EXPECT_EQ(progress_style("lines", tty, mpirun, main), ProgressStyle::kLines);
+  EXPECT_EQ(progress_style("off", tty, mpirun, main), ProgressStyle::kOff);
+  EXPECT_EQ(progress_style("auto", tty, mpirun, !main), ProgressStyle::kOff);
 }
 
 TEST(Progress, DurationsAndTheEtaAtTheEpochsRateSoFar) {

@@ -4,6 +4,7 @@
 // the others had given up on it), and the phase of the training step it belongs to.
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -29,7 +30,14 @@ FlightDump parse_flight_dump(const std::string& text, const std::string& file);
 // Throws InputError when there are none or one does not parse.
 std::vector<FlightDump> read_flight_dumps(const std::string& dir);
 
-// The report, several lines ending with the diagnosis. A pure function of the dumps.
-std::string diagnose(const std::vector<FlightDump>& dumps);
+// How ranks ended, where the caller knows (the launcher: rank -> "signal SIGKILL (9)").
+using RankEnds = std::map<int, std::string>;
+
+// The report, several lines ending with the diagnosis. A pure function of the dumps and of
+// `ended`, which names how the ranks that left no record ended. A rank without a record (killed
+// before it could write one, or never asked) may or may not have entered a collective: the
+// diagnosis then speaks of "every rank with a record", names the ranks without one and says what
+// that leaves unknown; it claims "every rank" only when every rank left a record.
+std::string diagnose(const std::vector<FlightDump>& dumps, const RankEnds& ended = {});
 
 }  // namespace ddp::comm

@@ -88,17 +88,49 @@ class ProcessGroup {
 
   // In place: afterwards every rank's `tensor` holds the reduction over ranks (kAvg: the sum
   // divided by world_size; integer tensors divide with truncation). `tensor` must be contiguous.
+  // float16 and bfloat16 travel as 16-bit values on gloo and mpi and are combined in float32.
+  // mpi (and gloo for float16) rounds back to 16 bits after each combination of two ranks'
+  // values, in an order of its choosing. On gloo, bfloat16 (and a dtype gloo cannot reduce, such
+  // as int16) is reduced as a reduce_scatter then an all_gather of the reduced blocks, summed in
+  // float32 and rounded once; its all_gather is issued when the Work is waited on or, at the
+  // latest, when the group's next collective is issued (never by is_completed(), which stays
+  // false until then).
   WorkPtr all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
+  // Data movement (broadcast, all_gather, all_to_all) takes every dtype on gloo and mpi (bool,
+  // int16, float16, bfloat16, ...: bytes on the wire); nccl takes the dtypes NCCL has.
   // In place: afterwards every rank's `tensor` equals `root`'s.
   WorkPtr broadcast(at::Tensor& tensor, int root = 0);
   // `output` is [world_size * input.numel()] of input's dtype: rank r's input at offset
   // r * input.numel(), flattened. Both contiguous.
   WorkPtr all_gather(at::Tensor& output, const at::Tensor& input);
+  // `input` holds world_size equal blocks (input.numel() == world_size * output.numel(), same
+  // dtype, both contiguous); afterwards rank r's `output` is the reduction over ranks of block r
+  // (kAvg as all_reduce's). As torch.distributed.reduce_scatter_tensor.
+  WorkPtr reduce_scatter(at::Tensor& output, const at::Tensor& input, ReduceOp op = ReduceOp::kSum);
+  // Equal blocks as reduce_scatter (output.numel() == input.numel()): block q of the input goes to
+  // rank q, block q of the output came from rank q. As all_to_all_single with equal splits.
+  WorkPtr all_to_all(at::Tensor& output, const at::Tensor& input);
   // Completes once every rank has entered it.
   WorkPtr barrier();
 
+  // A group of some of this group's ranks, as torch.distributed.new_group. A collective of this
+  // group: every rank of it calls new_group, with the same `ranks`, in the same order relative to
+  // its other collectives and new_group calls (see Note [Collective order is identical on all
+  // ranks]); it blocks until the ranks it needs have joined it. `ranks` are ranks of this group,
+  // distinct, in any order: they are sorted (as PyTorch does), and a member's rank in the new group
+  // is its position in the sorted list. Members get the new group, the other ranks nullptr.
+  // Throws InputError naming a rank that is out of range or repeated (before any communication).
+  // The subgroup has its own sequence numbers, flight recorder and progress board (where the
+  // backend has one), and this group's options (timeouts); not its issue hook. It may outlive
+  // this group.
+  std::shared_ptr<ProcessGroup> new_group(std::vector<int> ranks);
+
   // Sequence number of the last collective issued (0 before the first).
   uint64_t last_seq() const { return seq_; }
+  // Bytes handed to collectives so far: the input tensor's bytes of each (the payload, not what
+  // the backend's algorithm moves: a ring all-reduce sends about twice that). For benchmarks and
+  // the reducer's per-bucket statistics.
+  int64_t bytes_issued() const { return bytes_issued_; }
 
   // The flight recorder, and the phase of the training step the next collectives belong to
   // ("forward", "backward: bucket 2", "evaluation", ...).
@@ -132,7 +164,14 @@ class ProcessGroup {
   virtual WorkPtr do_broadcast(at::Tensor& tensor, int root, const CollectiveInfo& info) = 0;
   virtual WorkPtr do_all_gather(at::Tensor& output, const at::Tensor& input,
                                 const CollectiveInfo& info) = 0;
+  virtual WorkPtr do_reduce_scatter(at::Tensor& output, const at::Tensor& input, ReduceOp op,
+                                    const CollectiveInfo& info) = 0;
+  virtual WorkPtr do_all_to_all(at::Tensor& output, const at::Tensor& input,
+                                const CollectiveInfo& info) = 0;
   virtual WorkPtr do_barrier(const CollectiveInfo& info) = 0;
+  // `ranks` are valid and sorted; returns nullptr where this rank is not among them.
+  virtual std::shared_ptr<ProcessGroup> do_new_group(const std::vector<int>& ranks,
+                                                     const CollectiveInfo& info) = 0;
 
   // The message of a timeout of `info` after the group's timeout, naming the expected ranks.
   std::string timeout_message(const CollectiveInfo& info) const;
@@ -148,6 +187,7 @@ class ProcessGroup {
   int world_size_;
   ProcessGroupOptions options_;
   uint64_t seq_ = 0;
+  int64_t bytes_issued_ = 0;
   std::shared_ptr<FlightRecorder> recorder_ = std::make_shared<FlightRecorder>();
   std::shared_ptr<ProgressBoard> board_;
   IssueHook issue_hook_;

@@ -28,15 +28,12 @@
 
 namespace ddp {
 
-using core::CommHook;
-
 struct DistributedDataParallelOptions {
   TORCH_ARG(double, bucket_cap_mb) = 25.0;    // MiB per bucket after the first
   TORCH_ARG(double, first_bucket_mb) = 1.0;   // MiB of the first bucket (the last gradients)
   TORCH_ARG(bool, broadcast_buffers) = true;  // rank 0's buffers to all ranks before each forward
   TORCH_ARG(bool, find_unused_parameters) = false;
   TORCH_ARG(bool, gradient_as_bucket_view) = false;
-  TORCH_ARG(CommHook, comm_hook) = CommHook::kAllReduce;
 };
 
 class DistributedDataParallelImpl : public torch::nn::Module {
@@ -68,6 +65,17 @@ class DistributedDataParallelImpl : public torch::nn::Module {
   // Broadcasts rank 0's buffers if broadcast_buffers (a collective: every rank calls it once per
   // forward). forward() and forward_with() call it.
   void pre_forward();
+
+  // As PyTorch's register_comm_hook(state, hook): each bucket is reduced by `hook(*state,
+  // bucket)`, which returns the future of the averaged bucket (comm_hook.h has the contract and
+  // the built-ins; powersgd.h has PowerSGD). `state` is shared with the caller, who may read it
+  // during training. Once, before the first backward.
+  template <class State, class Hook>
+  void register_comm_hook(std::shared_ptr<State> state, Hook hook) {
+    if (!reducer_) return;  // no parameter requires a gradient: nothing to reduce
+    reducer_->register_comm_hook([state = std::move(state), hook = std::move(hook)](
+                                     core::GradBucket& bucket) { return hook(*state, bucket); });
+  }
 
   // Inside the guard's lifetime, backward accumulates gradients locally and reduces nothing; the
   // first backward after it reduces the accumulated sum. As PyTorch's `with model.no_sync():`.

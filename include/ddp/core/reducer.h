@@ -6,12 +6,13 @@
 //      as the end-of-backward callback.
 //   2. Each hook copies its parameter's accumulated .grad into the parameter's slot of its
 //      bucket (with gradient_as_bucket_view, .grad *is* that slot). A bucket whose slots are all
-//      filled is ready; ready buckets are launched (all-reduce average, or a compression hook)
-//      strictly in bucket order, so every rank issues the same collectives in the same order
-//      (Note [Collective order is identical on all ranks]).
+//      filled is ready; ready buckets are launched (the comm hook, comm_hook.h; without one,
+//      the all-reduce average) strictly in bucket order, so every rank issues the same collectives
+//      in the same order (Note [Collective order is identical on all ranks]).
 //   3. finalize() marks unused parameters (find_unused_parameters) or reports them, waits for
-//      every bucket, and writes the averages back into .grad. finalize must run before the
-//      optimizer reads .grad; autograd guarantees that by running it before backward() returns.
+//      every bucket's future in bucket order, and writes the averages back into .grad. finalize
+//      must run before the optimizer reads .grad; autograd guarantees that by running it before
+//      backward() returns.
 //   4. After the first synchronised iteration the buckets are rebuilt once from the order in
 //      which gradients arrived (rank 0's order, broadcast), as c10d's Reducer::rebuild_buckets
 //      and sync_bucket_indices do (torch/csrc/distributed/c10d/reducer.cpp).
@@ -27,21 +28,15 @@
 
 #include "ddp/comm/process_group.h"
 #include "ddp/core/bucketing.h"
+#include "ddp/core/comm_hook.h"
 
 namespace ddp::core {
-
-enum class CommHook {
-  kAllReduce,     // all-reduce average in the gradient's dtype
-  kFp16Compress,  // cast to float16, all-reduce, cast back (halves the bytes)
-  kBf16Compress,  // cast to bfloat16, all-reduce, cast back
-};
 
 struct ReducerOptions {
   size_t bucket_cap_bytes = kDefaultBucketCapBytes;
   size_t first_bucket_bytes = kDefaultFirstBucketBytes;
   bool find_unused_parameters = false;
   bool gradient_as_bucket_view = false;
-  CommHook comm_hook = CommHook::kAllReduce;
 };
 
 using Clock = std::chrono::steady_clock;
@@ -54,10 +49,12 @@ struct IterationStats {
   // Per bucket, when its collective was first seen complete: polled at every later hook of the
   // backward, and in finalize before waiting on it (so at most one hook late, or the wait).
   std::vector<Clock::time_point> bucket_done;
-  std::vector<int64_t> bucket_bytes;  // per bucket, the bytes on the wire
-  Clock::time_point finalize_start;   // the end-of-backward callback began
-  Clock::time_point finalize_end;     // all averages are in .grad
-  bool communicated = false;          // false: one rank passing gradients through, no collective
+  // Per bucket, the bytes its hook handed to collectives (ProcessGroup::bytes_issued), those of
+  // continuations included.
+  std::vector<int64_t> bucket_bytes;
+  Clock::time_point finalize_start;  // the end-of-backward callback began
+  Clock::time_point finalize_end;    // all averages are in .grad
+  bool communicated = false;         // false: one rank passing gradients through, no collective
 };
 
 class Reducer {
@@ -69,6 +66,10 @@ class Reducer {
   ~Reducer();
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
+
+  // Reduces each bucket with `hook` instead of the all-reduce average. Once, before the first
+  // backward (as PyTorch); throws Error otherwise.
+  void register_comm_hook(CommHookFn hook);
 
   // false inside no_sync(): backward accumulates locally and reduces nothing.
   void set_require_sync(bool require_sync) { require_sync_ = require_sync; }
@@ -84,18 +85,18 @@ class Reducer {
  private:
   struct Bucket {
     torch::Tensor flat;  // the gradients of its parameters, back to back
-    torch::Tensor wire;  // what goes over the wire (flat, or its compressed copy)
     std::vector<size_t> params;
     std::vector<torch::Tensor> views;  // per parameter: its slice of flat, shaped like it
     size_t pending = 0;                // parameters not ready yet in this iteration
-    comm::WorkPtr work;
+    FuturePtr future;                  // the hook's, once launched
   };
   enum class Phase { kIdle, kBackward };
 
   void build_buckets(const std::vector<std::vector<size_t>>& assignment);
   torch::Tensor& slot(size_t param);  // the parameter's view into its bucket
   void launch(size_t bucket);
-  void begin_iteration();  // the one place per-iteration state is reset
+  void wait_for(size_t bucket);  // its future's value into flat
+  void begin_iteration();        // the one place per-iteration state is reset
   void mark_ready(size_t index);
   void launch_ready_buckets();
   void note_completed();  // stats_.bucket_done of the launched buckets that have completed
@@ -124,11 +125,13 @@ class Reducer {
   size_t next_launch_ = 0;
   IterationStats stats_;
 
+  CommHookFn hook_;  // empty: allreduce_hook on group_
   bool require_sync_ = true;
   bool rebuilt_ = false;
+  bool started_ = false;  // a synchronised backward has run: too late to register a hook
   // World size 1 with the plain all-reduce: the average of one gradient is itself, so the
   // hooks keep their bookkeeping (unused-parameter checks, stats) but copy nothing.
-  const bool passthrough_;
+  bool passthrough_;
 };
 
 }  // namespace ddp::core

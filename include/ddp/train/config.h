@@ -20,10 +20,17 @@ enum class SavePrefix {
   kModule,  // model.pt's keys are "module." + name, as nn.DataParallel's state_dict
   kNone,    // the model's own names
 };
+// How DDP reduces gradients: the comm hook registered on the model (core/comm_hook.h).
+enum class CommHook {
+  kAllReduce,  // the average, in the gradients' dtype (no hook)
+  kFp16,       // fp16_compress_hook
+  kBf16,       // bf16_compress_hook
+  kPowerSgd,   // powersgd_hook (core/powersgd.h)
+};
 std::string to_string(Optimizer optimizer);  // sgd | adam | adamw
 std::string to_string(LrScaling scaling);    // none | linear
 std::string to_string(SavePrefix prefix);    // module | none
-std::string to_string(CommHook hook);        // allreduce | fp16 | bf16
+std::string to_string(CommHook hook);        // allreduce | fp16 | bf16 | powersgd
 
 struct Config {
   // What to train.
@@ -76,11 +83,13 @@ struct Config {
   int64_t check_params_every = 0;     // steps between cross-rank parameter checksums (0: never)
   bool checkpoint_on_signal = false;  // SIGTERM: finish the step, checkpoint, exit 143
   // DistributedDataParallel, with PyTorch's names and defaults (the keys bucket-cap-mb,
-  // first-bucket-mb, broadcast-buffers, find-unused-parameters, gradient-as-bucket-view,
-  // comm-hook).
+  // first-bucket-mb, broadcast-buffers, find-unused-parameters, gradient-as-bucket-view).
   DistributedDataParallelOptions ddp;
-  bool sync_bn = false;  // BatchNorm statistics over the global batch (SyncBatchNorm)
-  int64_t threads = 0;   // 0: leave LibTorch's default
+  CommHook comm_hook = CommHook::kAllReduce;
+  int64_t powersgd_rank = 1;           // PowerSGDOptions::matrix_approximation_rank
+  int64_t powersgd_start_iter = 1000;  // PowerSGDOptions::start_powerSGD_iter (PyTorch's default)
+  bool sync_bn = false;                // BatchNorm statistics over the global batch (SyncBatchNorm)
+  int64_t threads = 0;                 // 0: leave LibTorch's default
   std::string output_dir = "runs/latest";
   std::string log_level = "info";
   std::string progress = "auto";  // auto | bar | lines | off (see train/progress.h)
@@ -110,6 +119,18 @@ const std::vector<ConfigKey>& config_keys();
 
 // The key called `name` ('_' and '-' are the same), or nullptr.
 const ConfigKey* find_config_key(const std::string& name);
+
+// The command line's words (argv without the program name) with every bool option in one form,
+// "--key=value", so that the option parser needs no rule of its own for them. A bool option
+// accepts three spellings, as the README shows:
+//   --augment          -> --augment=true
+//   --augment false    -> --augment=false  (the next word is taken only when it is a bool:
+//                                            true|false|yes|no|on|off|1|0, any case)
+//   --augment=false    -> --augment=false
+// Any other next word stays where it is: "--augment --epochs 3" keeps "--epochs 3", and a stray
+// word is left for the parser to report. Words after "--" are not touched. Names are matched as
+// the parser spells them ("--drop-last", not "--drop_last"). A pure function of `args`.
+std::vector<std::string> join_bool_values(const std::vector<std::string>& args);
 
 // Sets one key. `origin` says where the value came from ("configs/a.yaml:3", "command line") and
 // starts every error message. Throws InputError on an unknown key or a bad value.

@@ -26,11 +26,15 @@ struct EpochMetrics {
   std::optional<Scores> test;  // when evaluated (with a validation split: after the last epoch)
   double samples_per_s = 0.0;  // training samples (all ranks) per second of training time
   double epoch_seconds = 0.0;  // training time, evaluation excluded
+  // Bytes rank 0 handed to the gradients' collectives per step (ProcessGroup::bytes_issued:
+  // the payload; 0 on one rank without a comm hook). What compression hooks save.
+  double grad_bytes_per_step = 0.0;
 };
 
 // One JSON object per line: {"epoch": 1, "steps": 938, "lr": 0.1, "train_loss": ...,
 // "val_loss", "val_mae", "test_loss", "test_accuracy", "test_mae", "naive_test_loss",
-// "naive_test_mae", "samples_per_s", "epoch_seconds"}; an absent value is null.
+// "naive_test_mae", "samples_per_s", "epoch_seconds", "grad_bytes_per_step"}; an absent value
+// is null.
 std::string to_json(const EpochMetrics& m);
 
 // The epoch's log line: "train loss 0.3, test loss 0.4, test accuracy 0.9, ..." with the figures

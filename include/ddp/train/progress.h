@@ -1,8 +1,8 @@
 #pragma once
 // Rank 0's progress within an epoch (--progress). On a terminal: one line per epoch, redrawn in
 // place ("\r") a few times a second and left standing when the epoch ends. Elsewhere (a log
-// file, a launcher's pipe): a plain log line every --progress-every seconds, which reads well in
-// a file and never fills it with redraws.
+// file, a launcher's pipe, under mpirun): a plain log line every --progress-every seconds, which
+// reads well in a file and never fills it with redraws.
 
 #include <chrono>
 #include <cstdint>
@@ -14,8 +14,12 @@ namespace ddp::train {
 enum class ProgressStyle { kBar, kLines, kOff };
 
 // --progress auto|bar|lines|off: auto is a bar on a terminal and lines elsewhere; ranks other
-// than 0 show none. A pure function.
-ProgressStyle progress_style(const std::string& setting, bool is_terminal, bool is_main);
+// than 0 show none. `is_terminal`: isatty(stdout). `under_mpirun`: the ranks were started by
+// mpirun (comm::Launcher::kMpirun), whose ranks' stdout is a pseudo-terminal whatever mpirun's
+// own output is (a file, a pipe), so that isatty cannot tell: auto means lines there (--progress
+// bar still draws one). A pure function.
+ProgressStyle progress_style(const std::string& setting, bool is_terminal, bool under_mpirun,
+                             bool is_main);
 
 struct ProgressState {
   int64_t epoch = 1, epochs = 1;  // 1-based
