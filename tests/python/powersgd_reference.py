@@ -76,6 +76,8 @@ def run_config(rank, config_index, approximation_rank, warm_start, error_feedbac
 def main():
     out_dir = sys.argv[1]
     torch.set_num_threads(1)
+    # Debian 13's PyTorch 2.6 is built without libuv, which its TCPStore asks for by default.
+    os.environ.setdefault("USE_LIBUV", "0")
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     configs = [run_config(rank, i, *c) for i, c in enumerate(CONFIGS)]
