@@ -1,10 +1,10 @@
 #!/usr/bin/python3
 """The comm hooks side by side: ResNet-18 on the CPU config (configs/fashion_mnist_resnet18_cpu.yaml)
 at world sizes 1, 4, 8 and 32 on gloo, one thread per rank, with --comm-hook allreduce, fp16, bf16
-and powersgd (rank 4). Each run trains 2 epochs of STEPS steps per rank, batch 32 per rank; the
-figures are the second epoch's (PowerSGD starts after the first, so the second is all compressed):
-its samples/s and the gradient bytes each rank handed to collectives per step
-(metrics.jsonl: grad_bytes_per_step). Within a world size the hooks run in rotating order, for
+and powersgd (rank 4); --hooks picks some. Each run trains 2 epochs of STEPS steps per rank, batch
+32 per rank; the figures are the second epoch's (PowerSGD starts after the first, so the second
+is all compressed): its samples/s and the gradient bytes each rank handed to collectives per
+step (metrics.jsonl: grad_bytes_per_step). Within a world size the hooks run in rotating order, for
 `--rounds` rounds; the table has the medians. Prints a Markdown table for docs/benchmarks.md.
 """
 import argparse
@@ -42,14 +42,16 @@ def main():
     p.add_argument("--binary", default=os.path.join(ROOT, "build", "ddp_train"))
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--worlds", default="1,4,8,32")
+    p.add_argument("--hooks", default="allreduce,fp16,bf16,powersgd")
     args = p.parse_args()
+    hooks = [h for h in HOOKS if h[0] in args.hooks.split(",")]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for world in [int(w) for w in args.worlds.split(",")]:
-            results = {h[0]: [] for h in HOOKS}
+            results = {h[0]: [] for h in hooks}
             for r in range(args.rounds):
-                for k in range(len(HOOKS)):
-                    hook = HOOKS[(k + r) % len(HOOKS)]
+                for k in range(len(hooks)):
+                    hook = hooks[(k + r) % len(hooks)]
                     speed, wire = run(args.binary, world, hook, tmp)
                     print(f"world {world} {hook[0]} round {r}: {speed:.1f} samples/s, "
                           f"{wire:.0f} bytes/step", file=sys.stderr)
