@@ -10,16 +10,10 @@
 
 namespace {
 
+using ddp::testing::last_metrics;
 using ddp::testing::metrics_field;
 
 using ddp::testing::TempDir;
-
-// The last line of a metrics file.
-std::string last_metrics(const std::string& dir) {
-  auto text = ddp::testing::read_file(dir + "/metrics.jsonl");
-  text.pop_back();
-  return text.substr(text.rfind('\n') + 1);
-}
 
 std::vector<std::string> job(const std::string& out, int64_t batch,
                              std::vector<std::string> extra = {}) {

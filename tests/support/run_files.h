@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <fstream>
 #include <regex>
 #include <string>
 
@@ -18,6 +19,16 @@ inline double metrics_field(const std::string& json, const std::string& name) {
   std::smatch m;
   EXPECT_TRUE(std::regex_search(json, m, std::regex("\"" + name + "\": ([-0-9.e+]+)"))) << json;
   return m.empty() ? 0.0 : std::stod(m[1]);
+}
+
+// The last line of a run's metrics.jsonl in `dir`.
+inline std::string last_metrics(const std::string& dir) {
+  std::ifstream in(dir + "/metrics.jsonl");
+  std::string line, last;
+  while (std::getline(in, line)) {
+    if (!line.empty()) last = line;
+  }
+  return last;
 }
 
 // The two weights files hold the same keys, in order, with bitwise equal tensors.
