@@ -224,6 +224,9 @@ std::vector<ConfigKey> make_keys() {
       int_key("global-batch-size", &C::global_batch_size, 0,
               "the batch of all ranks together, split evenly over them (0: use batch-size)"),
       bool_key("drop-last", &C::drop_last, "drop each epoch's last batch when it is smaller"),
+      int_key("grad-accum-steps", &C::grad_accum_steps, 1,
+              "micro-batches of batch-size per optimizer step: gradients accumulate locally "
+              "(no_sync) and are reduced once, at the last"),
       int_key("workers", &C::workers, 0, "loader threads preparing batches ahead (0: none)"),
       bool_key("pin-memory", &C::pin_memory,
                "batches in pinned memory, copied to the GPU without blocking"),
@@ -235,6 +238,9 @@ std::vector<ConfigKey> make_keys() {
       bool_key("nesterov", &C::nesterov, "SGD with Nesterov momentum"),
       float_key("weight-decay", &C::weight_decay, 0.0, false,
                 "weight decay (L2; decoupled for adamw)"),
+      float_key("clip-grad-norm", &C::clip_grad_norm, 0.0, false,
+                "clip the reduced gradients' global 2-norm to this before each step, as "
+                "torch.nn.utils.clip_grad_norm_ (0: no clipping)"),
       string_key("lr-schedule", &C::lr_schedule, {"constant", "step", "cosine"}, "",
                  "learning-rate schedule after warm-up"),
       enum_key("lr-scaling", &C::lr_scaling, kLrScalingNames,

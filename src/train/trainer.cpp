@@ -168,7 +168,7 @@ int64_t batch_size_per_rank(const Config& config, int world_size) {
 LrSchedule lr_schedule_of(const Config& config, int world_size) {
   LrSchedule schedule;
   schedule.kind = config.lr_schedule;
-  const int64_t global_batch = config.batch_size * world_size;
+  const int64_t global_batch = config.batch_size * world_size * config.grad_accum_steps;
   schedule.base_lr = scaled_lr(config.lr, config.lr_scaling, global_batch, config.reference_batch);
   if (config.lr_scaling == LrScaling::kLinear) {
     log::info("lr {} scaled linearly to {} for the global batch {} (reference batch {})", config.lr,
@@ -274,12 +274,16 @@ TrainResult Trainer::train() {
               config_.epochs);
     return result;
   }
+  const int64_t global = config_.batch_size * dist_.world_size() * config_.grad_accum_steps;
   log::info(
       "training {} on {} ({} train / {} test samples) on {} rank(s), {} threads each, batch {} "
-      "per rank ({} global)",
+      "per rank{} ({} global)",
       config_.model, config_.dataset, workload_.train_set.size(), workload_.test_set.size(),
       dist_.world_size(), torch::get_num_threads(), config_.batch_size,
-      config_.batch_size * dist_.world_size());
+      config_.grad_accum_steps > 1
+          ? fmt::format(" x {} accumulated micro-batches", config_.grad_accum_steps)
+          : "",
+      global);
 
   for (int64_t epoch = start_epoch_; epoch < config_.epochs; ++epoch) {
     EpochMetrics m;
@@ -350,9 +354,9 @@ struct Trainer::EpochPass {
   std::unique_ptr<data::BatchLoader> loader;
   std::optional<EpochProgress> progress;
 
-  // After a step that trained on `samples` with mean loss `loss`.
-  void count_step(const torch::Tensor& loss, int64_t samples) {
-    loss_sum += loss.detach().to(torch::kDouble) * static_cast<double>(samples);
+  // After a step that trained on `samples` whose losses sum to `losses` (float64).
+  void count_step(const torch::Tensor& losses, int64_t samples) {
+    loss_sum += losses;
     trained += samples;
     progress->update(++step, trained, [this] { return running_loss(); });
   }
@@ -365,36 +369,31 @@ struct Trainer::EpochPass {
 bool Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
   EpochPass pass = begin_epoch(epoch);
   Timeline* timeline = timeline_.get();  // nullptr: no --timeline
-  while (std::optional<data::Batch> batch = next_batch(pass)) {
-    // Next batch (pinned batches are copied while the GPU works).
-    const auto input = batch->input.to(dist_.device, /*non_blocking=*/pass.pin_memory);
-    const auto target = batch->target.to(dist_.device, /*non_blocking=*/pass.pin_memory);
+  while (std::optional<std::vector<data::Batch>> batches = next_step_batches(pass)) {
     m.lr = lr_at(schedule_, step_, pass.steps);
     set_lr(*optimizer_, m.lr);
     model_->zero_grad();  // dropped: the next backward's gradients become .grad (see the header)
 
-    // Forward and loss.
-    torch::Tensor output, loss;
-    {
-      const Phase phase = step_phase(*dist_.group, timeline, "forward", step_ + 1);
-      output = model_->forward_with([&] { return workload_.forward(input); });
-      loss = compute_loss(workload_.train_set.task, output, target);
-    }
-    if (std::exchange(pass.first, false)) log_shapes(input, output);
-
-    // Backward: each bucket is all-reduced as its gradients arrive.
-    {
-      const Phase phase = step_phase(*dist_.group, timeline, "backward", step_ + 1);
-      loss.backward();
+    // Forward and backward of each micro-batch (one without --grad-accum-steps); the last
+    // backward reduces the sum of their gradients, each all-reduced bucket as it is ready.
+    int64_t samples = 0;
+    for (const auto& batch : *batches) samples += batch.size();
+    auto loss_sum = torch::zeros({}, torch::TensorOptions(torch::kDouble).device(dist_.device));
+    for (size_t i = 0; i < batches->size(); ++i) {
+      const bool last = i + 1 == batches->size();
+      loss_sum += forward_backward(pass, (*batches)[i], samples, /*sync=*/last);
     }
     // Finalize, the reducer's at backward's end (it waited for every bucket and wrote the
     // averages into .grad): onto the timeline.
     if (timeline) record_reducer(*timeline, model_->reducer().last_iteration(), step_ + 1);
     pass.grad_bytes += gradient_bytes(model_->reducer().last_iteration());
 
-    // Step.
+    // Step, after --clip-grad-norm on the reduced gradients (the same on every rank).
     {
       const Phase phase(*dist_.group, "", timeline, "optimizer step", "compute", step_ + 1);
+      if (config_.clip_grad_norm > 0) {
+        torch::nn::utils::clip_grad_norm_(workload_.module->parameters(), config_.clip_grad_norm);
+      }
       optimizer_->step();
     }
     ++step_;
@@ -405,11 +404,36 @@ bool Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
       check_parameters();
     }
 
-    pass.count_step(loss, batch->size());
+    pass.count_step(loss_sum, samples);
     if (stop_after_step(pass)) return false;  // --checkpoint-on-signal
   }
   end_epoch(pass, m);
   return true;
+}
+
+torch::Tensor Trainer::forward_backward(EpochPass& pass, const data::Batch& batch,
+                                        int64_t step_samples, bool sync) {
+  const auto input = batch.input.to(dist_.device, /*non_blocking=*/pass.pin_memory);
+  const auto target = batch.target.to(dist_.device, /*non_blocking=*/pass.pin_memory);
+  Timeline* timeline = timeline_.get();
+  torch::Tensor output, loss;
+  {
+    const Phase phase = step_phase(*dist_.group, timeline, "forward", step_ + 1);
+    output = model_->forward_with([&] { return workload_.forward(input); });
+    loss = compute_loss(workload_.train_set.task, output, target);
+  }
+  if (std::exchange(pass.first, false)) log_shapes(input, output);
+
+  // The mean over the step's samples: each micro-batch's mean loss weighted by its share, so
+  // that micro-batches of B give the gradient of one batch of their total, a short last one too.
+  const double share = static_cast<double>(batch.size()) / static_cast<double>(step_samples);
+  {
+    const Phase phase = step_phase(*dist_.group, timeline, "backward", step_ + 1);
+    std::optional<DistributedDataParallelImpl::NoSyncGuard> local;
+    if (!sync) local.emplace(model_->reducer());
+    (share == 1.0 ? loss : loss * share).backward();
+  }
+  return loss.detach().to(torch::kDouble) * static_cast<double>(batch.size());
 }
 
 Trainer::EpochPass Trainer::begin_epoch(int64_t epoch) {
@@ -426,7 +450,8 @@ Trainer::EpochPass Trainer::begin_epoch(int64_t epoch) {
   }
   EpochPass pass;
   pass.epoch = epoch;
-  pass.steps = (n + config_.batch_size - 1) / config_.batch_size;
+  const int64_t batches = (n + config_.batch_size - 1) / config_.batch_size;
+  pass.steps = (batches + config_.grad_accum_steps - 1) / config_.grad_accum_steps;
   workload_.module->train();
   pass.loss_sum = torch::zeros({}, torch::TensorOptions(torch::kDouble).device(dist_.device));
   pass.start = Clock::now();
@@ -437,12 +462,23 @@ Trainer::EpochPass Trainer::begin_epoch(int64_t epoch) {
   pass.first = epoch == start_epoch_;
   // A checkpoint written on SIGTERM resumes after the steps it had taken of this epoch: the
   // loader gives the same batches, and the first ones are passed over.
-  pass.skip = epoch == start_epoch_ ? start_epoch_step_ : 0;
-  pass.step = pass.skip;
-  pass.first_step = pass.skip;
+  pass.step = epoch == start_epoch_ ? start_epoch_step_ : 0;
+  pass.skip = pass.step * config_.grad_accum_steps;
+  pass.first_step = pass.step;
   pass.progress.emplace(progress_style_, config_.progress_every, epoch + 1, config_.epochs,
                         pass.steps, dist_.world_size());
   return pass;
+}
+
+std::optional<std::vector<data::Batch>> Trainer::next_step_batches(EpochPass& pass) {
+  std::vector<data::Batch> batches;
+  while (static_cast<int64_t>(batches.size()) < config_.grad_accum_steps) {
+    std::optional<data::Batch> batch = next_batch(pass);
+    if (!batch) break;
+    batches.push_back(std::move(*batch));
+  }
+  if (batches.empty()) return std::nullopt;
+  return batches;
 }
 
 std::optional<data::Batch> Trainer::next_batch(EpochPass& pass) {

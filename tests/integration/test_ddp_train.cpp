@@ -1,5 +1,6 @@
 // ddp_train with several ranks: 2 ranks with batch B train exactly as 1 process with batch 2B
 // (the sampler's shards of a global batch are that batch), under mpirun and the env contract.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <regex>
@@ -135,6 +136,51 @@ TEST(DdpTrain, PowerSgdTrainsTheMlpNearThePlainAllReduceWithFewerBytes) {
 }  // namespace
 
 namespace {
+
+// --grad-accum-steps: N micro-batches of B per rank train as one batch of N x B, a short last
+// step too (50 samples per rank: batch 30 is [30, 20]; 15 x 2 is [15, 15] then [15, 5], and
+// 10 x 3 is [10, 10, 10] then [10, 10]), on 2 ranks with the env contract.
+TEST(DdpTrain, AccumulatedMicroBatchesTrainAsOneBatchOfTheirTotal) {
+  TempDir whole;
+  const std::vector<std::string> common = {"--global-batch-size", "0", "--progress", "off"};
+  auto extra = [&](std::vector<std::string> more) {
+    more.insert(more.end(), common.begin(), common.end());
+    return more;
+  };
+  auto ranks =
+      ddp::testing::run_env_ranks(2, job(whole.path(), 30, extra({})), std::chrono::seconds(120));
+  for (const auto& r : ranks) ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const auto& [batch, n] : {std::pair{15, "2"}, std::pair{10, "3"}}) {
+    TempDir micro;
+    ranks = ddp::testing::run_env_ranks(
+        2, job(micro.path(), batch, extra({"--grad-accum-steps", n})), std::chrono::seconds(120));
+    for (const auto& r : ranks) ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(ranks[0].output.find(
+                  fmt::format("batch {} per rank x {} accumulated micro-batches", batch, n)),
+              std::string::npos)
+        << ranks[0].output;
+    expect_same_training(micro.path(), whole.path());
+  }
+}
+
+// --clip-grad-norm clips the reduced gradient: 2 ranks equal one process with their whole batch
+// (the norm is the global batch's, the same on every rank), and the clipping acts (a norm of
+// 0.05 is far below the Linear model's gradients', so the run differs from the unclipped one).
+TEST(DdpTrain, ClippingActsOnTheReducedGradient) {
+  TempDir one, two, unclipped;
+  const std::vector<std::string> clip = {"--clip-grad-norm", "0.05"};
+  auto single = ddp::testing::run_process(job(one.path(), 30, clip), {}, std::chrono::seconds(60));
+  ASSERT_EQ(single.exit_code, 0) << single.output;
+  auto pair = ddp::testing::run_mpirun(2, job(two.path(), 15, clip), std::chrono::seconds(120));
+  ASSERT_EQ(pair.exit_code, 0) << pair.output;
+  expect_same_training(two.path(), one.path());
+  auto plain = ddp::testing::run_process(job(unclipped.path(), 30), {}, std::chrono::seconds(60));
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  const double clipped_loss = metrics_field(last_metrics(one.path()), "train_loss");
+  const double plain_loss = metrics_field(last_metrics(unclipped.path()), "train_loss");
+  EXPECT_GT(std::abs(clipped_loss - plain_loss), 1e-3 * plain_loss)
+      << clipped_loss << " " << plain_loss;
+}
 
 // The DataParallel tutorial's demo: each rank logs the part of the global batch it saw, and
 // --drop-last drops the smaller last batch (50 samples per rank, batch 15: 3 steps, not 4).

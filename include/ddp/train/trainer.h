@@ -83,9 +83,15 @@ class Trainer {
   // when a SIGTERM stopped it (after a checkpoint: --checkpoint-on-signal).
   bool train_epoch(int64_t epoch, EpochMetrics& metrics);
   EpochPass begin_epoch(int64_t epoch);
-  // The next batch to train on, passing over those a resumed epoch had trained; nullopt at the
-  // epoch's end.
-  std::optional<data::Batch> next_batch(EpochPass& pass);
+  // The next step's micro-batches (--grad-accum-steps of them, fewer at the epoch's end), passing
+  // over those a resumed epoch had trained; nullopt at the epoch's end.
+  std::optional<std::vector<data::Batch>> next_step_batches(EpochPass& pass);
+  std::optional<data::Batch> next_batch(EpochPass& pass);  // one of them
+  // Forward, loss and backward of one micro-batch of a step of `step_samples` samples, its loss
+  // weighted by its share of them; reduced only when `sync` (else under no_sync). Returns the
+  // micro-batch's loss times its size (float64, not synchronised).
+  torch::Tensor forward_backward(EpochPass& pass, const data::Batch& batch, int64_t step_samples,
+                                 bool sync);
   // --checkpoint-on-signal after a step: checkpoints and returns true when any rank got a
   // SIGTERM (a collective), except after the epoch's last step (train() checks after the epoch).
   bool stop_after_step(const EpochPass& pass);
