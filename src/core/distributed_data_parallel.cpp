@@ -42,7 +42,7 @@ void broadcast_coalesced(comm::ProcessGroup& group, const std::vector<torch::Ten
     torch::NoGradGuard no_grad;
     for (size_t i : indices) {
       const auto n = tensors[i].numel();
-      tensors[i].copy_(flat.narrow(0, offset, n).view_as(tensors[i]));
+      tensors[i].variable_data().copy_(flat.narrow(0, offset, n).view_as(tensors[i]));
       offset += n;
     }
   }
@@ -117,6 +117,7 @@ DistributedDataParallelImpl::DistributedDataParallelImpl(std::shared_ptr<torch::
       static_cast<size_t>(options_.first_bucket_mb() * 1024 * 1024);
   reducer_options.find_unused_parameters = options_.find_unused_parameters();
   reducer_options.gradient_as_bucket_view = options_.gradient_as_bucket_view();
+  reducer_options.static_graph = options_.static_graph();
   if (!params.empty()) {
     reducer_ = std::make_unique<core::Reducer>(params, names, group_, reducer_options);
   }
@@ -124,6 +125,12 @@ DistributedDataParallelImpl::DistributedDataParallelImpl(std::shared_ptr<torch::
 
 void DistributedDataParallelImpl::pre_forward() {
   if (!options_.broadcast_buffers()) return;
+  if (torch::GradMode::is_enabled() && reducer_) {
+    // Every rank makes the same decision: ranks run the same forwards and backwards.
+    const int64_t backwards = reducer_->backward_count();
+    if (backwards == buffers_broadcast_at_) return;  // a later forward of the same iteration
+    buffers_broadcast_at_ = backwards;
+  }
   const auto buffers = module_->buffers();
   broadcast_coalesced(*group_, buffers);
 }

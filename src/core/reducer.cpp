@@ -127,13 +127,41 @@ void Reducer::begin_iteration() {
   stats_.bucket_done.assign(buckets_.size(), Clock::time_point());
   stats_.bucket_bytes.assign(buckets_.size(), 0);
   stats_.communicated = !passthrough_;
-  // Valid only during backward, hence queued from the first hook.
+  if (!static_graph_known()) {
+    hooks_left_.assign(params_.size(), 0);  // static_graph's first iteration counts up here
+    queue_finalize();
+    return;
+  }
+  hooks_left_ = expected_hooks_;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (expected_hooks_[i] == 0) mark_ready(i);  // no hook will come: zeros, as unused
+  }
+}
+
+void Reducer::queue_finalize() {
+  // Valid only during a backward, hence queued from a hook; it runs when the backward that
+  // queued it ends.
   torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize(); });
 }
 
+void Reducer::note_backward() {
+  if (in_backward_) return;
+  in_backward_ = true;
+  ++backward_count_;
+  torch::autograd::Engine::get_default_engine().queue_callback([this] { in_backward_ = false; });
+}
+
 void Reducer::on_grad_ready(size_t index) {
+  note_backward();
   if (!require_sync_) return;  // no_sync: accumulate locally
   if (phase_ == Phase::kIdle) begin_iteration();
+  if (options_.static_graph) {
+    if (!static_graph_known()) {  // the first iteration counts; its finalize reduces everything
+      ++hooks_left_[index];
+      return;
+    }
+    if (--hooks_left_[index] > 0) return;  // the parameter is used again later in this backward
+  }
   mark_ready(index);
   note_completed();
   launch_ready_buckets();
@@ -142,9 +170,12 @@ void Reducer::on_grad_ready(size_t index) {
 void Reducer::mark_ready(size_t index) {
   if (ready_[index]) {
     throw Error(
-        fmt::format("rank {}: parameter '{}' got its gradient twice in one backward; "
-                    "DistributedDataParallel supports one backward per forward",
-                    group_->rank(), names_[index]));
+        fmt::format("rank {}: parameter '{}' got its gradient twice in one backward{}",
+                    group_->rank(), names_[index],
+                    options_.static_graph
+                        ? ": more often than in the first iteration, so the graph is not static"
+                        : "; when a backward runs again inside it (activation checkpointing, a "
+                          "block used twice), enable static_graph"));
   }
   ready_[index] = true;
   ready_order_.push_back(static_cast<int64_t>(index));
@@ -169,8 +200,13 @@ void Reducer::mark_ready(size_t index) {
 }
 
 void Reducer::launch_ready_buckets() {
+  const size_t before = next_launch_;
   while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0)
     launch(next_launch_++);
+  // static_graph: the last bucket ends the iteration, on whichever backward launched it.
+  if (before < buckets_.size() && next_launch_ == buckets_.size() && static_graph_known()) {
+    queue_finalize();
+  }
 }
 
 void Reducer::note_completed() {
@@ -234,11 +270,15 @@ void Reducer::finalize() {
   if (phase_ != Phase::kBackward) return;
   phase_ = Phase::kIdle;  // first: a failure below must not leave the reducer mid-iteration
   stats_.finalize_start = Clock::now();
-  std::vector<int32_t> used;  // find_unused_parameters: how many ranks used each parameter
-  if (options_.find_unused_parameters) {
-    const auto device = params_.front().device();
-    auto used_map =
-        torch::tensor(std::vector<int32_t>(ready_.begin(), ready_.end()), torch::kInt).to(device);
+  const bool static_first = options_.static_graph && !static_graph_known();
+  // find_unused_parameters and static_graph's first iteration: how many ranks used each
+  // parameter (static_graph: used at the first iteration, where the hooks only counted).
+  std::vector<int32_t> used = options_.static_graph ? static_used_ : std::vector<int32_t>();
+  if (options_.find_unused_parameters || static_first) {
+    std::vector<int32_t> here(params_.size());
+    for (size_t i = 0; i < params_.size(); ++i)
+      here[i] = static_first ? hooks_left_[i] > 0 : ready_[i];
+    auto used_map = torch::tensor(here, torch::kInt).to(params_.front().device());
     for (const auto& bucket_params : bucket_indices_) {
       for (size_t i : bucket_params) {
         if (!ready_[i]) mark_ready(i);
@@ -276,7 +316,14 @@ void Reducer::finalize() {
     }
   }
   stats_.finalize_end = Clock::now();
-  if (!rebuilt_ && !options_.find_unused_parameters) rebuild_from_observed_order();
+  if (static_first) {
+    expected_hooks_ = hooks_left_;
+    static_used_ = used;
+  }
+  // Static graph: from the second iteration's order, the first's marks are in bucket order.
+  if (!rebuilt_ && !options_.find_unused_parameters && !static_first) {
+    rebuild_from_observed_order();
+  }
 }
 
 void Reducer::rebuild_from_observed_order() {

@@ -3,13 +3,15 @@
 // DDP on the global batch of world * B samples; exits 0 only if the parameters agree.
 //   ddp_worker BACKEND SCENARIO
 // SCENARIO: sgd | nosync | adam | fp16 | bf16 | custom-hook | powersgd-warmup | bucket-view |
-//           unused | unused-find | mismatch | overlap | buffers | no-buffers
+//           unused | unused-find | mismatch | overlap | buffers | no-buffers | two-forwards |
+//           checkpoint-twice | checkpoint-twice-dynamic
 #include <fmt/format.h>
 #include <torch/torch.h>
 
 #include <iostream>
 
 #include "ddp/comm/rendezvous.h"
+#include "ddp/core/activation_checkpoint.h"
 #include "ddp/core/distributed_data_parallel.h"
 #include "ddp/core/powersgd.h"
 
@@ -42,10 +44,9 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& scena
   return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1).momentum(0.9));
 }
 
-double max_relative_error(Net ours, Net reference) {
+double max_relative_error(const std::vector<torch::Tensor>& p,
+                          const std::vector<torch::Tensor>& q) {
   double worst = 0.0;
-  auto p = ours->parameters();
-  auto q = reference->parameters();
   for (size_t i = 0; i < p.size(); ++i) {
     const double scale = std::max(q[i].abs().max().item<double>(), 1e-6);
     worst = std::max(worst, (p[i] - q[i]).abs().max().item<double>() / scale);
@@ -109,6 +110,96 @@ int check_buffers(const std::shared_ptr<ddp::comm::ProcessGroup>& group, bool br
   return 0;
 }
 
+// A block used twice between a head and a tail; checkpointed, each use's backward runs again
+// inside the outer backward, so the block's parameters get two gradients per backward.
+struct TwiceImpl : torch::nn::Module {
+  TwiceImpl() {
+    head = register_module("head", torch::nn::Linear(kIn, kHidden));
+    block = register_module("block", torch::nn::Linear(kHidden, kHidden));
+    tail = register_module("tail", torch::nn::Linear(kHidden, kOut));
+  }
+  torch::Tensor forward(const torch::Tensor& x, bool checkpointed) {
+    const ddp::CheckpointedFn run = [this](const torch::Tensor& h) {
+      return torch::tanh(block(h));
+    };
+    auto h = torch::relu(head(x));
+    for (int use = 0; use < 2; ++use) h = checkpointed ? ddp::checkpoint(run, h) : run(h);
+    return tail(h);
+  }
+  torch::nn::Linear head{nullptr}, block{nullptr}, tail{nullptr};
+};
+TORCH_MODULE(Twice);
+
+using Forward = std::function<torch::Tensor(const torch::Tensor&)>;
+
+// Rank `rank`'s loss at `step`: the sum over its `forwards` batches of their mean squared error,
+// one forward each (the data drawn from a seed of step, rank and forward).
+torch::Tensor rank_loss(const Forward& forward, int rank, int64_t step, int forwards) {
+  torch::Tensor loss;
+  for (int f = 0; f < forwards; ++f) {
+    torch::manual_seed(static_cast<uint64_t>(1000 * step + 10 * rank + f));
+    const auto x = torch::randn({kBatch, kIn});
+    const auto y = torch::randn({kBatch, kOut});
+    const auto l = torch::mse_loss(forward(x), y);
+    loss = loss.defined() ? loss + l : l;
+  }
+  return loss;
+}
+
+// two-forwards: a model with BatchNorm and buffer broadcast, two forwards then one backward (a
+// siamese step; PyTorch 1.13's DDP fails it: its second broadcast invalidates the first forward's
+// saved running statistics). checkpoint-twice[-dynamic]: TwiceImpl checkpointed, with (and
+// without) static_graph. The reference is one process running every rank's forwards and
+// averaging the ranks' losses; BatchNorm normalises each forward's batch alone in both.
+int check_graph(const std::shared_ptr<ddp::comm::ProcessGroup>& group,
+                const std::string& scenario) {
+  const int world = group->world_size(), rank = group->rank();
+  const bool bn = scenario == "two-forwards";
+  auto make = [&](uint64_t seed,
+                  bool checkpointed) -> std::pair<std::shared_ptr<torch::nn::Module>, Forward> {
+    torch::manual_seed(seed);
+    if (bn) {
+      torch::nn::Sequential seq(torch::nn::Linear(kIn, kHidden), torch::nn::BatchNorm1d(kHidden),
+                                torch::nn::ReLU(), torch::nn::Linear(kHidden, kOut));
+      return {seq.ptr(), [seq](const torch::Tensor& x) mutable { return seq->forward(x); }};
+    }
+    Twice twice;
+    return {twice.ptr(), [twice, checkpointed](const torch::Tensor& x) mutable {
+              return twice->forward(x, checkpointed);
+            }};
+  };
+  // Each rank starts from its own initialisation (DDP broadcasts rank 0's); the reference is the
+  // plain model, not checkpointed.
+  auto [net, net_forward] = make(100 + static_cast<uint64_t>(rank), true);
+  auto [reference, reference_forward] = make(100, false);
+  ddp::DistributedDataParallel model(net, group,
+                                     ddp::DistributedDataParallelOptions()
+                                         .bucket_cap_mb(1024.0 / (1 << 20))
+                                         .first_bucket_mb(256.0 / (1 << 20))
+                                         .static_graph(scenario == "checkpoint-twice"));
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD reference_optimizer(reference->parameters(),
+                                        torch::optim::SGDOptions(0.1).momentum(0.9));
+  const Forward ours = [&](const torch::Tensor& x) {
+    return model->forward_with([&] { return net_forward(x); });
+  };
+  const int forwards = bn ? 2 : 1;
+  for (int64_t step = 0; step < kSteps; ++step) {
+    model->zero_grad();
+    rank_loss(ours, rank, step, forwards).backward();
+    optimizer.step();
+    reference_optimizer.zero_grad();
+    torch::Tensor total = rank_loss(reference_forward, 0, step, forwards);
+    for (int r = 1; r < world; ++r) total = total + rank_loss(reference_forward, r, step, forwards);
+    (total / world).backward();
+    reference_optimizer.step();
+  }
+  const double error = max_relative_error(net->parameters(), reference->parameters());
+  std::cout << fmt::format("rank {}/{}: {} buckets, max relative error {:.3g} (tolerance 1e-05)\n",
+                           rank, world, model->reducer().buckets().size(), error);
+  return error <= 1e-5 ? 0 : 4;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -130,6 +221,8 @@ int main(int argc, char** argv) {
     const int rank = group->rank();
     if (scenario == "buffers" || scenario == "no-buffers")
       return check_buffers(group, scenario == "buffers");
+    if (scenario == "two-forwards" || scenario.rfind("checkpoint-twice", 0) == 0)
+      return check_graph(group, scenario);
     const bool with_unused = scenario == "unused" || scenario == "unused-find";
     const int64_t hidden = scenario == "mismatch" && rank == 1 ? kHidden + 1 : kHidden;
 
@@ -209,7 +302,7 @@ int main(int argc, char** argv) {
         std::cout << "second hook refused: " << e.what() << "\n";
       }
     }
-    const double error = max_relative_error(net, reference);
+    const double error = max_relative_error(net->parameters(), reference->parameters());
     const double tolerance = scenario == "fp16" ? 2e-2 : scenario == "bf16" ? 5e-2 : 1e-5;
     std::cout << fmt::format(
         "rank {}/{}: {} buckets{}, max relative error {:.3g} (tolerance {:.0e})\n", rank, world,

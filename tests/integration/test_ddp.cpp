@@ -41,19 +41,19 @@ TEST_P(GlooDdp, EqualsOneProcessWithTheGlobalBatch) {
   expect_all_pass(gloo_job(GetParam().world, GetParam().scenario));
 }
 
-INSTANTIATE_TEST_SUITE_P(Scenarios, GlooDdp,
-                         ::testing::Values(Case{2, "sgd"}, Case{3, "sgd"}, Case{2, "nosync"},
-                                           Case{3, "nosync"}, Case{2, "adam"}, Case{3, "adam"},
-                                           Case{2, "fp16"}, Case{2, "bf16"}, Case{3, "bf16"},
-                                           Case{2, "custom-hook"}, Case{3, "powersgd-warmup"},
-                                           Case{2, "bucket-view"}, Case{3, "bucket-view"},
-                                           Case{2, "unused-find"}, Case{3, "unused-find"}),
-                         [](const ::testing::TestParamInfo<Case>& info) {
-                           std::string name =
-                               info.param.scenario + "_world" + std::to_string(info.param.world);
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Scenarios, GlooDdp,
+    ::testing::Values(Case{2, "sgd"}, Case{3, "sgd"}, Case{2, "nosync"}, Case{3, "nosync"},
+                      Case{2, "adam"}, Case{3, "adam"}, Case{2, "fp16"}, Case{2, "bf16"},
+                      Case{3, "bf16"}, Case{2, "custom-hook"}, Case{3, "powersgd-warmup"},
+                      Case{2, "bucket-view"}, Case{3, "bucket-view"}, Case{2, "unused-find"},
+                      Case{3, "unused-find"}, Case{2, "two-forwards"}, Case{3, "two-forwards"},
+                      Case{2, "checkpoint-twice"}, Case{3, "checkpoint-twice"}),
+    [](const ::testing::TestParamInfo<Case>& info) {
+      std::string name = info.param.scenario + "_world" + std::to_string(info.param.world);
+      std::replace(name.begin(), name.end(), '-', '_');
+      return name;
+    });
 
 class MpiDdp : public ::testing::TestWithParam<Case> {};
 
@@ -71,8 +71,8 @@ TEST_P(MpiDdp, EqualsOneProcessWithTheGlobalBatch) {
 INSTANTIATE_TEST_SUITE_P(Scenarios, MpiDdp,
                          ::testing::Values(Case{2, "sgd"}, Case{3, "sgd"}, Case{2, "nosync"},
                                            Case{3, "nosync"}, Case{2, "adam"}, Case{3, "adam"},
-                                           Case{2, "fp16"}, Case{3, "bf16"},
-                                           Case{2, "custom-hook"}),
+                                           Case{2, "fp16"}, Case{3, "bf16"}, Case{2, "custom-hook"},
+                                           Case{2, "two-forwards"}, Case{2, "checkpoint-twice"}),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            std::string name =
                                info.param.scenario + "_world" + std::to_string(info.param.world);
@@ -97,6 +97,23 @@ TEST(Ddp, UnusedParametersWithoutTheOptionAreNamed) {
         std::string::npos)
         << r.output;
     EXPECT_NE(r.output.find("find_unused_parameters"), std::string::npos) << r.output;
+  }
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(20));
+}
+
+// A checkpointed block used twice gives its parameters two gradients per backward: without
+// static_graph every rank stops at the first backward with a message that names the way out.
+TEST(Ddp, ACheckpointedBlockUsedTwiceWithoutStaticGraphIsNamed) {
+  const auto start = Clock::now();
+  const auto results = gloo_job(2, "checkpoint-twice-dynamic");
+  for (const auto& r : results) {
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("parameter 'block."), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("got its gradient twice in one backward; when a backward runs again "
+                            "inside it (activation checkpointing, a block used twice), enable "
+                            "static_graph"),
+              std::string::npos)
+        << r.output;
   }
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(20));
 }

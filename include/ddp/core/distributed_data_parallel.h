@@ -29,11 +29,16 @@
 namespace ddp {
 
 struct DistributedDataParallelOptions {
-  TORCH_ARG(double, bucket_cap_mb) = 25.0;    // MiB per bucket after the first
-  TORCH_ARG(double, first_bucket_mb) = 1.0;   // MiB of the first bucket (the last gradients)
-  TORCH_ARG(bool, broadcast_buffers) = true;  // rank 0's buffers to all ranks before each forward
+  TORCH_ARG(double, bucket_cap_mb) = 25.0;   // MiB per bucket after the first
+  TORCH_ARG(double, first_bucket_mb) = 1.0;  // MiB of the first bucket (the last gradients)
+  // Rank 0's buffers to all ranks at the first forward of each iteration.
+  TORCH_ARG(bool, broadcast_buffers) = true;
   TORCH_ARG(bool, find_unused_parameters) = false;
   TORCH_ARG(bool, gradient_as_bucket_view) = false;
+  // The graph is the same every iteration, so parameters may get gradients several times in one
+  // backward (activation checkpointing, a checkpointed block used twice): the first iteration
+  // counts them, later ones reduce each parameter after its last (reducer.h).
+  TORCH_ARG(bool, static_graph) = false;
 };
 
 class DistributedDataParallelImpl : public torch::nn::Module {
@@ -62,8 +67,12 @@ class DistributedDataParallelImpl : public torch::nn::Module {
     return run();
   }
 
-  // Broadcasts rank 0's buffers if broadcast_buffers (a collective: every rank calls it once per
-  // forward). forward() and forward_with() call it.
+  // Broadcasts rank 0's buffers if broadcast_buffers. A collective: every rank calls it once per
+  // forward; forward() and forward_with() call it. With gradients enabled it broadcasts once per
+  // iteration: at the first forward after a backward (or the first ever), so that a second
+  // forward before the backward (a siamese or contrastive step) trains on from the buffers the
+  // first left, as one process would. Without gradients (evaluation) it broadcasts every time.
+  // The copy leaves the buffers' version counters alone, so tensors saved by a forward stay valid.
   void pre_forward();
 
   // As PyTorch's register_comm_hook(state, hook): each bucket is reduced by `hook(*state,
@@ -112,11 +121,13 @@ class DistributedDataParallelImpl : public torch::nn::Module {
   DistributedDataParallelOptions options_;
   std::unique_ptr<core::Reducer> reducer_;
   std::function<torch::Tensor(const torch::Tensor&)> forward_;
+  int64_t buffers_broadcast_at_ = -1;  // the reducer's backward count at the last broadcast
 };
 TORCH_MODULE(DistributedDataParallel);
 
 // Every rank's tensors become rank 0's: one broadcast per (dtype, device) group of up to
-// 25 MiB, flattened. A collective.
+// 25 MiB, flattened. A collective. Written as `.data` would be, without bumping the tensors'
+// version counters (autograd's saved copies of them stay usable).
 void broadcast_coalesced(comm::ProcessGroup& group, const std::vector<torch::Tensor>& tensors);
 
 // Checks that every rank holds the same named tensors (names, shapes, dtypes, in order).

@@ -18,6 +18,11 @@
 //      and sync_bucket_indices do (torch/csrc/distributed/c10d/reducer.cpp).
 // Under no_sync (require_sync false) hooks do nothing: .grad accumulates locally, and the next
 // synchronised backward reduces the accumulated sum.
+// With static_graph, as c10d's static graph: the first synchronised iteration only counts how
+// often each parameter's hook runs (more than once when a block's backward is run again inside
+// the backward, as activation checkpointing does) and reduces everything in finalize; from the
+// second on, a parameter is ready at its last hook, and finalize is queued when the last bucket
+// is launched, on whichever backward (outer or re-entrant) that happens.
 
 #include <torch/types.h>
 
@@ -37,6 +42,7 @@ struct ReducerOptions {
   size_t first_bucket_bytes = kDefaultFirstBucketBytes;
   bool find_unused_parameters = false;
   bool gradient_as_bucket_view = false;
+  bool static_graph = false;
 };
 
 using Clock = std::chrono::steady_clock;
@@ -78,6 +84,9 @@ class Reducer {
   const std::vector<std::vector<size_t>>& buckets() const { return bucket_indices_; }
   bool rebuilt() const { return rebuilt_; }
   const IterationStats& last_iteration() const { return stats_; }
+  // Backward passes that reached a parameter so far, no_sync ones included (DDP broadcasts the
+  // buffers at the first forward after one).
+  int64_t backward_count() const { return backward_count_; }
 
   // Called by the grad-accumulator hook of parameter `index` (after accumulation).
   void on_grad_ready(size_t index);
@@ -97,6 +106,9 @@ class Reducer {
   void launch(size_t bucket);
   void wait_for(size_t bucket);  // its future's value into flat
   void begin_iteration();        // the one place per-iteration state is reset
+  void note_backward();          // counts a backward at its first hook
+  bool static_graph_known() const { return !expected_hooks_.empty(); }
+  void queue_finalize();
   void mark_ready(size_t index);
   void launch_ready_buckets();
   void note_completed();  // stats_.bucket_done of the launched buckets that have completed
@@ -129,6 +141,13 @@ class Reducer {
   bool require_sync_ = true;
   bool rebuilt_ = false;
   bool started_ = false;  // a synchronised backward has run: too late to register a hook
+  int64_t backward_count_ = 0;
+  bool in_backward_ = false;
+  // static_graph: hooks per parameter in one iteration (counted in the first), those still to
+  // come in this one, and the parameters no rank used in the first (their .grad is left alone).
+  std::vector<int64_t> expected_hooks_;
+  std::vector<int64_t> hooks_left_;
+  std::vector<int32_t> static_used_;
   // World size 1 with the plain all-reduce: the average of one gradient is itself, so the
   // hooks keep their bookkeeping (unused-parameter checks, stats) but copy nothing.
   bool passthrough_;
