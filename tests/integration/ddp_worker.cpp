@@ -4,8 +4,9 @@
 //   ddp_worker BACKEND SCENARIO
 // SCENARIO: sgd | nosync | adam | fp16 | bf16 | custom-hook | powersgd-warmup | bucket-view |
 //           unused | unused-find | mismatch | overlap | buffers | no-buffers | two-forwards |
-//           checkpoint-twice | checkpoint-twice-dynamic
+//           checkpoint-twice | checkpoint-twice-dynamic | grad-scaler
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/torch.h>
 
 #include <iostream>
@@ -13,6 +14,7 @@
 #include "ddp/comm/rendezvous.h"
 #include "ddp/core/activation_checkpoint.h"
 #include "ddp/core/distributed_data_parallel.h"
+#include "ddp/core/grad_scaler.h"
 #include "ddp/core/powersgd.h"
 
 namespace {
@@ -200,6 +202,44 @@ int check_graph(const std::shared_ptr<ddp::comm::ProcessGroup>& group,
   return error <= 1e-5 ? 0 : 4;
 }
 
+// grad-scaler: GradScaler (scale 1024, growth every 2 clean steps) over DDP. At step 0 the last
+// rank alone finds an inf in its reduced gradients: every rank skips that step and halves the
+// scale; the 4 clean steps after it double the scale twice. The reference, one process without
+// scaling, skips step 0 too (scaling by powers of two is exact).
+int check_grad_scaler(const std::shared_ptr<ddp::comm::ProcessGroup>& group) {
+  const int world = group->world_size(), rank = group->rank();
+  auto net = make_net(100 + static_cast<uint64_t>(rank), kHidden, false);
+  auto reference = make_net(100, kHidden, false);
+  ddp::DistributedDataParallel model(net, group);
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD reference_optimizer(reference->parameters(),
+                                        torch::optim::SGDOptions(0.1).momentum(0.9));
+  ddp::amp::GradScaler scaler(group,
+                              ddp::amp::GradScalerOptions().init_scale(1024).growth_interval(2));
+  const Forward ours = [&](const torch::Tensor& x) { return model->forward(x); };
+  const Forward theirs = [&](const torch::Tensor& x) { return reference->forward(x); };
+  std::vector<std::string> log;
+  for (int64_t step = 0; step < kSteps; ++step) {
+    model->zero_grad();
+    scaler.scale(rank_loss(ours, rank, step, 1)).backward();
+    if (step == 0 && rank == world - 1) net->a->weight.mutable_grad()[0][0] = INFINITY;
+    const bool stepped = scaler.step(optimizer);
+    scaler.update();
+    log.push_back(fmt::format("{}:{}", stepped ? "step" : "skip", scaler.get_scale()));
+    if (step == 0) continue;
+    reference_optimizer.zero_grad();
+    torch::Tensor total = rank_loss(theirs, 0, step, 1);
+    for (int r = 1; r < world; ++r) total = total + rank_loss(theirs, r, step, 1);
+    (total / world).backward();
+    reference_optimizer.step();
+  }
+  const double error = max_relative_error(net->parameters(), reference->parameters());
+  const std::string steps = fmt::format("{}", fmt::join(log, " "));
+  std::cout << fmt::format("rank {}/{}: {}, max relative error {:.3g} (tolerance 1e-05)\n", rank,
+                           world, steps, error);
+  return error <= 1e-5 && steps == "skip:512 step:512 step:1024 step:1024 step:2048" ? 0 : 4;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -221,6 +261,7 @@ int main(int argc, char** argv) {
     const int rank = group->rank();
     if (scenario == "buffers" || scenario == "no-buffers")
       return check_buffers(group, scenario == "buffers");
+    if (scenario == "grad-scaler") return check_grad_scaler(group);
     if (scenario == "two-forwards" || scenario.rfind("checkpoint-twice", 0) == 0)
       return check_graph(group, scenario);
     const bool with_unused = scenario == "unused" || scenario == "unused-find";

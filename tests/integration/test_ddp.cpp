@@ -48,7 +48,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{3, "bf16"}, Case{2, "custom-hook"}, Case{3, "powersgd-warmup"},
                       Case{2, "bucket-view"}, Case{3, "bucket-view"}, Case{2, "unused-find"},
                       Case{3, "unused-find"}, Case{2, "two-forwards"}, Case{3, "two-forwards"},
-                      Case{2, "checkpoint-twice"}, Case{3, "checkpoint-twice"}),
+                      Case{2, "checkpoint-twice"}, Case{3, "checkpoint-twice"},
+                      Case{2, "grad-scaler"}, Case{3, "grad-scaler"}),
     [](const ::testing::TestParamInfo<Case>& info) {
       std::string name = info.param.scenario + "_world" + std::to_string(info.param.world);
       std::replace(name.begin(), name.end(), '-', '_');
@@ -72,7 +73,8 @@ INSTANTIATE_TEST_SUITE_P(Scenarios, MpiDdp,
                          ::testing::Values(Case{2, "sgd"}, Case{3, "sgd"}, Case{2, "nosync"},
                                            Case{3, "nosync"}, Case{2, "adam"}, Case{3, "adam"},
                                            Case{2, "fp16"}, Case{3, "bf16"}, Case{2, "custom-hook"},
-                                           Case{2, "two-forwards"}, Case{2, "checkpoint-twice"}),
+                                           Case{2, "two-forwards"}, Case{2, "checkpoint-twice"},
+                                           Case{3, "grad-scaler"}),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            std::string name =
                                info.param.scenario + "_world" + std::to_string(info.param.world);
