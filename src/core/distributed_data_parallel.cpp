@@ -30,14 +30,15 @@ torch::Device device_of(const std::vector<torch::Tensor>& tensors) {
 
 }  // namespace
 
-void broadcast_coalesced(comm::ProcessGroup& group, const std::vector<torch::Tensor>& tensors) {
+void broadcast_coalesced(comm::ProcessGroup& group, const std::vector<torch::Tensor>& tensors,
+                         int root) {
   if (tensors.empty() || group.world_size() == 1) return;
   const auto groups = core::assign_buckets(core::slots_of(tensors), {core::kDefaultBucketCapBytes});
   for (const auto& indices : groups.buckets) {
     std::vector<torch::Tensor> flat_parts;
     for (size_t i : indices) flat_parts.push_back(tensors[i].detach().reshape({-1}));
     auto flat = torch::cat(flat_parts);
-    group.broadcast(flat, 0)->wait();
+    group.broadcast(flat, root)->wait();
     int64_t offset = 0;
     torch::NoGradGuard no_grad;
     for (size_t i : indices) {

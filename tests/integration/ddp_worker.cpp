@@ -4,7 +4,7 @@
 //   ddp_worker BACKEND SCENARIO
 // SCENARIO: sgd | nosync | adam | fp16 | bf16 | custom-hook | powersgd-warmup | bucket-view |
 //           unused | unused-find | mismatch | overlap | buffers | no-buffers | two-forwards |
-//           checkpoint-twice | checkpoint-twice-dynamic | grad-scaler
+//           checkpoint-twice | checkpoint-twice-dynamic | grad-scaler | zero
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/torch.h>
@@ -16,6 +16,7 @@
 #include "ddp/core/distributed_data_parallel.h"
 #include "ddp/core/grad_scaler.h"
 #include "ddp/core/powersgd.h"
+#include "ddp/core/zero_redundancy_optimizer.h"
 
 namespace {
 
@@ -240,6 +241,44 @@ int check_grad_scaler(const std::shared_ptr<ddp::comm::ProcessGroup>& group) {
   return error <= 1e-5 && steps == "skip:512 step:512 step:1024 step:1024 step:2048" ? 0 : 4;
 }
 
+// zero: ZeroRedundancyOptimizer with Adam over DDP for 20 steps against one process with plain
+// Adam on the global batch. Prints the rank's share of the optimizer state.
+int check_zero(const std::shared_ptr<ddp::comm::ProcessGroup>& group) {
+  const int world = group->world_size(), rank = group->rank();
+  auto net = make_net(100 + static_cast<uint64_t>(rank), kHidden, false);
+  auto reference = make_net(100, kHidden, false);
+  ddp::DistributedDataParallel model(net, group);
+  auto adam = [](std::vector<torch::Tensor> params) -> std::unique_ptr<torch::optim::Optimizer> {
+    return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(0.01));
+  };
+  ddp::ZeroRedundancyOptimizer optimizer(model->parameters(), group, adam);
+  auto reference_optimizer = adam(reference->parameters());
+  const Forward ours = [&](const torch::Tensor& x) { return model->forward(x); };
+  const Forward theirs = [&](const torch::Tensor& x) { return reference->forward(x); };
+  constexpr int64_t kZeroSteps = 20;
+  for (int64_t step = 0; step < kZeroSteps; ++step) {
+    optimizer.zero_grad();
+    rank_loss(ours, rank, step, 1).backward();
+    optimizer.step();
+    reference_optimizer->zero_grad();
+    torch::Tensor total = rank_loss(theirs, 0, step, 1);
+    for (int r = 1; r < world; ++r) total = total + rank_loss(theirs, r, step, 1);
+    (total / world).backward();
+    reference_optimizer->step();
+  }
+  int64_t mine = 0, all = 0;
+  for (size_t i = 0; i < optimizer.owners().size(); ++i) {
+    all += net->parameters()[i].numel();
+    if (optimizer.owners()[i] == rank) mine += net->parameters()[i].numel();
+  }
+  const double error = max_relative_error(net->parameters(), reference->parameters());
+  std::cout << fmt::format(
+      "rank {}/{}: owns {} of {} parameter elements, optimizer state {} bytes, max relative "
+      "error {:.3g} (tolerance 1e-05)\n",
+      rank, world, mine, all, optimizer.local_state_bytes(), error);
+  return error <= 1e-5 ? 0 : 4;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -262,6 +301,7 @@ int main(int argc, char** argv) {
     if (scenario == "buffers" || scenario == "no-buffers")
       return check_buffers(group, scenario == "buffers");
     if (scenario == "grad-scaler") return check_grad_scaler(group);
+    if (scenario == "zero") return check_zero(group);
     if (scenario == "two-forwards" || scenario.rfind("checkpoint-twice", 0) == 0)
       return check_graph(group, scenario);
     const bool with_unused = scenario == "unused" || scenario == "unused-find";

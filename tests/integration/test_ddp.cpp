@@ -49,7 +49,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{2, "bucket-view"}, Case{3, "bucket-view"}, Case{2, "unused-find"},
                       Case{3, "unused-find"}, Case{2, "two-forwards"}, Case{3, "two-forwards"},
                       Case{2, "checkpoint-twice"}, Case{3, "checkpoint-twice"},
-                      Case{2, "grad-scaler"}, Case{3, "grad-scaler"}),
+                      Case{2, "grad-scaler"}, Case{3, "grad-scaler"}, Case{2, "zero"},
+                      Case{3, "zero"}),
     [](const ::testing::TestParamInfo<Case>& info) {
       std::string name = info.param.scenario + "_world" + std::to_string(info.param.world);
       std::replace(name.begin(), name.end(), '-', '_');
@@ -74,7 +75,7 @@ INSTANTIATE_TEST_SUITE_P(Scenarios, MpiDdp,
                                            Case{3, "nosync"}, Case{2, "adam"}, Case{3, "adam"},
                                            Case{2, "fp16"}, Case{3, "bf16"}, Case{2, "custom-hook"},
                                            Case{2, "two-forwards"}, Case{2, "checkpoint-twice"},
-                                           Case{3, "grad-scaler"}),
+                                           Case{3, "grad-scaler"}, Case{2, "zero"}),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            std::string name =
                                info.param.scenario + "_world" + std::to_string(info.param.world);

@@ -6,6 +6,7 @@
 #include <climits>
 
 #include "ddp/core/bucketing.h"
+#include "ddp/core/zero_redundancy_optimizer.h"
 
 // c10d's function, exported by libtorch_cpu. Declared here with its 1.13 signature because
 // Debian's reducer.hpp includes a header Debian does not ship.
@@ -123,3 +124,25 @@ TEST(Bucketing, DtypesGetBucketsOfTheirOwn) {
 }
 
 }  // namespace
+
+// ZeroRedundancyOptimizer's partition, PyTorch's rule: largest first (stable), each to the rank
+// with the fewest elements so far, the lowest on ties.
+TEST(ZeroPartition, LargestFirstToTheLightestRank) {
+  // The DDP test net: a.weight 256, a.bias 32, b.weight 1024, b.bias 32, c.weight 128, c.bias 4.
+  const std::vector<int64_t> numels = {256, 32, 1024, 32, 128, 4};
+  // 1024 -> 0; 256 -> 1; 128 -> 2 (128); 32 -> 2 (160); 32 -> 2 (192); 4 -> 2 (196).
+  EXPECT_EQ(ddp::partition_parameters(numels, 3), (std::vector<int>{1, 2, 0, 2, 2, 2}));
+  // 1024 -> 0; 256, 128, 32, 32, 4 -> 1 (452 < 1024 throughout).
+  EXPECT_EQ(ddp::partition_parameters(numels, 2), (std::vector<int>{1, 1, 0, 1, 1, 1}));
+  EXPECT_EQ(ddp::partition_parameters({5, 5, 5, 5}, 2), (std::vector<int>{0, 1, 0, 1}));
+  EXPECT_EQ(ddp::partition_parameters({7}, 3), (std::vector<int>{0}));  // ranks may own nothing
+  EXPECT_EQ(ddp::partition_parameters(numels, 1), std::vector<int>(6, 0));
+}
+
+// A rank that owns no parameter gets an optimizer of none, which must step and save.
+TEST(ZeroPartition, AnOptimizerOfNoParametersStepsAndSaves) {
+  torch::optim::Adam adam(std::vector<torch::Tensor>{}, torch::optim::AdamOptions(0.1));
+  EXPECT_NO_THROW(adam.step());
+  torch::serialize::OutputArchive archive;
+  EXPECT_NO_THROW(adam.save(archive));
+}

@@ -125,10 +125,11 @@ class DistributedDataParallelImpl : public torch::nn::Module {
 };
 TORCH_MODULE(DistributedDataParallel);
 
-// Every rank's tensors become rank 0's: one broadcast per (dtype, device) group of up to
-// 25 MiB, flattened. A collective. Written as `.data` would be, without bumping the tensors'
+// Every rank's tensors become those of rank `root`: one broadcast per (dtype, device) group of up
+// to 25 MiB, flattened. A collective. Written as `.data` would be, without bumping the tensors'
 // version counters (autograd's saved copies of them stay usable).
-void broadcast_coalesced(comm::ProcessGroup& group, const std::vector<torch::Tensor>& tensors);
+void broadcast_coalesced(comm::ProcessGroup& group, const std::vector<torch::Tensor>& tensors,
+                         int root = 0);
 
 // Checks that every rank holds the same named tensors (names, shapes, dtypes, in order).
 // A collective. Throws InputError naming the first difference from rank 0's, on every rank.
