@@ -124,16 +124,85 @@ DistributedDataParallelImpl::DistributedDataParallelImpl(std::shared_ptr<torch::
   }
 }
 
-void DistributedDataParallelImpl::pre_forward() {
-  if (!options_.broadcast_buffers()) return;
+bool DistributedDataParallelImpl::buffers_due() {
+  if (!options_.broadcast_buffers() || module_->buffers().empty()) return false;
   if (torch::GradMode::is_enabled() && reducer_) {
     // Every rank makes the same decision: ranks run the same forwards and backwards.
     const int64_t backwards = reducer_->backward_count();
-    if (backwards == buffers_broadcast_at_) return;  // a later forward of the same iteration
+    if (backwards == buffers_broadcast_at_) return false;  // a later forward of the iteration
     buffers_broadcast_at_ = backwards;
   }
-  const auto buffers = module_->buffers();
-  broadcast_coalesced(*group_, buffers);
+  return true;
+}
+
+void DistributedDataParallelImpl::pre_forward() {
+  const bool broadcast = buffers_due();
+  const int root = joining_ ? join_notify(broadcast) : 0;
+  if (broadcast) broadcast_coalesced(*group_, module_->buffers(), root);
+}
+
+// Join's notice: [one per rank: 1 if it trains, then whether the backward reduces, whether this
+// forward broadcasts the buffers], summed; a joined rank adds zeros (finish_join).
+namespace {
+constexpr int64_t kSyncFlag = 0, kBuffersFlag = 1;
+
+torch::Tensor join_notice(comm::ProcessGroup& group, torch::Device device, int64_t mine, bool sync,
+                          bool buffers) {
+  const int64_t world = group.world_size();
+  auto notice = torch::zeros({world + 2}, torch::TensorOptions(torch::kInt).device(device));
+  if (mine >= 0) {
+    notice[mine] = 1;
+    notice[world + kSyncFlag] = sync ? 1 : 0;
+    notice[world + kBuffersFlag] = buffers ? 1 : 0;
+  }
+  group.set_phase("join: notice");
+  group.all_reduce(notice, comm::ReduceOp::kSum)->wait();
+  return notice.cpu();
+}
+
+int lowest_training_rank(const torch::Tensor& notice, int world) {
+  for (int r = 0; r < world; ++r) {
+    if (notice[r].item<int>() > 0) return r;
+  }
+  return -1;
+}
+}  // namespace
+
+int DistributedDataParallelImpl::join_notify(bool broadcasts_buffers) {
+  const auto notice = join_notice(*group_, device_of(module_->parameters()), group_->rank(),
+                                  reducer_ && reducer_->require_sync(), broadcasts_buffers);
+  return lowest_training_rank(notice, group_->world_size());
+}
+
+void DistributedDataParallelImpl::begin_join() {
+  if (options_.static_graph()) {
+    throw InputError("Join (uneven inputs) does not support static_graph");
+  }
+  joining_ = true;
+}
+
+void DistributedDataParallelImpl::finish_join() {
+  if (!joining_) throw Error("finish_join() without begin_join()");
+  joining_ = false;
+  const int world = group_->world_size();
+  bool last_joiner = true;
+  while (true) {  // one round per iteration of the ranks still training
+    const auto notice = join_notice(*group_, device_of(module_->parameters()), -1, false, false);
+    const int root = lowest_training_rank(notice, world);
+    if (root < 0) break;  // every rank has joined
+    last_joiner = false;
+    if (notice[world + kBuffersFlag].item<int>() > 0) {
+      broadcast_coalesced(*group_, module_->buffers(), root);
+    }
+    if (notice[world + kSyncFlag].item<int>() > 0 && reducer_) reducer_->join_backward();
+  }
+  // The ranks that trained last hold the final model (PyTorch: the highest of them).
+  const int authority = static_cast<int>(
+      comm::all_reduce_scalar(*group_, last_joiner ? group_->rank() : -1, comm::ReduceOp::kMax,
+                              device_of(module_->parameters())));
+  auto state = module_->parameters();
+  for (const auto& b : module_->buffers()) state.push_back(b);
+  broadcast_coalesced(*group_, state, authority);
 }
 
 torch::Tensor DistributedDataParallelImpl::forward(const torch::Tensor& input) {

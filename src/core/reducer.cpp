@@ -275,21 +275,16 @@ void Reducer::finalize() {
   // parameter (static_graph: used at the first iteration, where the hooks only counted).
   std::vector<int32_t> used = options_.static_graph ? static_used_ : std::vector<int32_t>();
   if (options_.find_unused_parameters || static_first) {
-    std::vector<int32_t> here(params_.size());
+    used.assign(params_.size(), 0);
     for (size_t i = 0; i < params_.size(); ++i)
-      here[i] = static_first ? hooks_left_[i] > 0 : ready_[i];
-    auto used_map = torch::tensor(here, torch::kInt).to(params_.front().device());
+      used[i] = static_first ? hooks_left_[i] > 0 : ready_[i];
     for (const auto& bucket_params : bucket_indices_) {
       for (size_t i : bucket_params) {
         if (!ready_[i]) mark_ready(i);
       }
     }
     launch_ready_buckets();
-    group_->set_phase("backward: unused-parameter map");
-    group_->all_reduce(used_map, comm::ReduceOp::kSum)
-        ->wait();  // after the buckets: same order everywhere
-    used_map = used_map.cpu();
-    used.assign(used_map.data_ptr<int32_t>(), used_map.data_ptr<int32_t>() + used_map.numel());
+    reduce_used_map(used);  // after the buckets: same order everywhere
   } else if (next_launch_ < buckets_.size()) {
     report_unready();
   }
@@ -322,6 +317,45 @@ void Reducer::finalize() {
   }
   // Static graph: from the second iteration's order, the first's marks are in bucket order.
   if (!rebuilt_ && !options_.find_unused_parameters && !static_first) {
+    rebuild_from_observed_order();
+  }
+}
+
+void Reducer::reduce_used_map(std::vector<int32_t>& used) {
+  auto used_map = torch::tensor(used, torch::kInt).to(params_.front().device());
+  group_->set_phase("backward: unused-parameter map");
+  group_->all_reduce(used_map, comm::ReduceOp::kSum)->wait();
+  used_map = used_map.cpu();
+  used.assign(used_map.data_ptr<int32_t>(), used_map.data_ptr<int32_t>() + used_map.numel());
+}
+
+void Reducer::join_backward() {
+  DDP_CHECK(phase_ == Phase::kIdle, "join_backward outside a backward");
+  if (passthrough_) return;  // one rank: a backward issues no collective either
+  const bool static_first = options_.static_graph && !static_graph_known();
+  stats_ = IterationStats();
+  stats_.bucket_launch.assign(buckets_.size(), Clock::time_point());
+  stats_.bucket_done.assign(buckets_.size(), Clock::time_point());
+  stats_.bucket_bytes.assign(buckets_.size(), 0);
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    buckets_[b].flat.zero_();
+    launch(b);
+  }
+  if (options_.find_unused_parameters || static_first) {
+    std::vector<int32_t> used(params_.size(), 0);  // this rank used nothing
+    reduce_used_map(used);
+  }
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    wait_for(b);
+    buckets_[b].future.reset();
+  }
+  // The training ranks rebuild after their first synchronised backward: mirror it, offering
+  // the current order (only rank 0's counts).
+  if (!rebuilt_ && !options_.find_unused_parameters && !options_.static_graph) {
+    ready_order_.clear();
+    for (const auto& bucket : bucket_indices_) {
+      for (size_t i : bucket) ready_order_.push_back(static_cast<int64_t>(i));
+    }
     rebuild_from_observed_order();
   }
 }

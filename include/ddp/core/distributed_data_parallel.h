@@ -109,6 +109,17 @@ class DistributedDataParallelImpl : public torch::nn::Module {
   // .grad, which refuses the bucket views.
   void zero_grad(bool set_to_none = true) override;
 
+  // Uneven inputs, as PyTorch's `with Join([model]):` (join.h wraps the two): between
+  // begin_join() and finish_join(), each forward first tells the others that this rank still
+  // trains (one small all-reduce). finish_join(), after this rank's last batch, repeats the
+  // collectives of the others' iterations with zero gradients until every rank is done, then
+  // gives every rank the model of the last rank to finish. A joined rank adds zeros and the
+  // average still divides by the world size (PyTorch's divide_by_initial_world_size). Each
+  // iteration must be one forward then one backward (no_sync ones too, with the guard around
+  // both), and no other collective may run between them.
+  void begin_join();
+  void finish_join();
+
   torch::nn::Module& module() { return *module_; }
   std::shared_ptr<torch::nn::Module> module_ptr() { return module_; }
   core::Reducer& reducer() { return *reducer_; }
@@ -122,6 +133,11 @@ class DistributedDataParallelImpl : public torch::nn::Module {
   std::unique_ptr<core::Reducer> reducer_;
   std::function<torch::Tensor(const torch::Tensor&)> forward_;
   int64_t buffers_broadcast_at_ = -1;  // the reducer's backward count at the last broadcast
+  bool joining_ = false;               // between begin_join() and finish_join()
+
+  bool buffers_due();  // this forward broadcasts the buffers (the once-per-iteration rule)
+  // Join: this forward's notice; returns the lowest rank still training.
+  int join_notify(bool broadcasts_buffers);
 };
 TORCH_MODULE(DistributedDataParallel);
 

@@ -91,6 +91,12 @@ class Reducer {
   // Called by the grad-accumulator hook of parameter `index` (after accumulation).
   void on_grad_ready(size_t index);
 
+  // Join (uneven inputs): the collectives of one synchronised backward, issued by a rank that
+  // has no batch left, as if all its gradients were zero: every bucket of zeros through the comm
+  // hook in bucket order, the unused-parameter map, the one-time bucket rebuild. Leaves .grad
+  // alone. Outside any backward.
+  void join_backward();
+
  private:
   struct Bucket {
     torch::Tensor flat;  // the gradients of its parameters, back to back
@@ -113,6 +119,7 @@ class Reducer {
   void launch_ready_buckets();
   void note_completed();  // stats_.bucket_done of the launched buckets that have completed
   void finalize();
+  void reduce_used_map(std::vector<int32_t>& used);  // all-reduces the per-parameter counts
   void report_unready() const;
   void rebuild_from_observed_order();
 
