@@ -39,6 +39,14 @@ class Entries {
     const auto& v = get(key);
     return checked(key, v.isTensor() && v.toTensor().scalar_type() == at::kByte).toTensor();
   }
+  std::vector<at::Tensor> byte_list(const std::string& key) const {
+    std::vector<at::Tensor> out;
+    for (const auto& item : checked(key, get(key).isList()).toListRef()) {
+      checked(key, item.isTensor() && item.toTensor().scalar_type() == at::kByte);
+      out.push_back(item.toTensor());
+    }
+    return out;
+  }
 
  private:
   const c10::IValue& checked(const std::string& key, bool ok) const {
@@ -79,6 +87,13 @@ c10::IValue to_ivalue(const Checkpoint& c) {
   dict.insert("config", c.config);
   dict.insert("model", to_ivalue(c.model));
   dict.insert("optimizer_state", c.optimizer_state.cpu());
+  if (!c.optimizer_shards.empty()) {
+    // A list of Any, not of Tensor: the latter pickles as build_tensorlist, which the
+    // weights-only readers (ours and Python's) refuse.
+    c10::impl::GenericList shards(c10::AnyType::get());
+    for (const auto& shard : c.optimizer_shards) shards.push_back(shard.cpu());
+    dict.insert("optimizer_shards", shards);
+  }
   dict.insert("rng_state", c.rng_state.cpu());
   return dict;
 }
@@ -107,6 +122,7 @@ Checkpoint checkpoint_from(const c10::IValue& contents, const std::string& origi
   c.config = e.string("config");
   c.model = state_dict_from(e.get("model"), origin);
   c.optimizer_state = e.bytes("optimizer_state");
+  if (e.has("optimizer_shards")) c.optimizer_shards = e.byte_list("optimizer_shards");
   c.rng_state = e.bytes("rng_state");
   if (c.epoch < 0 || c.step < 0 || c.epoch_step < 0 || c.world_size < 1 || c.batch_size < 1 ||
       c.rng_state.dim() != 2 || c.rng_state.size(0) != c.world_size) {

@@ -278,6 +278,9 @@ std::vector<ConfigKey> make_keys() {
                "DDP: allow parameters that get no gradient in an iteration"),
       bool_key("gradient-as-bucket-view", DDP_OPTION(gradient_as_bucket_view),
                "DDP: gradients live in the all-reduce buckets (saves a copy and memory)"),
+      bool_key("zero", &C::zero,
+               "ZeRO stage 1 (ZeroRedundancyOptimizer): each rank keeps the optimizer state of "
+               "its shard of the parameters only"),
       bool_key("sync-bn", &C::sync_bn,
                "BatchNorm statistics over the global batch (SyncBatchNorm), for small batches"),
       enum_key("comm-hook", &C::comm_hook, kCommHookNames,

@@ -235,7 +235,13 @@ void Trainer::build_model() {
   // Collective: checks the model is the same everywhere, broadcasts rank 0's weights.
   model_ = DistributedDataParallel(workload_.module, dist_.group, config_.ddp);
   register_comm_hook(model_, config_, dist_.group);
-  optimizer_ = make_optimizer(config_, workload_.module->parameters());
+  if (config_.zero) {
+    zero_ = std::make_unique<ZeroRedundancyOptimizer>(
+        workload_.module->parameters(), dist_.group,
+        [this](std::vector<torch::Tensor> shard) { return make_optimizer(config_, shard); });
+  } else {
+    optimizer_ = make_optimizer(config_, workload_.module->parameters());
+  }
 }
 
 void Trainer::write_run_files(bool resumed) const {
@@ -371,7 +377,7 @@ bool Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
   Timeline* timeline = timeline_.get();  // nullptr: no --timeline
   while (std::optional<std::vector<data::Batch>> batches = next_step_batches(pass)) {
     m.lr = lr_at(schedule_, step_, pass.steps);
-    set_lr(*optimizer_, m.lr);
+    set_lr(optimizer(), m.lr);
     model_->zero_grad();  // dropped: the next backward's gradients become .grad (see the header)
 
     // Forward and backward of each micro-batch (one without --grad-accum-steps); the last
@@ -394,7 +400,11 @@ bool Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
       if (config_.clip_grad_norm > 0) {
         torch::nn::utils::clip_grad_norm_(workload_.module->parameters(), config_.clip_grad_norm);
       }
-      optimizer_->step();
+      if (zero_) {
+        zero_->step();  // this rank's shard, then each shard broadcast from its owner
+      } else {
+        optimizer_->step();
+      }
     }
     ++step_;
     faults_->after_step(step_, *workload_.module);  // the DDP_TEST_* hooks: none in production

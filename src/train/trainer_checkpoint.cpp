@@ -69,6 +69,12 @@ at::Tensor rng_rows(const std::vector<std::string>& states, int64_t bytes) {
   return rows;
 }
 
+at::Tensor byte_tensor(const std::string& bytes) {
+  return torch::from_blob(const_cast<char*>(bytes.data()), {static_cast<int64_t>(bytes.size())},
+                          torch::kByte)
+      .clone();
+}
+
 std::string serialized(const torch::optim::Optimizer& optimizer) {
   std::ostringstream out;
   torch::save(optimizer, out);
@@ -86,6 +92,10 @@ void Trainer::save_checkpoint(CheckpointPosition at) {
   const std::string rng_bytes(static_cast<const char*>(rng.data_ptr()), rng.nbytes());
   const std::vector<std::string> all_rng =
       comm::all_gather_bytes(*dist_.group, rng_bytes, dist_.device, rng_bytes.size());
+  // --zero: every rank's shard of the optimizer state, for rank 0 to write.
+  const std::string opt = zero_ || dist_.is_main() ? serialized(optimizer()) : std::string();
+  const std::vector<std::string> shards =
+      zero_ ? comm::all_gather_bytes(*dist_.group, opt, dist_.device) : std::vector<std::string>();
 
   std::exception_ptr error;
   if (dist_.is_main()) {
@@ -100,10 +110,8 @@ void Trainer::save_checkpoint(CheckpointPosition at) {
       c.optimizer = to_string(config_.optimizer);
       c.config = to_yaml(config_);
       c.model = state_dict(*workload_.module, kModulePrefix);
-      const std::string opt = serialized(*optimizer_);
-      c.optimizer_state = torch::from_blob(const_cast<char*>(opt.data()),
-                                           {static_cast<int64_t>(opt.size())}, torch::kByte)
-                              .clone();
+      c.optimizer_state = zero_ ? torch::empty({0}, torch::kByte) : byte_tensor(opt);
+      for (const auto& shard : shards) c.optimizer_shards.push_back(byte_tensor(shard));
       c.rng_state = rng_rows(all_rng, rng.numel());
 
       // The numbered file first, then the names that point at the newest: a kill at any moment
@@ -186,6 +194,21 @@ bool Trainer::resume() {
   return checkpoint.has_value();
 }
 
+const at::Tensor& Trainer::zero_state_of(const Checkpoint& c, const std::string& path) const {
+  const bool sharded = !c.optimizer_shards.empty();
+  if (sharded != config_.zero) {
+    throw InputError(fmt::format("{}: saved {} --zero; resume {} it", path,
+                                 sharded ? "with" : "without", sharded ? "with" : "without"));
+  }
+  if (!sharded) return c.optimizer_state;
+  if (static_cast<int64_t>(c.optimizer_shards.size()) != dist_.world_size()) {
+    throw InputError(fmt::format(
+        "{}: a --zero checkpoint of {} ranks' optimizer shards resumes on {} ranks, not {}", path,
+        c.optimizer_shards.size(), c.optimizer_shards.size(), dist_.world_size()));
+  }
+  return c.optimizer_shards[static_cast<size_t>(dist_.rank())];
+}
+
 void Trainer::apply(const Checkpoint& c, const std::string& path) {
   if (c.optimizer != to_string(config_.optimizer)) {
     throw InputError(fmt::format("{}: saved with optimizer '{}', but the run uses '{}'", path,
@@ -216,10 +239,11 @@ void Trainer::apply(const Checkpoint& c, const std::string& path) {
   }
 
   load_state_dict(*workload_.module, c.model, path);
+  const at::Tensor& state = zero_state_of(c, path);
   try {
-    std::istringstream in(std::string(static_cast<const char*>(c.optimizer_state.data_ptr()),
-                                      static_cast<size_t>(c.optimizer_state.numel())));
-    torch::load(*optimizer_, in, dist_.device);
+    std::istringstream in(std::string(static_cast<const char*>(state.data_ptr()),
+                                      static_cast<size_t>(state.numel())));
+    torch::load(optimizer(), in, dist_.device);
   } catch (const c10::Error& e) {
     throw InputError(
         fmt::format("{}: the optimizer state cannot be loaded: {}", path, first_line_of(e)));

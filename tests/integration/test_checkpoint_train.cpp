@@ -100,6 +100,49 @@ TEST(CheckpointTrain, ResumingOnTwoRanksEqualsAnUninterruptedRunBitwise) {
   expect_same_weights(whole.file("model.pt"), from_path.file("model.pt"));
 }
 
+// --zero (ZeRO-1) with Adam on 3 ranks: trains as plain Adam does (to 1e-5; the shards' updates
+// are element-wise), its checkpoint holds one optimizer shard per rank, and resuming it equals the
+// uninterrupted run bitwise. A --zero checkpoint refuses a run without --zero and another world.
+TEST(CheckpointTrain, ZeroOnThreeRanksTrainsAsAdamAndResumesBitwise) {
+  TempDir plain, whole, split;
+  const std::vector<std::string> adam = {"--optimizer", "adam", "--lr", "0.001"};
+  auto zero = adam;
+  zero.push_back("--zero");
+  expect_all_ok(ddp::testing::run_env_ranks(3, mlp_job(plain.path(), 4, adam), seconds(180)));
+  expect_all_ok(ddp::testing::run_env_ranks(3, mlp_job(whole.path(), 4, zero), seconds(180)));
+  const auto wp =
+      ddp::train::state_dict_from(ddp::train::read_pt_file(plain.file("model.pt")), "p");
+  const auto wz =
+      ddp::train::state_dict_from(ddp::train::read_pt_file(whole.file("model.pt")), "z");
+  ASSERT_EQ(wp.size(), wz.size());
+  for (size_t i = 0; i < wp.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(wz[i].second, wp[i].second, 1e-5, 1e-6)) << wp[i].first;
+  }
+  const auto c = ddp::train::read_checkpoint(whole.file("checkpoint.pt"));
+  EXPECT_EQ(c.optimizer_shards.size(), 3u);
+  EXPECT_EQ(c.optimizer_state.numel(), 0);
+
+  expect_all_ok(ddp::testing::run_env_ranks(3, mlp_job(split.path(), 2, zero), seconds(180)));
+  auto more = zero;
+  more.insert(more.end(), {"--resume", "auto"});
+  expect_all_ok(ddp::testing::run_env_ranks(3, mlp_job(split.path(), 4, more), seconds(180)));
+  expect_same_weights(whole.file("model.pt"), split.file("model.pt"));
+  EXPECT_EQ(metrics_without_timing(split.path()), metrics_without_timing(whole.path()));
+
+  const auto checkpoint = whole.file("checkpoint-epoch-0002.pt");
+  TempDir elsewhere;
+  auto unsharded = adam;
+  unsharded.insert(unsharded.end(), {"--resume", checkpoint});
+  auto r = ddp::testing::run_env_ranks(3, mlp_job(elsewhere.path(), 4, unsharded), seconds(180));
+  expect_input_error(r[0], checkpoint + ": saved with --zero; resume with it");
+  auto other_world = zero;
+  other_world.insert(other_world.end(), {"--resume", checkpoint});
+  r = ddp::testing::run_env_ranks(2, mlp_job(elsewhere.path(), 4, other_world), seconds(180));
+  expect_input_error(r[0], checkpoint +
+                               ": a --zero checkpoint of 3 ranks' optimizer shards resumes on 3 "
+                               "ranks, not 2");
+}
+
 // The Informer draws random numbers in training (dropout, ProbSparse's key sample) and in
 // evaluation (the sample). The checkpoint after epoch 1 of a 1-epoch run, which evaluated the test
 // split too, resumes into exactly the uninterrupted run, which did not.

@@ -27,7 +27,10 @@ struct Checkpoint {
   std::string config;          // the resolved config of the run, YAML
   StateDict model;             // keys with `module.`, as in model.pt
   at::Tensor optimizer_state;  // uint8: the optimizer's own serialization (momentum, Adam moments)
-  at::Tensor rng_state;        // uint8 [world_size, n]: each rank's CPU generator state
+  // --zero: each rank's shard of the optimizer, serialized as optimizer_state is (which is then
+  // empty); a ZeRO run resumes on as many ranks as saved it.
+  std::vector<at::Tensor> optimizer_shards;
+  at::Tensor rng_state;  // uint8 [world_size, n]: each rank's CPU generator state
 };
 
 // As a dict of ints, strings and tensors (no floats: Python 1.13's weights-only loader refuses

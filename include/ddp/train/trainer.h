@@ -12,6 +12,7 @@
 
 #include "ddp/comm/watchdog.h"
 #include "ddp/core/distributed_data_parallel.h"
+#include "ddp/core/zero_redundancy_optimizer.h"
 #include "ddp/data/loader.h"
 #include "ddp/train/checkpoint.h"
 #include "ddp/train/config.h"
@@ -124,6 +125,9 @@ class Trainer {
   // Loads the checkpoint config.resume names; returns false when `auto` finds none.
   bool resume();
   void apply(const Checkpoint& checkpoint, const std::string& path);
+  // The optimizer state this rank loads: its --zero shard, or the whole state (InputError when
+  // the checkpoint and the run disagree on --zero, or a --zero one on the world size).
+  const at::Tensor& zero_state_of(const Checkpoint& checkpoint, const std::string& path) const;
 
   Config config_;
   Distributed dist_;
@@ -131,7 +135,10 @@ class Trainer {
   std::unique_ptr<comm::Watchdog> watchdog_;  // after dist_: stops before the group goes
   Workload workload_;
   DistributedDataParallel model_{nullptr};
-  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;  // null with --zero
+  std::unique_ptr<ZeroRedundancyOptimizer> zero_;       // --zero
+  // The optimizer whose learning rate and state the run sets and saves: --zero's local one.
+  torch::optim::Optimizer& optimizer() { return zero_ ? zero_->local() : *optimizer_; }
   LrSchedule schedule_;
   std::unique_ptr<Timeline> timeline_;  // --timeline; nullptr without
   ProgressStyle progress_style_ = ProgressStyle::kOff;
