@@ -29,14 +29,18 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, int64_t world_size,
   }
 }
 
+torch::Tensor DistributedSampler::order() const {
+  if (!shuffle_) return torch::arange(dataset_size_, torch::kInt64);
+  auto gen = at::detail::createCPUGenerator(seed_ + static_cast<uint64_t>(epoch_));
+  return torch::randperm(dataset_size_, gen, torch::kInt64);
+}
+
+torch::Tensor DistributedSampler::uneven_indices() const {
+  return order().slice(0, rank_, dataset_size_, world_size_).contiguous();
+}
+
 torch::Tensor DistributedSampler::indices() const {
-  torch::Tensor all;
-  if (shuffle_) {
-    auto gen = at::detail::createCPUGenerator(seed_ + static_cast<uint64_t>(epoch_));
-    all = torch::randperm(dataset_size_, gen, torch::kInt64);
-  } else {
-    all = torch::arange(dataset_size_, torch::kInt64);
-  }
+  torch::Tensor all = order();
   const int64_t total = total_size();
   if (total > dataset_size_ && dataset_size_ > 0) {
     // Pad with the head of the list, repeated as often as needed (only when world > size).

@@ -224,6 +224,9 @@ std::vector<ConfigKey> make_keys() {
       int_key("global-batch-size", &C::global_batch_size, 0,
               "the batch of all ranks together, split evenly over them (0: use batch-size)"),
       bool_key("drop-last", &C::drop_last, "drop each epoch's last batch when it is smaller"),
+      bool_key("uneven", &C::uneven,
+               "each rank trains on its share without padding (shares differ by one sample at "
+               "most); a rank that runs out joins the others' steps (Join)"),
       int_key("grad-accum-steps", &C::grad_accum_steps, 1,
               "micro-batches of batch-size per optimizer step: gradients accumulate locally "
               "(no_sync) and are reduced once, at the last"),

@@ -130,6 +130,14 @@ Config prepared(Config config) {
   if (config.nesterov && (config.optimizer != Optimizer::kSgd || config.momentum <= 0.0)) {
     throw InputError("key 'nesterov': needs optimizer sgd with a momentum > 0");
   }
+  // Join matches collectives step by step; these add their own to some steps, or (accumulation)
+  // give ranks still training different numbers of micro-batches in their last step.
+  if (config.uneven && (config.drop_last || config.checkpoint_on_signal ||
+                        config.check_params_every > 0 || config.grad_accum_steps > 1)) {
+    throw InputError(
+        "key 'uneven': cannot be combined with drop-last, checkpoint-on-signal, "
+        "check-params-every or grad-accum-steps");
+  }
   make_writable_dir(config.output_dir);
   if (!config.timeline.empty()) {  // fail now, not after the whole run
     make_writable_dir(std::filesystem::absolute(config.timeline).parent_path().string());
@@ -375,6 +383,8 @@ struct Trainer::EpochPass {
 bool Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
   EpochPass pass = begin_epoch(epoch);
   Timeline* timeline = timeline_.get();  // nullptr: no --timeline
+  // --uneven: a rank out of batches joins the others' steps until all are done (core/join.h).
+  if (config_.uneven) model_->begin_join();
   while (std::optional<std::vector<data::Batch>> batches = next_step_batches(pass)) {
     m.lr = lr_at(schedule_, step_, pass.steps);
     set_lr(optimizer(), m.lr);
@@ -417,6 +427,10 @@ bool Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
     pass.count_step(loss_sum, samples);
     if (stop_after_step(pass)) return false;  // --checkpoint-on-signal
   }
+  if (config_.uneven) {
+    model_->finish_join();
+    step_ += pass.steps - pass.step;  // the steps this rank joined: the same count everywhere
+  }
   end_epoch(pass, m);
   return true;
 }
@@ -426,6 +440,9 @@ torch::Tensor Trainer::forward_backward(EpochPass& pass, const data::Batch& batc
   const auto input = batch.input.to(dist_.device, /*non_blocking=*/pass.pin_memory);
   const auto target = batch.target.to(dist_.device, /*non_blocking=*/pass.pin_memory);
   Timeline* timeline = timeline_.get();
+  // no_sync around forward and backward, as PyTorch's guard (Join's notice says it in forward).
+  std::optional<DistributedDataParallelImpl::NoSyncGuard> local;
+  if (!sync) local.emplace(model_->reducer());
   torch::Tensor output, loss;
   {
     const Phase phase = step_phase(*dist_.group, timeline, "forward", step_ + 1);
@@ -439,19 +456,23 @@ torch::Tensor Trainer::forward_backward(EpochPass& pass, const data::Batch& batc
   const double share = static_cast<double>(batch.size()) / static_cast<double>(step_samples);
   {
     const Phase phase = step_phase(*dist_.group, timeline, "backward", step_ + 1);
-    std::optional<DistributedDataParallelImpl::NoSyncGuard> local;
-    if (!sync) local.emplace(model_->reducer());
     (share == 1.0 ? loss : loss * share).backward();
   }
   return loss.detach().to(torch::kDouble) * static_cast<double>(batch.size());
+}
+
+int64_t Trainer::steps_for(int64_t samples) const {
+  const int64_t batches = (samples + config_.batch_size - 1) / config_.batch_size;
+  return (batches + config_.grad_accum_steps - 1) / config_.grad_accum_steps;
 }
 
 Trainer::EpochPass Trainer::begin_epoch(int64_t epoch) {
   data::DistributedSampler sampler(workload_.train_set.size(), dist_.world_size(), dist_.rank(),
                                    /*shuffle=*/true, static_cast<uint64_t>(config_.seed));
   sampler.set_epoch(epoch);  // here, so nobody can forget it
-  const torch::Tensor order = sampler.indices();
-  // The same on every rank: the same number of steps.
+  // --uneven: this rank's share without padding (ranks' sizes differ by one at most); else padded
+  // to the same size on every rank, the same number of steps.
+  const torch::Tensor order = config_.uneven ? sampler.uneven_indices() : sampler.indices();
   const int64_t n =
       config_.drop_last ? order.size(0) / config_.batch_size * config_.batch_size : order.size(0);
   if (n == 0) {
@@ -460,8 +481,10 @@ Trainer::EpochPass Trainer::begin_epoch(int64_t epoch) {
   }
   EpochPass pass;
   pass.epoch = epoch;
-  const int64_t batches = (n + config_.batch_size - 1) / config_.batch_size;
-  pass.steps = (batches + config_.grad_accum_steps - 1) / config_.grad_accum_steps;
+  // The steps of the rank with the most samples (rank 0's with --uneven): the learning-rate
+  // schedule's epoch length, the same on every rank.
+  const int64_t longest = config_.uneven ? sampler.num_samples() : n;
+  pass.steps = steps_for(longest);
   workload_.module->train();
   pass.loss_sum = torch::zeros({}, torch::TensorOptions(torch::kDouble).device(dist_.device));
   pass.start = Clock::now();

@@ -182,6 +182,46 @@ TEST(DdpTrain, ClippingActsOnTheReducedGradient) {
       << clipped_loss << " " << plain_loss;
 }
 
+// --uneven on 3 ranks: 100 samples are shares of 34, 33 and 33, in batches of 11 rank 0 trains
+// 4 steps an epoch and ranks 1 and 2 three, joining the fourth (core/join.h, checked against
+// PyTorch's Join in test_join.cpp). Every rank counts 4 steps an epoch (the lr schedule's), and
+// the loss is over the 100 samples once. Where the data splits evenly, --uneven trains exactly as
+// without it. It refuses the options that add collectives to some steps.
+TEST(DdpTrain, UnevenSharesTrainUnderJoinWithoutPaddingOrDropping) {
+  TempDir uneven;
+  const std::vector<std::string> common = {"--global-batch-size", "0", "--progress", "off"};
+  auto extra = [&](std::vector<std::string> more) {
+    more.insert(more.end(), common.begin(), common.end());
+    return more;
+  };
+  auto ranks = ddp::testing::run_env_ranks(3, job(uneven.path(), 11, extra({"--uneven"})),
+                                           std::chrono::seconds(120));
+  for (const auto& r : ranks) ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(metrics_field(last_metrics(uneven.path()), "steps"), 12);  // 3 epochs of 4
+
+  TempDir even, padded;
+  ranks = ddp::testing::run_env_ranks(2, job(even.path(), 15, extra({"--uneven"})),
+                                      std::chrono::seconds(120));
+  for (const auto& r : ranks) ASSERT_EQ(r.exit_code, 0) << r.output;
+  ranks =
+      ddp::testing::run_env_ranks(2, job(padded.path(), 15, extra({})), std::chrono::seconds(120));
+  for (const auto& r : ranks) ASSERT_EQ(r.exit_code, 0) << r.output;
+  ddp::testing::expect_same_weights(even.path() + "/model.pt", padded.path() + "/model.pt");
+
+  TempDir refused;
+  auto r = ddp::testing::run_process(job(refused.path(), 10, {"--uneven", "--drop-last"}), {},
+                                     std::chrono::seconds(60));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("key 'uneven': cannot be combined with drop-last"), std::string::npos)
+      << r.output;
+  r = ddp::testing::run_process(job(refused.path(), 10, {"--uneven", "--grad-accum-steps", "2"}),
+                                {}, std::chrono::seconds(60));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("checkpoint-on-signal, check-params-every or grad-accum-steps"),
+            std::string::npos)
+      << r.output;
+}
+
 // The DataParallel tutorial's demo: each rank logs the part of the global batch it saw, and
 // --drop-last drops the smaller last batch (50 samples per rank, batch 15: 3 steps, not 4).
 // The tutorials' Informer on 2 ranks: one epoch of the shipped config on the synthetic CSV file

@@ -23,6 +23,9 @@ class DistributedSampler {
   // the (shuffled) list up to num_samples() * world (or truncate with drop_last); then take
   // every world-th index starting at rank.
   torch::Tensor indices() const;
+  // The same order without padding or dropping (uneven inputs, trained under Join): every
+  // world-th index of it from rank, so ranks get sizes that differ by one at most.
+  torch::Tensor uneven_indices() const;
 
   // Samples per rank per epoch; the same on every rank. 0 where drop_last leaves none (as in
   // PyTorch); the trainer refuses such a run.
@@ -38,6 +41,8 @@ class DistributedSampler {
   bool drop_last_;
   int64_t epoch_ = 0;
   int64_t num_samples_;
+
+  torch::Tensor order() const;  // the epoch's permutation (or 0..n-1 without shuffle)
 };
 
 // Evaluation sharding without padding: rank r gets r, r + world, r + 2*world, ... so metrics

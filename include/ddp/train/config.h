@@ -58,6 +58,7 @@ struct Config {
   int64_t batch_size = 64;        // per rank
   int64_t global_batch_size = 0;  // > 0: batch_size = this / world size (DataParallel's split)
   bool drop_last = false;         // drop each epoch's last batch when it is smaller
+  bool uneven = false;            // no padding: ranks' shares differ, trained under Join
   int64_t grad_accum_steps = 1;   // micro-batches per optimizer step (no_sync for all but the last)
   int64_t workers = 0;            // loader threads preparing batches ahead (0: none)
   bool pin_memory = false;        // batches in pinned memory, copied without blocking (CUDA)

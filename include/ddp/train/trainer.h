@@ -84,6 +84,7 @@ class Trainer {
   // when a SIGTERM stopped it (after a checkpoint: --checkpoint-on-signal).
   bool train_epoch(int64_t epoch, EpochMetrics& metrics);
   EpochPass begin_epoch(int64_t epoch);
+  int64_t steps_for(int64_t samples) const;  // optimizer steps over `samples` of one rank
   // The next step's micro-batches (--grad-accum-steps of them, fewer at the epoch's end), passing
   // over those a resumed epoch had trained; nullopt at the epoch's end.
   std::optional<std::vector<data::Batch>> next_step_batches(EpochPass& pass);
