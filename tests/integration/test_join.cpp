@@ -14,18 +14,8 @@ constexpr int kWorld = 3;
 // PyTorch's run, made once for the tests of this program. Empty when it failed.
 const std::string& reference_dir() {
   static ddp::testing::TempDir dir;
-  static const std::string result = [] {
-    const auto results = ddp::testing::run_env_ranks(
-        kWorld,
-        {DDP_PYTHON, std::string(DDP_SOURCE_DIR) + "/tests/python/join_reference.py", dir.path()},
-        std::chrono::seconds(240));
-    bool ok = true;
-    for (const auto& r : results) {
-      EXPECT_EQ(r.exit_code, 0) << r.output;
-      ok = ok && r.exit_code == 0;
-    }
-    return ok ? dir.path() : std::string();
-  }();
+  static const std::string result =
+      ddp::testing::run_python_reference("join_reference.py", kWorld, dir.path()) ? dir.path() : "";
   return result;
 }
 
@@ -43,11 +33,7 @@ TEST(Join, UnevenInputsEqualPyTorchsJoinOnGloo) {
   ASSERT_FALSE(dir.empty()) << "PyTorch's reference failed";
   const auto results = ddp::testing::run_env_ranks(kWorld, {DDP_JOIN_WORKER_BIN, "gloo", dir},
                                                    std::chrono::seconds(120));
-  std::string all;
-  for (const auto& r : results) {
-    EXPECT_EQ(r.exit_code, 0) << r.output;
-    all += r.output;
-  }
+  const std::string all = ddp::testing::expect_all_exit_zero(results);
   expect_every_rank_equal(all);
 }
 

@@ -1,5 +1,7 @@
 #include "ranks.h"
 
+#include <gtest/gtest.h>
+
 #include <memory>
 
 namespace ddp::testing {
@@ -29,6 +31,26 @@ ProcessResult run_mpirun(int np, const std::vector<std::string>& argv, std::chro
       "-np",       std::to_string(np)};
   cmd.insert(cmd.end(), argv.begin(), argv.end());
   return run_process(cmd, {}, limit);
+}
+
+std::string expect_all_exit_zero(const std::vector<ProcessResult>& ranks) {
+  std::string all;
+  for (const auto& r : ranks) {
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    all += r.output;
+  }
+  return all;
+}
+
+bool run_python_reference(const std::string& script, int world, const std::string& out_dir) {
+  const auto ranks = run_env_ranks(
+      world, {DDP_PYTHON, std::string(DDP_SOURCE_DIR) + "/tests/python/" + script, out_dir},
+      std::chrono::seconds(240));
+  expect_all_exit_zero(ranks);
+  for (const auto& r : ranks) {
+    if (r.exit_code != 0) return false;
+  }
+  return true;
 }
 
 }  // namespace ddp::testing

@@ -17,6 +17,14 @@ std::vector<ProcessResult> run_env_ranks(int world, const std::vector<std::strin
                                          std::chrono::seconds limit,
                                          const std::map<std::string, std::string>& extra = {});
 
+// A reference run of PyTorch (Debian's python3-torch): tests/python/`script` OUT_DIR as `world`
+// gloo ranks with the env contract, writing into `out_dir`. Returns whether every rank exited 0
+// (each failure is also a test failure, with the rank's output).
+bool run_python_reference(const std::string& script, int world, const std::string& out_dir);
+
+// Every rank's exit code is 0 (a test failure for each that is not); their outputs, joined.
+std::string expect_all_exit_zero(const std::vector<ProcessResult>& ranks);
+
 // mpirun -np `np` as root on one host (--allow-run-as-root, --oversubscribe), until `limit`.
 ProcessResult run_mpirun(int np, const std::vector<std::string>& argv, std::chrono::seconds limit);
 
