@@ -43,10 +43,9 @@ struct Checkpointed : torch::autograd::Function<Checkpointed> {
 }  // namespace
 
 // GCC 14 with LibTorch 2.6 warns inside Function::apply, inlined here: -Warray-bounds and
-// -Wstringop-overflow on the
-// std::vector<bool>::reserve of its argument flags, false positives that a pragma here cannot
-// silence (they are placed in the standard library's header). src/CMakeLists.txt turns them
-// off for this file only.
+// -Wstringop-overflow on the std::vector<bool>::reserve of its argument flags. They are false
+// positives that a pragma here cannot silence (they are placed in the standard library's
+// header); src/CMakeLists.txt turns them off for this file only.
 torch::Tensor checkpoint(CheckpointedFn fn, const torch::Tensor& input) {
   return Checkpointed::apply(input, fn);
 }
