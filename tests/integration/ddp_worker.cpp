@@ -1,10 +1,12 @@
 // One rank of the multi-process DistributedDataParallel tests (test_ddp.cpp). Trains a small
 // model for 5 steps with DDP, per-rank batch B, and, in the same process, the same model without
 // DDP on the global batch of world * B samples; exits 0 only if the parameters agree.
-//   ddp_worker BACKEND SCENARIO
+//   ddp_worker BACKEND SCENARIO [RECORD]
 // SCENARIO: sgd | nosync | adam | fp16 | bf16 | custom-hook | powersgd-warmup | bucket-view |
 //           unused | unused-find | mismatch | overlap | buffers | no-buffers | two-forwards |
-//           checkpoint-twice | checkpoint-twice-dynamic | grad-scaler | zero
+//           checkpoint-twice | checkpoint-twice-dynamic | grad-scaler | zero | clip
+// clip: the reduced gradients clipped to a 2-norm of kMaxNorm before each step; rank 0 writes the
+// first step's before and after, and the norm, to RECORD (for tests/python/clip_check.py).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/torch.h>
@@ -17,6 +19,7 @@
 #include "ddp/core/grad_scaler.h"
 #include "ddp/core/powersgd.h"
 #include "ddp/core/zero_redundancy_optimizer.h"
+#include "ddp/train/pt_file.h"
 
 namespace {
 
@@ -45,6 +48,22 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& scena
   if (scenario == "adam")
     return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(0.01));
   return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1).momentum(0.9));
+}
+
+// The clip scenario's clipping (ddp_train --clip-grad-norm's call), recorded into `record` unless
+// it is empty: {"grad.<i>", "clipped.<i>", "norm", "max_norm"}.
+constexpr double kMaxNorm = 0.1;
+void clip_gradients(const std::vector<torch::Tensor>& params, const std::string& record) {
+  c10::impl::GenericDict out(c10::StringType::get(), c10::AnyType::get());
+  for (size_t i = 0; i < params.size() && !record.empty(); ++i)
+    out.insert(fmt::format("grad.{}", i), params[i].grad().clone());
+  const double norm = torch::nn::utils::clip_grad_norm_(params, kMaxNorm);
+  if (record.empty()) return;
+  for (size_t i = 0; i < params.size(); ++i)
+    out.insert(fmt::format("clipped.{}", i), params[i].grad().clone());
+  out.insert("norm", torch::tensor(norm, torch::kDouble));
+  out.insert("max_norm", torch::tensor(kMaxNorm, torch::kDouble));
+  ddp::train::write_pt_file(record, out);
 }
 
 double max_relative_error(const std::vector<torch::Tensor>& p,
@@ -343,6 +362,9 @@ int main(int argc, char** argv) {
           run();
         }
       }
+      if (scenario == "clip") {
+        clip_gradients(model->parameters(), step == 0 && rank == 0 && argc > 3 ? argv[3] : "");
+      }
       optimizer->step();
       // Reference: one process, the whole global batch in the same micro-batches.
       reference_optimizer->zero_grad();
@@ -356,6 +378,7 @@ int main(int argc, char** argv) {
         torch::mse_loss(reference->forward(x.index_select(0, rows)), y.index_select(0, rows))
             .backward();
       }
+      if (scenario == "clip") clip_gradients(reference->parameters(), "");
       reference_optimizer->step();
       if (scenario == "overlap" && step == 0) {
         const auto& stats = model->reducer().last_iteration();

@@ -89,6 +89,21 @@ TEST(Ddp, BucketsAreRebuiltOnceFromTheObservedOrder) {
   EXPECT_NE(results[0].output.find("(rebuilt)"), std::string::npos) << results[0].output;
 }
 
+// ddp_train --clip-grad-norm's clipping on the reduced gradients: 2 ranks equal one process with
+// the global batch (to 1e-5 after 5 steps), and PyTorch's torch.nn.utils.clip_grad_norm_ on the
+// same reduced gradients gives the same norm and the same clipped gradients.
+TEST(Ddp, ClippingTheReducedGradientsEqualsPyTorchsClipGradNorm) {
+  ddp::testing::TempDir dir;
+  const auto record = dir.file("clip.pt");
+  expect_all_pass(ddp::testing::run_env_ranks(2, {DDP_DDP_WORKER_BIN, "gloo", "clip", record},
+                                              std::chrono::seconds(120)));
+  const auto r = ddp::testing::run_process(
+      {DDP_PYTHON, std::string(DDP_SOURCE_DIR) + "/tests/python/clip_check.py", record}, {},
+      std::chrono::seconds(60));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("clipped gradients differ by"), std::string::npos) << r.output;
+}
+
 TEST(Ddp, UnusedParametersWithoutTheOptionAreNamed) {
   const auto start = Clock::now();
   const auto results = gloo_job(2, "unused");
