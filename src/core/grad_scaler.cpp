@@ -88,12 +88,13 @@ GradScalerState grad_scaler_state_from(const c10::IValue& value, const std::stri
     throw InputError(fmt::format("{}: GradScaler state is not a dict", origin));
   }
   const auto dict = value.toGenericDict();
+  // A float, an int, or a tensor of one element (how checkpoints hold floats).
   auto number = [&](const char* key) {
-    if (!dict.contains(key) || !(dict.at(key).isDouble() || dict.at(key).isInt())) {
-      throw InputError(fmt::format("{}: GradScaler state has no number '{}'", origin, key));
-    }
-    return dict.at(key).isDouble() ? dict.at(key).toDouble()
-                                   : static_cast<double>(dict.at(key).toInt());
+    const c10::IValue v = dict.contains(key) ? dict.at(key) : c10::IValue();
+    if (v.isDouble()) return v.toDouble();
+    if (v.isInt()) return static_cast<double>(v.toInt());
+    if (v.isTensor() && v.toTensor().numel() == 1) return v.toTensor().item<double>();
+    throw InputError(fmt::format("{}: GradScaler state has no number '{}'", origin, key));
   };
   GradScalerState s;
   s.scale = number("scale");

@@ -1,5 +1,6 @@
 #include "ddp/train/checkpoint.h"
 
+#include <ATen/Functions.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -60,6 +61,18 @@ class Entries {
   std::string origin_;
 };
 
+// The GradScaler's state_dict with its floats as 0-d float64 tensors, which the weights-only
+// loaders read (grad_scaler_state_from takes either).
+c10::IValue without_floats(const amp::GradScalerState& state) {
+  c10::impl::GenericDict out(c10::StringType::get(), c10::AnyType::get());
+  for (const auto& entry : amp::to_ivalue(state).toGenericDict()) {
+    const c10::IValue& v = entry.value();
+    out.insert(entry.key(),
+               v.isDouble() ? c10::IValue(at::scalar_tensor(v.toDouble(), at::kDouble)) : v);
+  }
+  return out;
+}
+
 std::map<std::string, std::string> yaml_lines(const std::string& yaml) {
   std::map<std::string, std::string> out;
   std::istringstream in(yaml);
@@ -95,6 +108,7 @@ c10::IValue to_ivalue(const Checkpoint& c) {
     dict.insert("optimizer_shards", shards);
   }
   dict.insert("rng_state", c.rng_state.cpu());
+  if (c.grad_scaler) dict.insert("grad_scaler", without_floats(*c.grad_scaler));
   return dict;
 }
 
@@ -124,6 +138,9 @@ Checkpoint checkpoint_from(const c10::IValue& contents, const std::string& origi
   c.optimizer_state = e.bytes("optimizer_state");
   if (e.has("optimizer_shards")) c.optimizer_shards = e.byte_list("optimizer_shards");
   c.rng_state = e.bytes("rng_state");
+  if (e.has("grad_scaler")) {
+    c.grad_scaler = amp::grad_scaler_state_from(e.get("grad_scaler"), origin + ": 'grad_scaler'");
+  }
   if (c.epoch < 0 || c.step < 0 || c.epoch_step < 0 || c.world_size < 1 || c.batch_size < 1 ||
       c.rng_state.dim() != 2 || c.rng_state.size(0) != c.world_size) {
     throw InputError(

@@ -73,6 +73,7 @@ constexpr Named<CommHook> kCommHookNames[] = {{CommHook::kAllReduce, "allreduce"
                                               {CommHook::kFp16, "fp16"},
                                               {CommHook::kBf16, "bf16"},
                                               {CommHook::kPowerSgd, "powersgd"}};
+constexpr Named<Amp> kAmpNames[] = {{Amp::kOff, "off"}, {Amp::kBf16, "bf16"}, {Amp::kFp16, "fp16"}};
 
 // "sgd|adam|adamw"
 template <class E, size_t N>
@@ -241,6 +242,9 @@ std::vector<ConfigKey> make_keys() {
       bool_key("nesterov", &C::nesterov, "SGD with Nesterov momentum"),
       float_key("weight-decay", &C::weight_decay, 0.0, false,
                 "weight decay (L2; decoupled for adamw)"),
+      enum_key("amp", &C::amp, kAmpNames,
+               "mixed precision: forward and loss under autocast in 16 bits (fp16 adds a "
+               "GradScaler, whose state the checkpoints keep)"),
       float_key("clip-grad-norm", &C::clip_grad_norm, 0.0, false,
                 "clip the reduced gradients' global 2-norm to this before each step, as "
                 "torch.nn.utils.clip_grad_norm_ (0: no clipping)"),
@@ -340,6 +344,10 @@ std::string to_string(SavePrefix prefix) {
 }
 std::string to_string(CommHook hook) {
   return name_of(kCommHookNames, hook);
+}
+
+std::string to_string(Amp amp) {
+  return name_of(kAmpNames, amp);
 }
 
 const std::vector<ConfigKey>& config_keys() {

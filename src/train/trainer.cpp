@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <signal.h>
 #include <unistd.h>
@@ -17,6 +18,7 @@
 #include "ddp/common/error.h"
 #include "ddp/common/files.h"
 #include "ddp/common/log.h"
+#include "ddp/core/autocast.h"
 #include "ddp/core/powersgd.h"
 #include "ddp/core/sync_batch_norm.h"
 #include "ddp/data/distributed_sampler.h"
@@ -138,6 +140,11 @@ Config prepared(Config config) {
         "key 'uneven': cannot be combined with drop-last, checkpoint-on-signal, "
         "check-params-every or grad-accum-steps");
   }
+  // The GradScaler unscales the gradients of the optimizer it steps, and --zero's steps a shard.
+  if (config.amp == Amp::kFp16 && config.zero) {
+    throw InputError(
+        "key 'amp': fp16 (with its GradScaler) cannot be combined with zero; bf16 can");
+  }
   make_writable_dir(config.output_dir);
   if (!config.timeline.empty()) {  // fail now, not after the whole run
     make_writable_dir(std::filesystem::absolute(config.timeline).parent_path().string());
@@ -187,6 +194,10 @@ LrSchedule lr_schedule_of(const Config& config, int world_size) {
   schedule.gamma = config.lr_gamma;
   schedule.total_epochs = config.epochs;
   return schedule;
+}
+
+c10::ScalarType autocast_dtype(Amp amp) {
+  return amp == Amp::kFp16 ? torch::kHalf : torch::kBFloat16;
 }
 
 // A phase of optimizer step `step`: the span `name` and the label "step <step>: <name>".
@@ -240,6 +251,7 @@ void Trainer::build_model() {
     load_weights(*workload_.module, config_.init_weights);
     log::info("initial weights from {}", config_.init_weights);
   }
+  set_up_amp();
   // Collective: checks the model is the same everywhere, broadcasts rank 0's weights.
   model_ = DistributedDataParallel(workload_.module, dist_.group, config_.ddp);
   register_comm_hook(model_, config_, dist_.group);
@@ -250,6 +262,24 @@ void Trainer::build_model() {
   } else {
     optimizer_ = make_optimizer(config_, workload_.module->parameters());
   }
+}
+
+void Trainer::set_up_amp() {
+  if (config_.amp == Amp::kOff) return;
+  // Every rank finds the same answer, so all stop here together when it is no.
+  const c10::DeviceType type = dist_.device.type();
+  const std::string unsupported = amp::autocast_unsupported(type, autocast_dtype(config_.amp));
+  if (!unsupported.empty()) {
+    throw InputError(
+        fmt::format("key 'amp': LibTorch {} cannot run {} autocast on {} ({}){}", TORCH_VERSION,
+                    to_string(config_.amp), c10::DeviceTypeName(type, true), unsupported,
+                    config_.amp == Amp::kFp16 && type == c10::kCPU ? "; bf16 can" : ""));
+  }
+  if (config_.amp == Amp::kFp16) scaler_ = std::make_unique<amp::GradScaler>(dist_.group);
+  log::info("mixed precision: {} autocast on {}{}", to_string(config_.amp),
+            c10::DeviceTypeName(type, true),
+            scaler_ ? fmt::format(", the loss scaled by a GradScaler from {}", scaler_->get_scale())
+                    : "");
 }
 
 void Trainer::write_run_files(bool resumed) const {
@@ -407,10 +437,16 @@ bool Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
     // Step, after --clip-grad-norm on the reduced gradients (the same on every rank).
     {
       const Phase phase(*dist_.group, "", timeline, "optimizer step", "compute", step_ + 1);
+      // --amp fp16: the true gradients first, and whether any rank has an inf or NaN in them.
+      if (scaler_) scaler_->unscale_(*optimizer_);
       if (config_.clip_grad_norm > 0) {
         torch::nn::utils::clip_grad_norm_(workload_.module->parameters(), config_.clip_grad_norm);
       }
-      if (zero_) {
+      if (scaler_) {
+        // Skipped on every rank after an inf or NaN, with the scale halved (PyTorch's rule).
+        if (!scaler_->step(*optimizer_)) log::debug("step {}: skipped (inf or NaN)", step_ + 1);
+        scaler_->update();
+      } else if (zero_) {
         zero_->step();  // this rank's shard, then each shard broadcast from its owner
       } else {
         optimizer_->step();
@@ -446,6 +482,10 @@ torch::Tensor Trainer::forward_backward(EpochPass& pass, const data::Batch& batc
   torch::Tensor output, loss;
   {
     const Phase phase = step_phase(*dist_.group, timeline, "forward", step_ + 1);
+    // --amp: the forward and the loss under autocast, the backward outside (PyTorch's recipe).
+    std::optional<amp::Autocast> autocast;
+    if (config_.amp != Amp::kOff)
+      autocast.emplace(dist_.device.type(), autocast_dtype(config_.amp));
     output = model_->forward_with([&] { return workload_.forward(input); });
     loss = compute_loss(workload_.train_set.task, output, target);
   }
@@ -456,7 +496,8 @@ torch::Tensor Trainer::forward_backward(EpochPass& pass, const data::Batch& batc
   const double share = static_cast<double>(batch.size()) / static_cast<double>(step_samples);
   {
     const Phase phase = step_phase(*dist_.group, timeline, "backward", step_ + 1);
-    (share == 1.0 ? loss : loss * share).backward();
+    torch::Tensor weighted = share == 1.0 ? loss : loss * share;
+    (scaler_ ? scaler_->scale(weighted) : weighted).backward();  // --amp fp16: scaled
   }
   return loss.detach().to(torch::kDouble) * static_cast<double>(batch.size());
 }

@@ -113,6 +113,7 @@ void Trainer::save_checkpoint(CheckpointPosition at) {
       c.optimizer_state = zero_ ? torch::empty({0}, torch::kByte) : byte_tensor(opt);
       for (const auto& shard : shards) c.optimizer_shards.push_back(byte_tensor(shard));
       c.rng_state = rng_rows(all_rng, rng.numel());
+      if (scaler_) c.grad_scaler = scaler_->state();
 
       // The numbered file first, then the names that point at the newest: a kill at any moment
       // leaves every name holding a complete file.
@@ -247,6 +248,12 @@ void Trainer::apply(const Checkpoint& c, const std::string& path) {
   } catch (const c10::Error& e) {
     throw InputError(
         fmt::format("{}: the optimizer state cannot be loaded: {}", path, first_line_of(e)));
+  }
+  if (scaler_ && c.grad_scaler) {
+    scaler_->load_state(*c.grad_scaler);
+  } else if (scaler_ && dist_.is_main()) {
+    log::warn("{}: saved without --amp fp16: the GradScaler starts from scale {}", path,
+              scaler_->get_scale());
   }
   // Each rank continues its own random stream; a rank the checkpoint did not have takes rank 0's.
   const int64_t row = dist_.rank() < c.world_size ? dist_.rank() : 0;

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <thread>
 
+#include "ddp/core/autocast.h"
 #include "ddp/train/checkpoint.h"
 #include "ddp/train/pt_file.h"
 #include "ranks.h"
@@ -146,6 +147,40 @@ TEST(CheckpointTrain, ZeroOnThreeRanksTrainsAsAdamAndResumesBitwise) {
 // The Informer draws random numbers in training (dropout, ProbSparse's key sample) and in
 // evaluation (the sample). The checkpoint after epoch 1 of a 1-epoch run, which evaluated the test
 // split too, resumes into exactly the uninterrupted run, which did not.
+// --amp fp16 on CPU where LibTorch's kernels have float16 matmuls (2.x): the checkpoint holds the
+// GradScaler's state, and resuming equals the uninterrupted run bitwise, scale included. Where
+// they have not (1.13), the run stops at start-up with an error naming the key and the reason.
+TEST(CheckpointTrain, AmpFp16KeepsItsGradScalerAndResumesBitwise) {
+  const std::vector<std::string> fp16 = {"--amp", "fp16"};
+  const std::string unsupported = ddp::amp::autocast_unsupported(torch::kCPU, torch::kHalf);
+  if (!unsupported.empty()) {
+    TempDir out;
+    expect_input_error(run(linear_job(out.path(), 1, fp16)),
+                       "cannot run fp16 autocast on cpu (" + unsupported + ")");
+    return;
+  }
+  TempDir whole, split;
+  auto first = ddp::testing::run_env_ranks(2, mlp_job(whole.path(), 4, fp16), seconds(180));
+  expect_all_ok(first);
+  EXPECT_NE(first[0].output.find("mixed precision: fp16 autocast on cpu, the loss scaled by a "
+                                 "GradScaler from 65536"),
+            std::string::npos)
+      << first[0].output;
+  expect_all_ok(ddp::testing::run_env_ranks(2, mlp_job(split.path(), 2, fp16), seconds(180)));
+  auto more = fp16;
+  more.insert(more.end(), {"--resume", "auto"});
+  expect_all_ok(ddp::testing::run_env_ranks(2, mlp_job(split.path(), 4, more), seconds(180)));
+  expect_same_weights(whole.file("model.pt"), split.file("model.pt"));
+  EXPECT_EQ(metrics_without_timing(split.path()), metrics_without_timing(whole.path()));
+  const auto a = ddp::train::read_checkpoint(whole.file("checkpoint.pt"));
+  const auto b = ddp::train::read_checkpoint(split.file("checkpoint.pt"));
+  ASSERT_TRUE(a.grad_scaler && b.grad_scaler);
+  EXPECT_EQ(a.grad_scaler->scale, b.grad_scaler->scale);
+  EXPECT_EQ(a.grad_scaler->growth_tracker, b.grad_scaler->growth_tracker);
+  // Each step either grew the tracker or reset it with a skip: never more than the steps.
+  EXPECT_LE(a.grad_scaler->growth_tracker, a.step);
+}
+
 TEST(CheckpointTrain, InformerResumesBitwiseThoughEvaluationsDiffered) {
   TempDir whole, split;
   auto informer_job = [](const std::string& out, int epochs, std::vector<std::string> extra) {

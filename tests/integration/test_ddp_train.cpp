@@ -182,6 +182,24 @@ TEST(DdpTrain, ClippingActsOnTheReducedGradient) {
       << clipped_loss << " " << plain_loss;
 }
 
+// --amp bf16: each step's forward and loss under CPU autocast (matmuls in bfloat16). 2 ranks
+// train the Linear workload to within 2% of the float32 run's loss, but not to it exactly.
+TEST(DdpTrain, AmpBf16TrainsUnderCpuAutocast) {
+  TempDir fp32, bf16;
+  const auto plain =
+      ddp::testing::run_env_ranks(2, job(fp32.path(), 15), std::chrono::seconds(120));
+  ddp::testing::expect_all_exit_zero(plain);
+  const auto amp = ddp::testing::run_env_ranks(2, job(bf16.path(), 15, {"--amp", "bf16"}),
+                                               std::chrono::seconds(120));
+  ddp::testing::expect_all_exit_zero(amp);
+  EXPECT_NE(amp[0].output.find("mixed precision: bf16 autocast on cpu"), std::string::npos)
+      << amp[0].output;
+  const double p = metrics_field(last_metrics(fp32.path()), "train_loss");
+  const double a = metrics_field(last_metrics(bf16.path()), "train_loss");
+  EXPECT_NE(a, p);
+  EXPECT_NEAR(a, p, 0.02 * p);
+}
+
 // --uneven on 3 ranks: 100 samples are shares of 34, 33 and 33, in batches of 11 rank 0 trains
 // 4 steps an epoch and ranks 1 and 2 three, joining the fourth (core/join.h, checked against
 // PyTorch's Join in test_join.cpp). Every rank counts 4 steps an epoch (the lr schedule's), and

@@ -7,7 +7,8 @@
                      they differ by more than TOL.
   check-checkpoint DIR
                      the same for ddp's DIR/checkpoint.pt (its "model", an mlp), loaded both with
-                     torch.load's default and with weights_only=True.
+                     torch.load's default and with weights_only=True; prints its GradScaler state
+                     ("grad_scaler") as GradScaler.state_dict() when it has one.
   check-informer DIR TOL
                      the same for ddp's Informer: DIR/model.pt into nn.DataParallel of
                      bench/informer_reference.py's make_informer (Informer2020's module names),
@@ -115,6 +116,9 @@ def check_checkpoint(directory):
         with torch.no_grad():
             outputs.append((model(batch["input"]) - batch["output"]).abs().max().item())
     print(f"torch {torch.__version__}; epoch {checkpoint['epoch']}; max abs diffs {outputs}")
+    if "grad_scaler" in checkpoint:  # --amp fp16: GradScaler.state_dict() with its floats as tensors
+        state = {k: v.item() if torch.is_tensor(v) else v for k, v in checkpoint["grad_scaler"].items()}
+        print("grad_scaler", sorted((k, type(v).__name__, v) for k, v in state.items()))
     return 0 if max(outputs) <= 1e-5 else 1
 
 

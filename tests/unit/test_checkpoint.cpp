@@ -215,12 +215,21 @@ TEST(PythonInterop, PythonsTorchLoadReadsOurCheckpointWithItsDefaultAndWeightsOn
   c.config = "model: mlp\n";
   c.optimizer_state = torch::zeros({3}, torch::kByte);
   c.rng_state = torch::zeros({1, 8}, torch::kByte);
+  c.grad_scaler = ddp::amp::GradScalerState{};  // --amp fp16's
+  c.grad_scaler->scale = 1024;
+  c.grad_scaler->growth_tracker = 5;
   train::write_pt_file(dir.file("checkpoint.pt"), train::to_ivalue(c));
   write_batch(dir, net);
   auto r = ddp::testing::run_process({DDP_PYTHON, python_script(), "check-checkpoint", dir.path()},
                                      {}, std::chrono::seconds(120));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("epoch 3; max abs diffs"), std::string::npos) << r.output;
+  // PyTorch's GradScaler.state_dict(), the floats read back from their tensors.
+  EXPECT_NE(r.output.find("grad_scaler [('_growth_tracker', 'int', 5), ('backoff_factor', "
+                          "'float', 0.5), ('growth_factor', 'float', 2.0), ('growth_interval', "
+                          "'int', 2000), ('scale', 'float', 1024.0)]"),
+            std::string::npos)
+      << r.output;
 }
 
 TEST(PythonInterop, WeightsPythonSavedLoadIntoOurModelWithEqualOutputs) {
@@ -263,7 +272,19 @@ TEST(CheckpointFile, RoundTripsAndNamesWhatIsMissing) {
   EXPECT_EQ(back.config, "epochs: 4\n");
   EXPECT_TRUE(torch::equal(back.optimizer_state, c.optimizer_state));
   EXPECT_TRUE(torch::equal(back.rng_state, c.rng_state));
-  EXPECT_EQ(back.epoch_step, 0);  // an epoch-end checkpoint has none stored
+  EXPECT_EQ(back.epoch_step, 0);   // an epoch-end checkpoint has none stored
+  EXPECT_FALSE(back.grad_scaler);  // nor one without --amp fp16 a GradScaler state
+
+  c.grad_scaler = ddp::amp::GradScalerState{};
+  c.grad_scaler->scale = 0.125;
+  c.grad_scaler->growth_tracker = 11;
+  const auto scaled = train::checkpoint_from(
+      train::parse_pt(train::serialize_pt(train::to_ivalue(c)), "c.pt"), "c.pt");
+  ASSERT_TRUE(scaled.grad_scaler);
+  EXPECT_EQ(scaled.grad_scaler->scale, 0.125);
+  EXPECT_EQ(scaled.grad_scaler->growth_tracker, 11);
+  EXPECT_EQ(scaled.grad_scaler->growth_interval, 2000);
+  c.grad_scaler.reset();
 
   c.epoch_step = 17;  // one written on SIGTERM, 17 steps into epoch 3
   EXPECT_EQ(train::checkpoint_from(

@@ -1,9 +1,12 @@
-// GradScaler in one process: PyTorch's update rule, its misuse errors, and its state_dict through
-// a torch.save file that Debian's python3-torch reads with PyTorch's keys and values.
+// Mixed precision in one process: the GradScaler's update rule, its misuse errors, and its
+// state_dict through a torch.save file that Debian's python3-torch reads with PyTorch's keys and
+// values; the Autocast scope's casts.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include "ddp/common/error.h"
+#include "ddp/core/autocast.h"
 #include "ddp/core/grad_scaler.h"
 #include "ddp/train/pt_file.h"
 #include "subprocess.h"
@@ -89,6 +92,40 @@ TEST(GradScaler, StateRoundTripsThroughATorchSaveFileThatPythonReads) {
   auto without_scale = ddp::amp::to_ivalue(state).toGenericDict();
   ASSERT_EQ(without_scale.erase("scale"), 1u);
   EXPECT_THROW(ddp::amp::grad_scaler_state_from(without_scale, path), ddp::InputError);
+}
+
+// Inside the scope a Linear layer runs in bfloat16: exactly Linear on its operands rounded to
+// bfloat16. Its weights' gradients stay float32. A nested scope leaves the outer one as it was;
+// after the outermost, float32 again.
+TEST(Autocast, LinearRunsInBfloat16InsideTheScopeOnly) {
+  torch::manual_seed(3);
+  torch::nn::Linear linear(8, 4);
+  const auto x = torch::randn({5, 8});
+  const auto expected = torch::linear(x.to(torch::kBFloat16), linear->weight.to(torch::kBFloat16),
+                                      linear->bias.to(torch::kBFloat16));
+  torch::Tensor inside, after_nested;
+  {
+    const ddp::amp::Autocast autocast(torch::kCPU, torch::kBFloat16);
+    inside = linear(x);
+    { const ddp::amp::Autocast nested(torch::kCPU, torch::kBFloat16); }
+    after_nested = linear(x);
+  }
+  EXPECT_EQ(inside.scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(inside, expected));
+  EXPECT_EQ(after_nested.scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(linear(x).scalar_type(), torch::kFloat);
+  inside.sum().backward();
+  EXPECT_EQ(linear->weight.grad().scalar_type(), torch::kFloat);
+  EXPECT_EQ(ddp::amp::autocast_unsupported(torch::kCPU, torch::kBFloat16), "");
+}
+
+// LibTorch 1.13's CPU kernels have no float16 matmul (ddp_train --amp fp16 on CPU says so at
+// start-up); 2.x's have.
+TEST(Autocast, Float16OnCpuIsSupportedFromLibTorch2) {
+  const std::string reason = ddp::amp::autocast_unsupported(torch::kCPU, torch::kHalf);
+  EXPECT_EQ(reason.empty(), TORCH_VERSION_MAJOR >= 2) << reason;
+  // The probe leaves autocast off behind it, even when LibTorch refused.
+  EXPECT_EQ(torch::linear(torch::ones({1, 2}), torch::ones({1, 2})).scalar_type(), torch::kFloat);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "ddp/core/grad_scaler.h"
 #include "ddp/train/state_dict.h"
 
 namespace ddp::train {
@@ -31,6 +32,9 @@ struct Checkpoint {
   // empty); a ZeRO run resumes on as many ranks as saved it.
   std::vector<at::Tensor> optimizer_shards;
   at::Tensor rng_state;  // uint8 [world_size, n]: each rank's CPU generator state
+  // --amp fp16: the GradScaler's state (the same on every rank), under "grad_scaler" with
+  // PyTorch's state_dict keys, its floats as 0-d float64 tensors.
+  std::optional<amp::GradScalerState> grad_scaler;
 };
 
 // As a dict of ints, strings and tensors (no floats: Python 1.13's weights-only loader refuses

@@ -27,10 +27,17 @@ enum class CommHook {
   kBf16,       // bf16_compress_hook
   kPowerSgd,   // powersgd_hook (core/powersgd.h)
 };
+// Mixed precision (core/autocast.h): forward and loss under autocast in 16 bits.
+enum class Amp {
+  kOff,
+  kBf16,  // bfloat16: float32's range, no loss scaling needed
+  kFp16,  // float16, with a GradScaler (core/grad_scaler.h) against gradients that underflow
+};
 std::string to_string(Optimizer optimizer);  // sgd | adam | adamw
 std::string to_string(LrScaling scaling);    // none | linear
 std::string to_string(SavePrefix prefix);    // module | none
 std::string to_string(CommHook hook);        // allreduce | fp16 | bf16 | powersgd
+std::string to_string(Amp amp);              // off | bf16 | fp16
 
 struct Config {
   // What to train.
@@ -69,6 +76,7 @@ struct Config {
   double momentum = 0.9;
   bool nesterov = false;
   double weight_decay = 0.0;
+  Amp amp = Amp::kOff;
   double clip_grad_norm = 0.0;  // > 0: the reduced gradients' global 2-norm clipped to this
   std::string lr_schedule = "constant";
   LrScaling lr_scaling = LrScaling::kNone;

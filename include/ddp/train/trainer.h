@@ -12,6 +12,7 @@
 
 #include "ddp/comm/watchdog.h"
 #include "ddp/core/distributed_data_parallel.h"
+#include "ddp/core/grad_scaler.h"
 #include "ddp/core/zero_redundancy_optimizer.h"
 #include "ddp/data/loader.h"
 #include "ddp/train/checkpoint.h"
@@ -76,6 +77,8 @@ class Trainer {
   Trainer(Config config, const comm::Env& env);
   // The workload on this rank's device, its DDP wrapper (a collective) and the optimizer.
   void build_model();
+  // --amp: checks that LibTorch runs autocast in that dtype on this device; fp16's GradScaler.
+  void set_up_amp();
   // Rank 0: config.yaml, and after a resume the metrics of the epochs up to the checkpoint.
   void write_run_files(bool resumed) const;
 
@@ -140,6 +143,7 @@ class Trainer {
   std::unique_ptr<ZeroRedundancyOptimizer> zero_;       // --zero
   // The optimizer whose learning rate and state the run sets and saves: --zero's local one.
   torch::optim::Optimizer& optimizer() { return zero_ ? zero_->local() : *optimizer_; }
+  std::unique_ptr<amp::GradScaler> scaler_;  // --amp fp16
   LrSchedule schedule_;
   std::unique_ptr<Timeline> timeline_;  // --timeline; nullptr without
   ProgressStyle progress_style_ = ProgressStyle::kOff;
