@@ -232,10 +232,17 @@ TEST(DdpTrain, UnevenSharesTrainUnderJoinWithoutPaddingOrDropping) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("key 'uneven': cannot be combined with drop-last"), std::string::npos)
       << r.output;
-  r = ddp::testing::run_process(job(refused.path(), 10, {"--uneven", "--grad-accum-steps", "2"}),
-                                {}, std::chrono::seconds(60));
+  for (const auto& option : std::vector<std::vector<std::string>>{
+           {"--uneven", "--grad-accum-steps", "2"}, {"--uneven", "--amp", "fp16"}}) {
+    r = ddp::testing::run_process(job(refused.path(), 10, option), {}, std::chrono::seconds(60));
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("check-params-every, grad-accum-steps or amp fp16"), std::string::npos)
+        << r.output;
+  }
+  r = ddp::testing::run_process(job(refused.path(), 10, {"--zero", "--amp", "fp16"}), {},
+                                std::chrono::seconds(60));
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("checkpoint-on-signal, check-params-every or grad-accum-steps"),
+  EXPECT_NE(r.output.find("key 'amp': fp16 (with its GradScaler) cannot be combined with zero"),
             std::string::npos)
       << r.output;
 }
