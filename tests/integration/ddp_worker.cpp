@@ -54,11 +54,14 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& scena
 // it is empty: {"grad.<i>", "clipped.<i>", "norm", "max_norm"}.
 constexpr double kMaxNorm = 0.1;
 void clip_gradients(const std::vector<torch::Tensor>& params, const std::string& record) {
+  if (record.empty()) {
+    torch::nn::utils::clip_grad_norm_(params, kMaxNorm);
+    return;
+  }
   c10::impl::GenericDict out(c10::StringType::get(), c10::AnyType::get());
-  for (size_t i = 0; i < params.size() && !record.empty(); ++i)
+  for (size_t i = 0; i < params.size(); ++i)
     out.insert(fmt::format("grad.{}", i), params[i].grad().clone());
   const double norm = torch::nn::utils::clip_grad_norm_(params, kMaxNorm);
-  if (record.empty()) return;
   for (size_t i = 0; i < params.size(); ++i)
     out.insert(fmt::format("clipped.{}", i), params[i].grad().clone());
   out.insert("norm", torch::tensor(norm, torch::kDouble));

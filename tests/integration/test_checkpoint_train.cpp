@@ -80,6 +80,19 @@ std::vector<std::string> metrics_without_timing(const std::string& dir) {
   return out;
 }
 
+// `world` ranks train the MLP with `options` for 2 epochs into `split`, then resume there to 4:
+// the weights and the metrics equal those of the uninterrupted 4-epoch run in `whole`, bitwise.
+void expect_resume_equals_whole(int world, const std::vector<std::string>& options,
+                                const TempDir& whole, const TempDir& split) {
+  expect_all_ok(
+      ddp::testing::run_env_ranks(world, mlp_job(split.path(), 2, options), seconds(180)));
+  auto more = options;
+  more.insert(more.end(), {"--resume", "auto"});
+  expect_all_ok(ddp::testing::run_env_ranks(world, mlp_job(split.path(), 4, more), seconds(180)));
+  expect_same_weights(whole.file("model.pt"), split.file("model.pt"));
+  EXPECT_EQ(metrics_without_timing(split.path()), metrics_without_timing(whole.path()));
+}
+
 TEST(CheckpointTrain, ResumingOnTwoRanksEqualsAnUninterruptedRunBitwise) {
   TempDir whole, split, from_path;
   expect_all_ok(ddp::testing::run_env_ranks(2, mlp_job(whole.path(), 4), seconds(180)));
@@ -123,12 +136,7 @@ TEST(CheckpointTrain, ZeroOnThreeRanksTrainsAsAdamAndResumesBitwise) {
   EXPECT_EQ(c.optimizer_shards.size(), 3u);
   EXPECT_EQ(c.optimizer_state.numel(), 0);
 
-  expect_all_ok(ddp::testing::run_env_ranks(3, mlp_job(split.path(), 2, zero), seconds(180)));
-  auto more = zero;
-  more.insert(more.end(), {"--resume", "auto"});
-  expect_all_ok(ddp::testing::run_env_ranks(3, mlp_job(split.path(), 4, more), seconds(180)));
-  expect_same_weights(whole.file("model.pt"), split.file("model.pt"));
-  EXPECT_EQ(metrics_without_timing(split.path()), metrics_without_timing(whole.path()));
+  expect_resume_equals_whole(3, zero, whole, split);
 
   const auto checkpoint = whole.file("checkpoint-epoch-0002.pt");
   TempDir elsewhere;
@@ -144,9 +152,6 @@ TEST(CheckpointTrain, ZeroOnThreeRanksTrainsAsAdamAndResumesBitwise) {
                                "ranks, not 2");
 }
 
-// The Informer draws random numbers in training (dropout, ProbSparse's key sample) and in
-// evaluation (the sample). The checkpoint after epoch 1 of a 1-epoch run, which evaluated the test
-// split too, resumes into exactly the uninterrupted run, which did not.
 // --amp fp16 on CPU where LibTorch's kernels have float16 matmuls (2.x): the checkpoint holds the
 // GradScaler's state, and resuming equals the uninterrupted run bitwise, scale included. Where
 // they have not (1.13), the run stops at start-up with an error naming the key and the reason.
@@ -166,12 +171,7 @@ TEST(CheckpointTrain, AmpFp16KeepsItsGradScalerAndResumesBitwise) {
                                  "GradScaler from 65536"),
             std::string::npos)
       << first[0].output;
-  expect_all_ok(ddp::testing::run_env_ranks(2, mlp_job(split.path(), 2, fp16), seconds(180)));
-  auto more = fp16;
-  more.insert(more.end(), {"--resume", "auto"});
-  expect_all_ok(ddp::testing::run_env_ranks(2, mlp_job(split.path(), 4, more), seconds(180)));
-  expect_same_weights(whole.file("model.pt"), split.file("model.pt"));
-  EXPECT_EQ(metrics_without_timing(split.path()), metrics_without_timing(whole.path()));
+  expect_resume_equals_whole(2, fp16, whole, split);
   const auto a = ddp::train::read_checkpoint(whole.file("checkpoint.pt"));
   const auto b = ddp::train::read_checkpoint(split.file("checkpoint.pt"));
   ASSERT_TRUE(a.grad_scaler && b.grad_scaler);
@@ -181,6 +181,9 @@ TEST(CheckpointTrain, AmpFp16KeepsItsGradScalerAndResumesBitwise) {
   EXPECT_LE(a.grad_scaler->growth_tracker, a.step);
 }
 
+// The Informer draws random numbers in training (dropout, ProbSparse's key sample) and in
+// evaluation (the sample). The checkpoint after epoch 1 of a 1-epoch run, which evaluated the test
+// split too, resumes into exactly the uninterrupted run, which did not.
 TEST(CheckpointTrain, InformerResumesBitwiseThoughEvaluationsDiffered) {
   TempDir whole, split;
   auto informer_job = [](const std::string& out, int epochs, std::vector<std::string> extra) {
