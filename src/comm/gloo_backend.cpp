@@ -10,6 +10,8 @@
 #include <functional>
 
 #include "backends.h"
+#include "ddp/common/log.h"
+#include "ddp/common/socket.h"
 #include "job_store.h"
 
 namespace ddp::comm {
@@ -215,8 +217,10 @@ class StoreProgressBoard : public ProcessGroup::ProgressBoard {
 using DevicePtr = std::shared_ptr<::gloo::transport::Device>;
 
 // GLOO_SOCKET_IFNAME names an interface as in PyTorch; a job on one host uses loopback;
-// otherwise gloo binds to the address this host's name resolves to. Never MASTER_ADDR:
-// that is another machine's address on every node but the first.
+// otherwise gloo binds to the local address that routes to MASTER_ADDR, which every rank must
+// reach anyway. Not the address this host's name resolves to (gloo's and PyTorch's default): on
+// many machines that is 127.0.0.1, which other hosts cannot connect to. Only when MASTER_ADDR has
+// no route does the host name serve.
 DevicePtr make_device(const LaunchInfo& launch) {
   if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
       ifname != nullptr && *ifname != '\0') {
@@ -225,7 +229,15 @@ DevicePtr make_device(const LaunchInfo& launch) {
   if (launch.local_world_size == launch.world_size) {
     return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
   }
-  return c10d::ProcessGroupGloo::createDefaultDevice();
+  const net::Route route = net::route_to(launch.master_addr);
+  if (route.source.empty()) {
+    log::warn("gloo: no route to MASTER_ADDR {}; binding the address of this host's name",
+              launch.master_addr);
+    return c10d::ProcessGroupGloo::createDefaultDevice();
+  }
+  log::info("gloo: interface {} ({}) routes to MASTER_ADDR {} (GLOO_SOCKET_IFNAME overrides)",
+            route.interface.empty() ? "?" : route.interface, route.source, launch.master_addr);
+  return c10d::ProcessGroupGloo::createDeviceForHostname(route.source);
 }
 
 class GlooProcessGroup : public ProcessGroup {

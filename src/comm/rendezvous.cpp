@@ -78,6 +78,31 @@ void read_master(const Env& env, LaunchInfo& info, bool required, const char* la
   }
 }
 
+// MASTER_ADDR and MASTER_PORT for a Slurm step that does not set them, as PyTorch Lightning's
+// SLURMEnvironment derives them: the first host of the step's node list, and 15000 plus the last
+// four digits of the job id (every task of the job computes the same pair; two jobs on one node
+// differ unless their ids agree in those digits). Set variables win; what was derived is said in
+// info.rendezvous_origin, which rank 0 logs.
+void derive_slurm_master(const Env& env, LaunchInfo& info) {
+  std::string said;
+  if (find(env, "MASTER_ADDR") == nullptr || find(env, "MASTER_ADDR")->empty()) {
+    for (const char* list : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
+      const auto* nodes = find(env, list);
+      if (nodes == nullptr || nodes->empty()) continue;
+      info.master_addr = first_slurm_host(*nodes);
+      said = fmt::format("MASTER_ADDR {} from {}'s first host", info.master_addr, list);
+      break;
+    }
+  }
+  const auto* job = find(env, "SLURM_JOB_ID");
+  if (job != nullptr && find(env, "MASTER_PORT") == nullptr) {
+    info.master_port = slurm_port(*job);
+    said += fmt::format("{}MASTER_PORT {} from SLURM_JOB_ID {}", said.empty() ? "" : ", ",
+                        info.master_port, *job);
+  }
+  info.rendezvous_origin = said;
+}
+
 void check_ranks(const LaunchInfo& info, const char* rank_var, const char* size_var,
                  const char* local_rank_var, const char* local_size_var) {
   if (info.rank >= info.world_size) {
@@ -150,7 +175,14 @@ LaunchInfo detect_launch(const Env& env) {
       info.local_world_size = info.world_size;
     }
     check_ranks(info, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE");
-    read_master(env, info, info.world_size > 1, "srun");
+    derive_slurm_master(env, info);
+    read_master(env, info, info.world_size > 1 && info.master_addr.empty(), "srun");
+    if (info.world_size > 1 && info.master_port == 0) {
+      throw InputError(
+          "environment variable MASTER_PORT is not set, and there is no SLURM_JOB_ID to derive "
+          "it from (srun with SLURM_NTASKS > 1 needs MASTER_ADDR and MASTER_PORT for the "
+          "rendezvous store)");
+    }
   }
   if (const auto* token = find(env, "DDP_JOB_TOKEN")) info.job_token = *token;
   if (const auto* agent = find(env, "TORCHELASTIC_USE_AGENT_STORE")) {
@@ -158,6 +190,36 @@ LaunchInfo detect_launch(const Env& env) {
   }
   info.restart_count = env_int_or(env, "TORCHELASTIC_RESTART_COUNT", 0, 0);
   return info;
+}
+
+std::string first_slurm_host(const std::string& nodelist) {
+  // "a[01-04,07]-ib[1-2],b5": the first name is a with each bracket's first number, "a01-ib1".
+  std::string host;
+  for (size_t i = 0; i < nodelist.size() && nodelist[i] != ','; ++i) {
+    if (nodelist[i] != '[') {
+      host += nodelist[i];
+      continue;
+    }
+    const size_t close = nodelist.find(']', i);
+    if (close == std::string::npos) throw InputError("SLURM node list '" + nodelist + "': no ']'");
+    const std::string range = nodelist.substr(i + 1, close - i - 1);
+    host += range.substr(0, range.find_first_of(",-"));
+    i = close;
+  }
+  if (host.empty()) throw InputError("SLURM node list '" + nodelist + "': no host");
+  return host;
+}
+
+int slurm_port(const std::string& job_id) {
+  const std::string digits = job_id.substr(job_id.size() > 4 ? job_id.size() - 4 : 0);
+  int last = 0;
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), last);
+  if (ec != std::errc() || end != digits.data() + digits.size() || digits.empty()) {
+    throw InputError(fmt::format(
+        "environment variable SLURM_JOB_ID='{}': expected a number (to derive MASTER_PORT)",
+        job_id));
+  }
+  return 15000 + last;
 }
 
 std::string default_backend(const LaunchInfo& launch, bool cuda_device) {

@@ -1,6 +1,7 @@
 #include "ddp/common/socket.h"
 
 #include <fmt/format.h>
+#include <ifaddrs.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -121,6 +122,44 @@ std::string peer_address(int fd) {
     return "?";
   }
   return fmt::format("{}:{}", host, port);
+}
+
+Route route_to(const std::string& host) {
+  Route route;
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), "9", &hints, &found) != 0) return route;
+  std::shared_ptr<addrinfo> owner(found, ::freeaddrinfo);
+  // connect(2) on a UDP socket sends nothing: it only asks the kernel's routing table which
+  // local address would be the source, which getsockname(2) then reads.
+  UniqueFd fd(::socket(found->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  sockaddr_storage local{};
+  socklen_t length = sizeof local;
+  char address[NI_MAXHOST];
+  if (!fd || ::connect(fd.get(), found->ai_addr, found->ai_addrlen) != 0 ||
+      ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&local), &length) != 0 ||
+      ::getnameinfo(reinterpret_cast<sockaddr*>(&local), length, address, sizeof address, nullptr,
+                    0, NI_NUMERICHOST) != 0) {
+    return route;
+  }
+  route.source = address;
+  ifaddrs* interfaces = nullptr;
+  if (::getifaddrs(&interfaces) != 0) return route;
+  for (const ifaddrs* i = interfaces; i != nullptr; i = i->ifa_next) {
+    char candidate[NI_MAXHOST];
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != local.ss_family) continue;
+    const socklen_t size = i->ifa_addr->sa_family == AF_INET ? sizeof(sockaddr_in)
+                                                             : sizeof(sockaddr_in6);
+    if (::getnameinfo(i->ifa_addr, size, candidate, sizeof candidate, nullptr, 0,
+                      NI_NUMERICHOST) == 0 &&
+        route.source == candidate) {
+      route.interface = i->ifa_name;
+      break;
+    }
+  }
+  ::freeifaddrs(interfaces);
+  return route;
 }
 
 Listener listen_tcp(const std::string& address, int port) {

@@ -78,6 +78,7 @@ Distributed init_distributed(const Config& config, const comm::Env& env) {
   const std::string backend = config.backend == "auto"
                                   ? comm::default_backend(d.launch, d.device.is_cuda())
                                   : config.backend;
+  if (!d.launch.rendezvous_origin.empty()) log::info("rendezvous: {}", d.launch.rendezvous_origin);
   comm::ProcessGroupOptions options;
   options.timeout = to_ms(config.comm_timeout);
   options.rendezvous_timeout = to_ms(config.rendezvous_timeout);

@@ -11,6 +11,7 @@
 #include <regex>
 
 #include "ddp/comm/rendezvous.h"
+#include "ddp/common/socket.h"
 #include "ranks.h"
 #include "subprocess.h"
 
@@ -112,6 +113,61 @@ std::string launch_error(const Env& env) {
     return e.what();
   }
   return "no error";
+}
+
+// srun without MASTER_ADDR / MASTER_PORT (what a Slurm user has): PyTorch Lightning's choice, the
+// step's first host and 15000 + the job id's last four digits, said in rendezvous_origin.
+TEST(Launch, SlurmWithoutMasterDerivesItFromTheNodeListAndTheJobId) {
+  const Env slurm = {{"SLURM_PROCID", "1"},
+                     {"SLURM_NTASKS", "4"},
+                     {"SLURM_JOB_ID", "1234567"},
+                     {"SLURM_JOB_NODELIST", "gpu[07-09],cpu1"},
+                     {"SLURM_STEP_NODELIST", "gpu[08-09]"}};
+  auto info = detect_launch(slurm);
+  EXPECT_EQ(info.master_addr, "gpu08");
+  EXPECT_EQ(info.master_port, 19567);
+  EXPECT_EQ(info.rendezvous_origin,
+            "MASTER_ADDR gpu08 from SLURM_STEP_NODELIST's first host, MASTER_PORT 19567 from "
+            "SLURM_JOB_ID 1234567");
+  auto set = slurm;
+  set["MASTER_ADDR"] = "login1";
+  set["MASTER_PORT"] = "29500";
+  info = detect_launch(set);
+  EXPECT_EQ(info.master_addr, "login1");
+  EXPECT_EQ(info.master_port, 29500);
+  EXPECT_EQ(info.rendezvous_origin, "");
+  set.erase("MASTER_ADDR");
+  EXPECT_EQ(detect_launch(set).rendezvous_origin,
+            "MASTER_ADDR gpu08 from SLURM_STEP_NODELIST's first host");
+  auto no_job = slurm;
+  no_job.erase("SLURM_JOB_ID");
+  EXPECT_NE(launch_error(no_job).find("MASTER_PORT is not set, and there is no SLURM_JOB_ID"),
+            std::string::npos);
+  auto bad_job = slurm;
+  bad_job["SLURM_JOB_ID"] = "12_3";
+  EXPECT_EQ(launch_error(bad_job),
+            "environment variable SLURM_JOB_ID='12_3': expected a number (to derive MASTER_PORT)");
+}
+
+TEST(Launch, FirstSlurmHostOfACompressedNodeList) {
+  using ddp::comm::first_slurm_host;
+  EXPECT_EQ(first_slurm_host("vm"), "vm");
+  EXPECT_EQ(first_slurm_host("n[01-04,07],gpu1"), "n01");
+  EXPECT_EQ(first_slurm_host("n[7,3-4]"), "n7");
+  EXPECT_EQ(first_slurm_host("rack[2-3]-node[05-06]"), "rack2-node05");
+  EXPECT_EQ(first_slurm_host("a1,b[1-2]"), "a1");
+  EXPECT_EQ(ddp::comm::slurm_port("7"), 15007);
+  EXPECT_EQ(ddp::comm::slurm_port("99999"), 24999);
+  EXPECT_THROW(first_slurm_host("n[01-02"), ddp::InputError);
+  EXPECT_THROW(first_slurm_host(""), ddp::InputError);
+}
+
+// The address gloo binds by default on several hosts: the source of the route to MASTER_ADDR.
+TEST(Launch, TheRouteToAnAddressNamesItsSourceAndInterface) {
+  const auto loopback = ddp::net::route_to("127.0.0.1");
+  EXPECT_EQ(loopback.source, "127.0.0.1");
+  EXPECT_EQ(loopback.interface, "lo");
+  EXPECT_EQ(ddp::net::route_to("no-such-host.invalid").source, "");
 }
 
 TEST(Launch, InconsistentEnvNamesTheVariable) {

@@ -38,16 +38,30 @@ struct LaunchInfo {
   // MASTER_ADDR:MASTER_PORT and the workers are its clients (TORCHELASTIC_USE_AGENT_STORE=True).
   bool agent_store = false;
   int restart_count = 0;  // TORCHELASTIC_RESTART_COUNT
+  // Where master_addr / master_port came from when the launch derived them (Slurm without
+  // MASTER_ADDR / MASTER_PORT), e.g. "MASTER_ADDR n01 from SLURM_STEP_NODELIST's first host,
+  // MASTER_PORT 15123 from SLURM_JOB_ID 4123"; "" when they were set.
+  std::string rendezvous_origin;
 };
 
 using Env = std::map<std::string, std::string>;
 Env current_env();
 
 // Reads the launch from `env`. The env contract (RANK and WORLD_SIZE set) wins over
-// OMPI_COMM_WORLD_* and SLURM_*, as torchrun's does. Throws InputError naming the variable for
-// a non-numeric value, RANK >= WORLD_SIZE, LOCAL_RANK >= LOCAL_WORLD_SIZE, or a missing
-// MASTER_ADDR / MASTER_PORT where a TCP store is needed (env contract and Slurm with world > 1).
+// OMPI_COMM_WORLD_* and SLURM_*, as torchrun's does. Under Slurm, MASTER_ADDR and MASTER_PORT
+// default to first_slurm_host() of the step's node list and slurm_port() of SLURM_JOB_ID, as in
+// PyTorch Lightning. Throws InputError naming the variable for a non-numeric value,
+// RANK >= WORLD_SIZE, LOCAL_RANK >= LOCAL_WORLD_SIZE, or a missing MASTER_ADDR / MASTER_PORT
+// where a TCP store is needed (env contract and Slurm with world > 1).
 LaunchInfo detect_launch(const Env& env);
+
+// The first host of a Slurm node list in its compressed form: "n[01-04,07],gpu1" -> "n01".
+// Throws InputError for an unclosed bracket or an empty list.
+std::string first_slurm_host(const std::string& nodelist);
+
+// Lightning's rendezvous port for a Slurm job: 15000 + the job id's last four digits (15000 to
+// 24999). Throws InputError naming SLURM_JOB_ID when it is not a number.
+int slurm_port(const std::string& job_id);
 
 // The backend for this launch and device: nccl on CUDA; on CPU mpi under mpirun, gloo under the
 // env contract or Slurm, local for world size 1.

@@ -70,6 +70,15 @@ int local_port(int fd);
 // "10.0.0.5:41234": the numeric address of a connected socket's peer; "?" when unknown.
 std::string peer_address(int fd);
 
+// The local side of the route to `host`: the address this host's packets to it leave from, and
+// the interface holding that address (as `ip route get` says). Empty fields when `host` does not
+// resolve or no route leads there.
+struct Route {
+  std::string source;     // numeric, e.g. "10.213.0.2"
+  std::string interface;  // e.g. "eth0"; "" when no interface holds `source`
+};
+Route route_to(const std::string& host);
+
 struct Listener {
   UniqueFd fd;
   std::string address;  // numeric, e.g. "127.0.0.1", "::" for every interface
