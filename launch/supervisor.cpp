@@ -181,6 +181,7 @@ class Supervisor {
     int port = o_.master_port;
     if (port == 0) port = one_host ? free_port() : 29500;
     if (o_.node_rank == 0 && (o_.master_port != 0 || !one_host)) check_port_free(port);
+    port_ = port;
     note(fmt::format("node {} of {}: starting {} worker(s) of {} (world size {}, master {}:{}{})",
                      o_.node_rank, o_.nnodes, o_.nproc, program_, o_.nnodes * o_.nproc,
                      o_.master_addr, port,
@@ -264,6 +265,7 @@ class Supervisor {
         const comm::RankEnds ended = ends_so_far();
         stop_group(SIGTERM);  // workers_ stays: the summary below reads it
         summarize(rank);
+        report_unreachable_master();
         report_flight_records(ended);
         return outcome;
       }
@@ -440,6 +442,18 @@ class Supervisor {
     }
   }
 
+  // On a node other than the first, a failure is often the network's: the line that says node 0
+  // cannot be reached from here turns "timed out" into "this link is down".
+  void report_unreachable_master() const {
+    if (o_.node_rank == 0) return;
+    const std::string reason =
+        net::unreachable_reason(o_.master_addr, port_, std::chrono::seconds(3));
+    if (!reason.empty()) {
+      note(fmt::format("node 0 (--master-addr {}:{}) cannot be reached from node {}: {}",
+                       o_.master_addr, port_, o_.node_rank, reason));
+    }
+  }
+
   void summarize(int failed_rank) {
     const Worker& w = *std::find_if(workers_.begin(), workers_.end(),
                                     [&](const Worker& x) { return x.rank == failed_rank; });
@@ -459,6 +473,7 @@ class Supervisor {
   std::string program_;
   std::map<std::string, std::string> inherited_;  // the launcher's environment
   std::vector<Worker> workers_;
+  int port_ = 0;  // the rendezvous port of the current group
   static inline int wake_read_fd_ = -1;
 };
 

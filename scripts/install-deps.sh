@@ -36,6 +36,7 @@ packages=(
   libopenblas0-openmp
   clang "libclang-rt-${major}-dev"
   universal-ctags
+  slurmctld slurmd slurm-client munge iproute2
 )
 
 missing=()

@@ -85,6 +85,9 @@ debian_root_run() {
     mount -t tmpfs -o mode=1777 shm "$dir/dev/shm" && _debian_root_mounts+=("$dir/dev/shm")
   fi
   cp -L /etc/resolv.conf "$dir/etc/resolv.conf" 2>/dev/null || true
+  # The host's name must resolve inside as well: Slurm 24.11's slurmctld answers a client (scancel)
+  # at the host name in its credential, and fails after 10 s where that name is unknown.
+  cp -L /etc/hosts "$dir/etc/hosts" 2>/dev/null || true
   local status=0
   chroot "$dir" /usr/bin/env -i HOME=/root TERM="${TERM:-dumb}" LANG=C.UTF-8 CI="${CI:-}" \
     PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "ddp/common/error.h"
 
 namespace ddp::comm {
@@ -29,6 +31,16 @@ milliseconds effective(milliseconds timeout) {
 // on the server itself.
 milliseconds with_margin(milliseconds timeout) {
   return effective(timeout) + std::chrono::seconds(10);
+}
+
+// A request that does not wait for keys (set, add, check, ...) is answered at once by a server
+// that is up. Past this, the server or the network to it is gone: a rank whose link went down
+// then ends within its collective timeout instead of the store's (the rendezvous timeout, 5
+// minutes by default), which the watchdog's progress updates would otherwise wait out.
+constexpr milliseconds kImmediateReplyWithin = std::chrono::seconds(10);
+
+milliseconds immediate(milliseconds timeout) {
+  return std::min(with_margin(timeout), kImmediateReplyWithin);
 }
 
 }  // namespace
@@ -70,6 +82,8 @@ StoreMessage StoreClient::request(const StoreMessage& message, milliseconds repl
     }
     const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
     if (!net::wait_readable(fd_.get(), left)) {
+      // A late reply would be read as the next request's: this connection is done.
+      fd_.reset();
       throw Error(fmt::format("{} did not answer within {} ms", where, reply_within.count()));
     }
     if (!net::receive_some(fd_.get(), in)) {
@@ -79,7 +93,7 @@ StoreMessage StoreClient::request(const StoreMessage& message, milliseconds repl
 }
 
 void StoreClient::set(const std::string& key, const std::vector<uint8_t>& value) {
-  request({StoreOp::kSet, {key, bytes_to_string(value)}}, with_margin(timeout_));
+  request({StoreOp::kSet, {key, bytes_to_string(value)}}, immediate(timeout_));
 }
 
 std::vector<uint8_t> StoreClient::compareSet(const std::string& key,
@@ -87,7 +101,7 @@ std::vector<uint8_t> StoreClient::compareSet(const std::string& key,
                                              const std::vector<uint8_t>& desired) {
   const auto reply =
       request({StoreOp::kCompareSet, {key, bytes_to_string(expected), bytes_to_string(desired)}},
-              with_margin(timeout_));
+              immediate(timeout_));
   return string_to_bytes(reply.fields.at(0));
 }
 
@@ -102,20 +116,20 @@ std::vector<uint8_t> StoreClient::get(const std::string& key) {
 }
 
 int64_t StoreClient::add(const std::string& key, int64_t value) {
-  const auto reply = request({StoreOp::kAdd, {key, std::to_string(value)}}, with_margin(timeout_));
+  const auto reply = request({StoreOp::kAdd, {key, std::to_string(value)}}, immediate(timeout_));
   return parse_integer(reply.fields.at(0));
 }
 
 bool StoreClient::deleteKey(const std::string& key) {
-  return request({StoreOp::kDelete, {key}}, with_margin(timeout_)).fields.at(0) == "1";
+  return request({StoreOp::kDelete, {key}}, immediate(timeout_)).fields.at(0) == "1";
 }
 
 bool StoreClient::check(const std::vector<std::string>& keys) {
-  return request({StoreOp::kCheck, keys}, with_margin(timeout_)).fields.at(0) == "1";
+  return request({StoreOp::kCheck, keys}, immediate(timeout_)).fields.at(0) == "1";
 }
 
 int64_t StoreClient::getNumKeys() {
-  return parse_integer(request({StoreOp::kNumKeys, {}}, with_margin(timeout_)).fields.at(0));
+  return parse_integer(request({StoreOp::kNumKeys, {}}, immediate(timeout_)).fields.at(0));
 }
 
 void StoreClient::wait(const std::vector<std::string>& keys) {

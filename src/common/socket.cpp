@@ -208,6 +208,25 @@ UniqueFd connect_tcp(const std::string& host, int port, milliseconds timeout,
   }
 }
 
+std::string unreachable_reason(const std::string& host, int port, milliseconds timeout) {
+  const Resolved found = resolve_tcp(host, port);
+  if (!found.addresses) return fmt::format("cannot resolve {}: {}", host, found.error);
+  const addrinfo& a = *found.addresses;
+  UniqueFd fd(::socket(a.ai_family, a.ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a.ai_protocol));
+  if (!fd) return errno_text();
+  if (::connect(fd.get(), a.ai_addr, a.ai_addrlen) == 0) return "";
+  if (errno == ECONNREFUSED) return "";  // a host that refuses is up and reachable
+  if (errno != EINPROGRESS) return errno_text();
+  pollfd p{fd.get(), POLLOUT, 0};
+  if (::poll(&p, 1, static_cast<int>(timeout.count())) == 0) {
+    return fmt::format("no answer within {} s", timeout.count() / 1000.0);
+  }
+  int error = 0;
+  socklen_t length = sizeof error;
+  ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &error, &length);
+  return error == 0 || error == ECONNREFUSED ? "" : std::strerror(error);
+}
+
 bool send_all(int fd, const std::string& bytes) {
   size_t sent = 0;
   while (sent < bytes.size()) {

@@ -101,6 +101,12 @@ UniqueFd accept_tcp(int listener);
 UniqueFd connect_tcp(const std::string& host, int port, std::chrono::milliseconds timeout,
                      const std::string& peer_name);
 
+// Why host:port cannot be reached within `timeout` ("no answer within 3 s", "No route to host",
+// "cannot resolve ..."); "" when the host answered, by accepting or by refusing the connection.
+// One attempt: a probe of the network, not of a server.
+std::string unreachable_reason(const std::string& host, int port,
+                               std::chrono::milliseconds timeout);
+
 // Sends all of `bytes` (no SIGPIPE); false when the peer is gone.
 bool send_all(int fd, const std::string& bytes);
 

@@ -1,0 +1,244 @@
+// Several hosts on this machine, played by network namespaces on a bridge (tests/support/netns.h):
+// two launchers as two nodes, and mpirun across the two, train as 4 ranks on one host do; gloo
+// finds the interface that reaches the master by itself; a link that goes down ends every rank.
+// Needs root and iproute2, as CI has.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <memory>
+#include <thread>
+
+#include "netns.h"
+#include "ranks.h"
+#include "run_files.h"
+#include "subprocess.h"
+
+namespace {
+
+using ddp::testing::Child;
+using ddp::testing::expect_same_weights;
+using ddp::testing::launcher_worker_pid;
+using ddp::testing::NetnsHosts;
+using ddp::testing::ProcessResult;
+using ddp::testing::TempDir;
+using std::chrono::seconds;
+using Clock = std::chrono::steady_clock;
+
+std::string config(const char* name) {
+  return std::string(DDP_SOURCE_DIR) + "/configs/" + name;
+}
+
+// launcher OPTIONS ddp_train ARGS
+std::vector<std::string> launch(std::vector<std::string> options, std::vector<std::string> args) {
+  std::vector<std::string> argv = {DDP_LAUNCHER_BIN};
+  argv.insert(argv.end(), options.begin(), options.end());
+  argv.push_back(DDP_TRAIN_BIN);
+  argv.insert(argv.end(), args.begin(), args.end());
+  return argv;
+}
+
+// A Fashion-MNIST MLP run of `epochs` on 1200 samples.
+std::vector<std::string> mlp_args(const std::string& out, int epochs) {
+  return {"--config",       config("fashion_mnist_mlp.yaml"),
+          "--data",         DDP_FASHION_MNIST_DIR,
+          "--train-subset", "1200",
+          "--batch-size",   "32",
+          "--epochs",       std::to_string(epochs),
+          "--output-dir",   out};
+}
+
+// The launcher of node `node` of 2 (2 workers each) in host `node`, the master on host 0.
+std::vector<std::string> node_launcher(const NetnsHosts& hosts, int node, int port,
+                                       const std::vector<std::string>& args) {
+  return hosts.in_host(
+      node, launch({"--nnodes", "2", "--node-rank", std::to_string(node), "--nproc", "2",
+                    "--master-addr", NetnsHosts::address(0), "--master-port", std::to_string(port)},
+                   args));
+}
+
+// The same secret on both nodes, as across real machines (else the launcher warns).
+const std::map<std::string, std::string> kJobEnv = {{"DDP_JOB_TOKEN", "hosts-test-token"}};
+
+// Network namespaces need root (CAP_SYS_ADMIN) and iproute2.
+bool can_make_hosts() {
+  return ::geteuid() == 0 &&
+         ddp::testing::run_process({"ip", "netns", "list"}, {}, seconds(10)).exit_code == 0;
+}
+
+TEST(Hosts, TwoLaunchersInTwoNamespacesTrainAsFourRanksOnOneHost) {
+  ASSERT_TRUE(can_make_hosts()) << "needs root and iproute2 (ip netns); CI runs as root";
+  NetnsHosts hosts(2);
+  TempDir nodes, node1_out, one_host;
+  const int port = ddp::testing::free_port();
+  // No GLOO_SOCKET_IFNAME: "vm" resolves to 127.0.0.1 here, so gloo must find the interface
+  // that routes to MASTER_ADDR by itself.
+  Child node0(node_launcher(hosts, 0, port, mlp_args(nodes.path(), 2)), kJobEnv);
+  Child node1(node_launcher(hosts, 1, port, mlp_args(node1_out.path(), 2)), kJobEnv);
+  const ProcessResult r1 = node1.wait_until(Clock::now() + seconds(180));
+  const ProcessResult r0 = node0.wait_until(Clock::now() + seconds(30));
+  ASSERT_EQ(r0.exit_code, 0) << r0.output;
+  ASSERT_EQ(r1.exit_code, 0) << r1.output;
+  EXPECT_NE(r0.output.find("[rank 0] "), std::string::npos) << r0.output;
+  EXPECT_NE(r0.output.find("launched by env: 4 rank(s), backend gloo"), std::string::npos)
+      << r0.output;
+  EXPECT_NE(
+      r0.output.find("gloo: interface " + NetnsHosts::ifname(0) + " (" + NetnsHosts::address(0) +
+                     ") routes to MASTER_ADDR " + NetnsHosts::address(0)),
+      std::string::npos)
+      << r0.output;
+  EXPECT_NE(r1.output.find("[launcher] rank 3: pid"), std::string::npos) << r1.output;
+
+  auto one = ddp::testing::run_process(launch({"--nproc", "4"}, mlp_args(one_host.path(), 2)), {},
+                                       seconds(180));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  // Rank 0 (node 0) writes the weights; gloo adds the same gradients in the same order whether
+  // its pairs are on loopback or a veth: bitwise equal.
+  expect_same_weights(nodes.file("model.pt"), one_host.file("model.pt"));
+}
+
+// Open MPI's rsh launcher runs `AGENT HOST COMMAND...` as it would run ssh, COMMAND being a line
+// for the remote shell; here HOST is a namespace's name and the "remote shell" runs inside it.
+// Each host gets its own TMPDIR under `dir`: the namespaces share this machine's /tmp and host
+// name, so their orteds would share one session directory (ompi.<hostname>.<uid>/jf.<job
+// family>) and overwrite each other's files there (seen: a segfault in
+// hwloc_shmem_topology_write, "PMIX ERROR: ... dstore_base.c at line 1709"); real hosts have a
+// /tmp each. Each call is logged to dir/agent.log, to show that both hosts were entered.
+std::string write_rsh_agent(const TempDir& dir) {
+  const std::string path = dir.file("netns-rsh");
+  ddp::testing::write_file(path, R"(#!/bin/sh
+dir=$(dirname "$0"); host=$1; shift
+echo "$host" >> "$dir/agent.log"
+mkdir -p "$dir/$host"
+exec nsenter --net=/run/netns/"$host" env TMPDIR="$dir/$host" sh -c "$*"
+)");
+  ::chmod(path.c_str(), 0755);
+  return path;
+}
+
+TEST(Hosts, MpirunAcrossTwoNamespacesTrainsWithTheMpiBackend) {
+  ASSERT_TRUE(can_make_hosts()) << "needs root and iproute2 (ip netns); CI runs as root";
+  NetnsHosts hosts(2);
+  TempDir dir, across, one_host;
+  const std::string agent = write_rsh_agent(dir);
+  const std::string subnet = NetnsHosts::subnet();
+  // mpirun stays in the root namespace: it reaches the orteds it starts in the namespaces (and
+  // they it) over the bridge's address, 10.213.0.254. The host names are the namespaces' names:
+  // not this machine's, so Open MPI starts an orted on each through the agent and sees 2 nodes.
+  // btl self,tcp is needed: the ranks of both namespaces report the same host name, so Open MPI
+  // takes them for one node and tries shared memory (vader) between them, which segfaults in
+  // mca_btl_vader_poll_handle_frag. The orteds' (oob) and the ranks' (btl) TCP keep to the test
+  // subnet, as a job would keep to its cluster network (not needed here, where the namespaces
+  // have no other interface, but the root namespace's mpirun has).
+  std::vector<std::string> argv = {DDP_MPIEXEC,
+                                   "--allow-run-as-root",
+                                   "--oversubscribe",
+                                   "-np",
+                                   "4",
+                                   "--host",
+                                   NetnsHosts::name(0) + ":2," + NetnsHosts::name(1) + ":2",
+                                   "--mca",
+                                   "plm_rsh_agent",
+                                   agent,
+                                   "--mca",
+                                   "oob_tcp_if_include",
+                                   subnet,
+                                   "--mca",
+                                   "btl",
+                                   "self,tcp",
+                                   "--mca",
+                                   "btl_tcp_if_include",
+                                   subnet,
+                                   DDP_TRAIN_BIN};
+  const auto args = mlp_args(across.path(), 2);
+  argv.insert(argv.end(), args.begin(), args.end());
+  const ProcessResult r = ddp::testing::run_process(argv, {}, seconds(180));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("launched by mpirun: 4 rank(s), backend mpi"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("PMIX ERROR"), std::string::npos) << r.output;
+  const std::string agent_log = ddp::testing::read_file(dir.file("agent.log"));
+  EXPECT_NE(agent_log.find(NetnsHosts::name(0) + "\n"), std::string::npos) << agent_log;
+  EXPECT_NE(agent_log.find(NetnsHosts::name(1) + "\n"), std::string::npos) << agent_log;
+
+  std::vector<std::string> under_mpirun = mlp_args(one_host.path(), 2);
+  under_mpirun.insert(under_mpirun.begin(), DDP_TRAIN_BIN);
+  const ProcessResult one = ddp::testing::run_mpirun(4, under_mpirun, seconds(180));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  // Open MPI's allreduce picks its algorithm by the communicator's size and the message's, not by
+  // the transport: tcp across hosts and shared memory on one add in the same order, bitwise.
+  expect_same_weights(across.file("model.pt"), one_host.file("model.pt"));
+}
+
+// A network that fails under a running job: host 1's cable pulled after epoch 1's checkpoint.
+// Nothing is sent back (no reset, no ICMP): every rank only sees its collective time out.
+TEST(Hosts, ALinkDownEndsEveryRankWithinTheCommTimeout) {
+  ASSERT_TRUE(can_make_hosts()) << "needs root and iproute2 (ip netns); CI runs as root";
+  NetnsHosts hosts(2);
+  TempDir out0, out1;
+  const int port = ddp::testing::free_port();
+  auto args = [](const TempDir& out) {
+    auto a = mlp_args(out.path(), 200);
+    a.insert(a.end(), {"--comm-timeout", "20", "--save-every", "1"});
+    return a;
+  };
+  Child node0(node_launcher(hosts, 0, port, args(out0)), kJobEnv);
+  Child node1(node_launcher(hosts, 1, port, args(out1)), kJobEnv);
+  ASSERT_TRUE(node0.wait_for_output("checkpoint after epoch 1: ", Clock::now() + seconds(120)))
+      << node0.output();
+  std::vector<int> workers;
+  for (int rank = 0; rank < 4; ++rank) {
+    workers.push_back(launcher_worker_pid((rank < 2 ? node0 : node1).output(), rank));
+    ASSERT_GT(workers.back(), 0) << node0.output() << node1.output();
+  }
+  hosts.set_link(1, false);
+  const auto down = Clock::now();
+  const auto deadline = down + seconds(20 + 15);
+
+  // When each rank ends (the launchers reap them), measured from the link going down.
+  std::vector<double> ended(4, -1.0);
+  for (int left = 4; left > 0 && Clock::now() < deadline;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    for (int rank = 0; rank < 4; ++rank) {
+      if (ended[rank] < 0 && !ddp::testing::process_alive(workers[rank])) {
+        ended[rank] = std::chrono::duration<double>(Clock::now() - down).count();
+        --left;
+      }
+    }
+  }
+  for (int rank = 0; rank < 4; ++rank) {
+    if (ended[rank] < 0) {
+      std::printf("[ hosts    ] rank %d: still running at the deadline\n", rank);
+    } else {
+      std::printf("[ hosts    ] rank %d: ended %.1f s after the link went down\n", rank,
+                  ended[rank]);
+    }
+    EXPECT_GE(ended[rank], 0.0) << "rank " << rank << " still runs 35 s after the link went down";
+  }
+  const ProcessResult r0 = node0.wait_until(std::max(deadline, Clock::now() + seconds(5)));
+  const ProcessResult r1 = node1.wait_until(std::max(deadline, Clock::now() + seconds(5)));
+  std::printf("[ hosts    ] launchers ended %.1f s after the link went down\n",
+              std::chrono::duration<double>(Clock::now() - down).count());
+  EXPECT_FALSE(r0.timed_out) << r0.output;
+  EXPECT_FALSE(r1.timed_out) << r1.output;
+  EXPECT_NE(r0.exit_code, 0) << r0.output;
+  EXPECT_NE(r1.exit_code, 0) << r1.output;
+  // Node 0 can tell that its collectives timed out; node 1, that node 0 cannot be reached.
+  EXPECT_NE(r0.output.find("timed out after 20 s on backend gloo"), std::string::npos) << r0.output;
+  EXPECT_NE(r0.output.find("failed first"), std::string::npos) << r0.output;
+  EXPECT_NE(r1.output.find("node 0 (--master-addr " + NetnsHosts::address(0) + ":" +
+                           std::to_string(port) + ") cannot be reached from node 1: "),
+            std::string::npos)
+      << r1.output;
+  EXPECT_TRUE(hosts.pids(0).empty());
+  EXPECT_TRUE(hosts.pids(1).empty());
+  // The checkpoint of the last whole epoch is intact.
+  EXPECT_NO_THROW(ddp::train::read_pt_file(out0.file("checkpoint.pt")));
+  if (HasFailure()) {
+    std::printf("[ hosts    ] node 0's launcher:\n%s[ hosts    ] node 1's launcher:\n%s",
+                r0.output.c_str(), r1.output.c_str());
+  }
+}
+
+}  // namespace
