@@ -14,9 +14,11 @@
 #include "ddp/train/checkpoint.h"
 #include "run_files.h"
 #include "subprocess.h"
+#include "train_args.h"
 
 namespace {
 
+using ddp::testing::config;
 using ddp::testing::Child;
 using ddp::testing::expect_same_weights;
 using ddp::testing::launcher_worker_pid;
@@ -26,10 +28,6 @@ using ddp::testing::TempDir;
 using std::chrono::seconds;
 using Clock = std::chrono::steady_clock;
 namespace fs = std::filesystem;
-
-std::string config(const char* name) {
-  return std::string(DDP_SOURCE_DIR) + "/configs/" + name;
-}
 
 // launcher --nproc 2 ddp_train: the DataParallel tutorial's Linear model, 10 epochs of 4 steps
 // (100 samples, 15 per rank and step), a checkpoint after every epoch.

@@ -14,9 +14,13 @@
 #include "ranks.h"
 #include "run_files.h"
 #include "subprocess.h"
+#include "train_args.h"
 
 namespace {
 
+using ddp::testing::config;
+using ddp::testing::launch;
+using ddp::testing::mlp_args;
 using ddp::testing::Child;
 using ddp::testing::expect_same_weights;
 using ddp::testing::launcher_worker_pid;
@@ -26,36 +30,14 @@ using ddp::testing::TempDir;
 using std::chrono::seconds;
 using Clock = std::chrono::steady_clock;
 
-std::string config(const char* name) {
-  return std::string(DDP_SOURCE_DIR) + "/configs/" + name;
-}
-
-// launcher OPTIONS ddp_train ARGS
-std::vector<std::string> launch(std::vector<std::string> options, std::vector<std::string> args) {
-  std::vector<std::string> argv = {DDP_LAUNCHER_BIN};
-  argv.insert(argv.end(), options.begin(), options.end());
-  argv.push_back(DDP_TRAIN_BIN);
-  argv.insert(argv.end(), args.begin(), args.end());
-  return argv;
-}
-
-// A Fashion-MNIST MLP run of `epochs` on 1200 samples.
-std::vector<std::string> mlp_args(const std::string& out, int epochs) {
-  return {"--config",       config("fashion_mnist_mlp.yaml"),
-          "--data",         DDP_FASHION_MNIST_DIR,
-          "--train-subset", "1200",
-          "--batch-size",   "32",
-          "--epochs",       std::to_string(epochs),
-          "--output-dir",   out};
-}
-
 // The launcher of node `node` of 2 (2 workers each) in host `node`, the master on host 0.
 std::vector<std::string> node_launcher(const NetnsHosts& hosts, int node, int port,
-                                       const std::vector<std::string>& args) {
-  return hosts.in_host(
-      node, launch({"--nnodes", "2", "--node-rank", std::to_string(node), "--nproc", "2",
-                    "--master-addr", NetnsHosts::address(0), "--master-port", std::to_string(port)},
-                   args));
+                                       const std::vector<std::string>& args,
+                                       std::vector<std::string> options = {}) {
+  options.insert(options.end(), {"--nnodes", "2", "--node-rank", std::to_string(node), "--nproc",
+                                 "2", "--master-addr", NetnsHosts::address(0), "--master-port",
+                                 std::to_string(port)});
+  return hosts.in_host(node, launch(options, args));
 }
 
 // The same secret on both nodes, as across real machines (else the launcher warns).
@@ -239,6 +221,42 @@ TEST(Hosts, ALinkDownEndsEveryRankWithinTheCommTimeout) {
     std::printf("[ hosts    ] node 0's launcher:\n%s[ hosts    ] node 1's launcher:\n%s",
                 r0.output.c_str(), r1.output.c_str());
   }
+}
+
+// The same pull with --max-restarts 1 and the cable back once the ranks have ended: both
+// launchers restart their groups, which meet again at node 0 and resume from the last checkpoint
+// in the shared output directory (a cluster's shared file system), and the job ends with the
+// weights of a run that was never interrupted.
+TEST(Hosts, WithARestartAndTheLinkBackTheJobEndsAsAnUninterruptedRun) {
+  ASSERT_TRUE(can_make_hosts()) << "needs root and iproute2 (ip netns); CI runs as root";
+  NetnsHosts hosts(2);
+  TempDir shared, whole;
+  const int port = ddp::testing::free_port();
+  auto args = mlp_args(shared.path(), 10);
+  args.insert(args.end(), {"--comm-timeout", "20"});
+  auto node = [&](int i) { return node_launcher(hosts, i, port, args, {"--max-restarts", "1"}); };
+  Child node0(node(0), kJobEnv), node1(node(1), kJobEnv);
+  ASSERT_TRUE(node0.wait_for_output("checkpoint after epoch 1: ", Clock::now() + seconds(120)))
+      << node0.output();
+  hosts.set_link(1, false);
+  ASSERT_TRUE(node0.wait_for_output("restarting the workers (1 of 1 restarts)",
+                                    Clock::now() + seconds(60)))
+      << node0.output();
+  ASSERT_TRUE(node1.wait_for_output("restarting the workers (1 of 1 restarts)",
+                                    Clock::now() + seconds(60)))
+      << node1.output();
+  hosts.set_link(1, true);
+  const ProcessResult r0 = node0.wait_until(Clock::now() + seconds(180));
+  const ProcessResult r1 = node1.wait_until(Clock::now() + seconds(30));
+  ASSERT_EQ(r0.exit_code, 0) << r0.output;
+  ASSERT_EQ(r1.exit_code, 0) << r1.output;
+  EXPECT_NE(r0.output.find("resumed from " + shared.file("checkpoint-epoch-")), std::string::npos)
+      << r0.output;
+
+  const auto uninterrupted = ddp::testing::run_process(
+      launch({"--nproc", "4"}, mlp_args(whole.path(), 10)), {}, seconds(180));
+  ASSERT_EQ(uninterrupted.exit_code, 0) << uninterrupted.output;
+  expect_same_weights(shared.file("model.pt"), whole.file("model.pt"));
 }
 
 }  // namespace

@@ -16,9 +16,13 @@
 #include "ranks.h"
 #include "run_files.h"
 #include "subprocess.h"
+#include "train_args.h"
 
 namespace {
 
+using ddp::testing::config;
+using ddp::testing::launch;
+using ddp::testing::mlp_args;
 using ddp::testing::Child;
 using ddp::testing::expect_same_weights;
 using ddp::testing::launcher_worker_pid;
@@ -28,29 +32,6 @@ using ddp::testing::ProcessResult;
 using ddp::testing::TempDir;
 using std::chrono::seconds;
 using Clock = std::chrono::steady_clock;
-
-std::string config(const char* name) {
-  return std::string(DDP_SOURCE_DIR) + "/configs/" + name;
-}
-
-// launcher OPTIONS ddp_train ARGS
-std::vector<std::string> launch(std::vector<std::string> options, std::vector<std::string> args) {
-  std::vector<std::string> argv = {DDP_LAUNCHER_BIN};
-  argv.insert(argv.end(), options.begin(), options.end());
-  argv.push_back(DDP_TRAIN_BIN);
-  argv.insert(argv.end(), args.begin(), args.end());
-  return argv;
-}
-
-// A Fashion-MNIST MLP run of `epochs` on 1200 samples.
-std::vector<std::string> mlp_args(const std::string& out, int epochs) {
-  return {"--config",       config("fashion_mnist_mlp.yaml"),
-          "--data",         DDP_FASHION_MNIST_DIR,
-          "--train-subset", "1200",
-          "--batch-size",   "32",
-          "--epochs",       std::to_string(epochs),
-          "--output-dir",   out};
-}
 
 TEST(Launcher, FourWorkersTrainAsMpirunsFourRanks) {
   TempDir a, b;

@@ -17,9 +17,12 @@
 
 #include "run_files.h"
 #include "subprocess.h"
+#include "train_args.h"
 
 namespace {
 
+using ddp::testing::config;
+using ddp::testing::mlp_args;
 using ddp::testing::expect_same_weights;
 using ddp::testing::process_alive;
 using ddp::testing::ProcessResult;
@@ -28,16 +31,6 @@ using std::chrono::seconds;
 using Clock = std::chrono::steady_clock;
 
 const std::string kClusterScript = std::string(DDP_SOURCE_DIR) + "/tests/scripts/slurm_cluster.sh";
-
-// A Fashion-MNIST MLP run of `epochs` on 1200 samples.
-std::vector<std::string> mlp_args(const std::string& out, int epochs) {
-  return {"--config",       std::string(DDP_SOURCE_DIR) + "/configs/fashion_mnist_mlp.yaml",
-          "--data",         DDP_FASHION_MNIST_DIR,
-          "--train-subset", "1200",
-          "--batch-size",   "32",
-          "--epochs",       std::to_string(epochs),
-          "--output-dir",   out};
-}
 
 // `program` followed by `args`.
 std::vector<std::string> command(std::vector<std::string> program,

@@ -1,0 +1,38 @@
+#pragma once
+// The command lines the launcher, Slurm and several-hosts tests share: a config of this source
+// tree, the short Fashion-MNIST MLP run, and `launcher OPTIONS ddp_train ARGS`. Header-only; the
+// paths are the test definitions of tests/CMakeLists.txt.
+
+#include <string>
+#include <vector>
+
+namespace ddp::testing {
+
+// configs/<name> of this source tree.
+inline std::string config(const char* name) {
+  return std::string(DDP_SOURCE_DIR) + "/configs/" + name;
+}
+
+// A Fashion-MNIST MLP run of `epochs` on 1200 samples, batch 32 per rank, written to `out`.
+inline std::vector<std::string> mlp_args(const std::string& out, int epochs) {
+  return {"--config",       config("fashion_mnist_mlp.yaml"),
+          "--data",         DDP_FASHION_MNIST_DIR,
+          "--train-subset", "1200",
+          "--batch-size",   "32",
+          "--epochs",       std::to_string(epochs),
+          "--output-dir",   out};
+}
+
+#ifdef DDP_LAUNCHER_BIN
+// launcher OPTIONS ddp_train ARGS
+inline std::vector<std::string> launch(const std::vector<std::string>& options,
+                                       const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {DDP_LAUNCHER_BIN};
+  argv.insert(argv.end(), options.begin(), options.end());
+  argv.push_back(DDP_TRAIN_BIN);
+  argv.insert(argv.end(), args.begin(), args.end());
+  return argv;
+}
+#endif
+
+}  // namespace ddp::testing
