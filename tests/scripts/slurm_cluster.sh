@@ -12,8 +12,8 @@
 #       cancels the cluster's jobs, stops the daemons and whatever process still belongs to the
 #       cluster; idempotent, never fails (nothing to do when DIR is gone).
 #
-# The node has a fake GRES of 4 GPUs (no device files), so that job scripts written for GPU nodes
-# (--gpus-per-node=4) are accepted as they are; the tasks simply see no GPU.
+# The node has a fake GRES of 4 GPUs (device files linked to /dev/null), so that job scripts for
+# GPU nodes (--gpus-per-node=4) are accepted as they are; the tasks simply see no GPU.
 set -euo pipefail
 
 usage() {
