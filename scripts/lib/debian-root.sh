@@ -70,6 +70,9 @@ debian_root_run() {
   local dir="$1" command="$2"
   _debian_root_unmount_all "$dir"
   trap _debian_root_unmount EXIT
+  # The root a mount point of its own: `ip netns` and `ip -n` remount "/" (--make-rslave), which
+  # fails with EINVAL where "/" is a mere directory.
+  mount --bind "$dir" "$dir" && _debian_root_mounts+=("$dir")
   mount -t proc proc "$dir/proc" && _debian_root_mounts+=("$dir/proc")
   mount --rbind /sys "$dir/sys" && _debian_root_mounts+=("$dir/sys")
   mount --rbind /dev "$dir/dev" && _debian_root_mounts+=("$dir/dev")
