@@ -126,18 +126,16 @@ std::string peer_address(int fd) {
 
 Route route_to(const std::string& host) {
   Route route;
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* found = nullptr;
-  if (::getaddrinfo(host.c_str(), "9", &hints, &found) != 0) return route;
-  std::shared_ptr<addrinfo> owner(found, ::freeaddrinfo);
+  const Resolved found = resolve_tcp(host, 9);  // any port: only the address serves
+  if (!found.addresses) return route;
+  const addrinfo& a = *found.addresses;
   // connect(2) on a UDP socket sends nothing: it only asks the kernel's routing table which
   // local address would be the source, which getsockname(2) then reads.
-  UniqueFd fd(::socket(found->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  UniqueFd fd(::socket(a.ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0));
   sockaddr_storage local{};
   socklen_t length = sizeof local;
   char address[NI_MAXHOST];
-  if (!fd || ::connect(fd.get(), found->ai_addr, found->ai_addrlen) != 0 ||
+  if (!fd || ::connect(fd.get(), a.ai_addr, a.ai_addrlen) != 0 ||
       ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&local), &length) != 0 ||
       ::getnameinfo(reinterpret_cast<sockaddr*>(&local), length, address, sizeof address, nullptr,
                     0, NI_NUMERICHOST) != 0) {

@@ -21,7 +21,7 @@
 
 namespace {
 
-using ddp::testing::config;
+using ddp::testing::launch;
 using ddp::testing::mlp_args;
 using ddp::testing::expect_same_weights;
 using ddp::testing::process_alive;
@@ -144,8 +144,7 @@ TEST_F(Slurm, SrunTrainsTheMlpOnTwoRanksWithoutMasterAddr) {
 
   // The same world under the launcher trains the same weights.
   const auto launched =
-      ddp::testing::run_process(command({DDP_LAUNCHER_BIN, "--nproc", "2", DDP_TRAIN_BIN},
-                                        mlp_args(under_launcher.path(), 1)),
+      ddp::testing::run_process(launch({"--nproc", "2"}, mlp_args(under_launcher.path(), 1)),
                                 {}, seconds(240));
   ASSERT_EQ(launched.exit_code, 0) << launched.output;
   expect_same_weights(under_srun.file("model.pt"), under_launcher.file("model.pt"));
