@@ -135,7 +135,6 @@ CollectiveInfo ProcessGroup::next_info(std::string op, const at::Tensor* tensor)
     info.numel = tensor->numel();
     info.dtype = dtype_name(tensor->scalar_type());
   }
-  if (issue_hook_) issue_hook_(info);
   const auto bytes = tensor == nullptr ? int64_t{0} : static_cast<int64_t>(tensor->nbytes());
   bytes_issued_ += bytes;
   // Recorded as issued before the backend sees it: a backend call that blocks shows as waiting.

@@ -9,7 +9,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <mutex>
 #include <sstream>
 
 #include "ddp/common/error.h"
@@ -31,16 +30,6 @@ struct Fd {
   }
 };
 
-// set_write_chunk_hook()'s, guarded: writers run on several threads (the training loop's
-// checkpoints, the watchdog's flight records).
-std::mutex g_hook_mutex;
-WriteChunkHook g_write_chunk_hook;
-
-WriteChunkHook write_chunk_hook() {
-  const std::lock_guard<std::mutex> lock(g_hook_mutex);
-  return g_write_chunk_hook;
-}
-
 // Removes `<name>.tmp-*` beside `path`: what a writer killed in the middle left behind.
 void remove_stale_temp_files(const fs::path& path) {
   const std::string stem = path.filename().string() + ".tmp-";
@@ -51,9 +40,10 @@ void remove_stale_temp_files(const fs::path& path) {
   }
 }
 
+// In chunks of 64 KiB: a test (tests/support/slow_writes.c, preloaded) slows each write(2)
+// down to kill a writer in the middle of a file.
 void write_all(int fd, std::string_view contents, const std::string& temp) {
   constexpr size_t kChunk = 64 * 1024;
-  const WriteChunkHook hook = write_chunk_hook();
   size_t done = 0;
   while (done < contents.size()) {
     const size_t n = std::min(kChunk, contents.size() - done);
@@ -67,16 +57,10 @@ void write_all(int fd, std::string_view contents, const std::string& temp) {
                                    : ""));
     }
     done += static_cast<size_t>(written);
-    if (hook) hook();
   }
 }
 
 }  // namespace
-
-void set_write_chunk_hook(WriteChunkHook hook) {
-  const std::lock_guard<std::mutex> lock(g_hook_mutex);
-  g_write_chunk_hook = std::move(hook);
-}
 
 void write_file_atomically(const std::string& path, std::string_view contents) {
   const fs::path target(path);

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include "ddp/common/error.h"
+#include "torch_compat.h"
 
 namespace ddp::core {
 namespace {
@@ -28,13 +29,10 @@ class GradReadyHook : public torch::autograd::FunctionPostHook {
   size_t index_;
 };
 
-using Accumulator =
-    decltype(torch::autograd::impl::grad_accumulator(std::declval<const torch::Tensor&>()));
-
 }  // namespace
 
 struct Reducer::Hooks {
-  std::vector<Accumulator> accumulators;  // kept alive: autograd holds them only weakly
+  std::vector<compat::GradAccumulator> accumulators;  // kept alive: autograd holds them only weakly
   std::vector<uintptr_t> keys;
 };
 

@@ -25,7 +25,6 @@
 #include "ddp/data/loader.h"
 #include "ddp/train/progress.h"
 #include "ddp/train/state_dict.h"
-#include "fault_injector.h"
 #include "phase.h"
 
 namespace ddp::train {
@@ -209,13 +208,12 @@ Phase step_phase(comm::ProcessGroup& group, Timeline* timeline, const char* name
 
 }  // namespace
 
-Trainer::Trainer(Config config) : Trainer(std::move(config), comm::current_env()) {}
+Trainer::Trainer(Config config) : Trainer(std::move(config), Distributed{}) {}
 
-Trainer::Trainer(Config config, const comm::Env& env)
+Trainer::Trainer(Config config, Distributed dist)
     : config_(prepared(std::move(config))),
-      dist_(init_distributed(config_, env)),
-      faults_(std::make_unique<FaultInjector>(env, dist_.launch.restart_count, *dist_.group)),
-      watchdog_(start_watchdog(config_, dist_, env)) {
+      dist_(dist.group ? std::move(dist) : init_distributed(config_, comm::current_env())),
+      watchdog_(start_watchdog(config_, dist_, comm::current_env())) {
   if (!config_.timeline.empty()) timeline_ = std::make_unique<Timeline>();
   progress_style_ =
       progress_style(config_.progress, ::isatty(STDOUT_FILENO) != 0,
@@ -414,7 +412,6 @@ struct Trainer::EpochPass {
 
 bool Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
   EpochPass pass = begin_epoch(epoch);
-  Timeline* timeline = timeline_.get();  // nullptr: no --timeline
   // --uneven: a rank out of batches joins the others' steps until all are done (core/join.h).
   if (config_.uneven) model_->begin_join();
   while (std::optional<std::vector<data::Batch>> batches = next_step_batches(pass)) {
@@ -422,40 +419,10 @@ bool Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
     set_lr(optimizer(), m.lr);
     model_->zero_grad();  // dropped: the next backward's gradients become .grad (see the header)
 
-    // Forward and backward of each micro-batch (one without --grad-accum-steps); the last
-    // backward reduces the sum of their gradients, each all-reduced bucket as it is ready.
-    int64_t samples = 0;
-    for (const auto& batch : *batches) samples += batch.size();
-    auto loss_sum = torch::zeros({}, torch::TensorOptions(torch::kDouble).device(dist_.device));
-    for (size_t i = 0; i < batches->size(); ++i) {
-      const bool last = i + 1 == batches->size();
-      loss_sum += forward_backward(pass, (*batches)[i], samples, /*sync=*/last);
-    }
-    // Finalize, the reducer's at backward's end (it waited for every bucket and wrote the
-    // averages into .grad): onto the timeline.
-    if (timeline) record_reducer(*timeline, model_->reducer().last_iteration(), step_ + 1);
-    pass.grad_bytes += gradient_bytes(model_->reducer().last_iteration());
-
-    // Step, after --clip-grad-norm on the reduced gradients (the same on every rank).
-    {
-      const Phase phase(*dist_.group, "", timeline, "optimizer step", "compute", step_ + 1);
-      // --amp fp16: the true gradients first, and whether any rank has an inf or NaN in them.
-      if (scaler_) scaler_->unscale_(*optimizer_);
-      if (config_.clip_grad_norm > 0) {
-        torch::nn::utils::clip_grad_norm_(workload_.module->parameters(), config_.clip_grad_norm);
-      }
-      if (scaler_) {
-        // Skipped on every rank after an inf or NaN, with the scale halved (PyTorch's rule).
-        if (!scaler_->step(*optimizer_)) log::debug("step {}: skipped (inf or NaN)", step_ + 1);
-        scaler_->update();
-      } else if (zero_) {
-        zero_->step();  // this rank's shard, then each shard broadcast from its owner
-      } else {
-        optimizer_->step();
-      }
-    }
+    // Forward and backward of each micro-batch; the last backward reduces their gradients.
+    const auto [loss_sum, samples] = step_gradients(pass, *batches);
+    optimizer_step();  // on the reduced gradients, the same on every rank
     ++step_;
-    faults_->after_step(step_, *workload_.module);  // the DDP_TEST_* hooks: none in production
 
     // Every check_params_every steps: are the ranks still training the same model?
     if (config_.check_params_every > 0 && step_ % config_.check_params_every == 0) {
@@ -471,6 +438,41 @@ bool Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
   }
   end_epoch(pass, m);
   return true;
+}
+
+std::pair<torch::Tensor, int64_t> Trainer::step_gradients(EpochPass& pass,
+                                                          const std::vector<data::Batch>& batches) {
+  int64_t samples = 0;
+  for (const auto& batch : batches) samples += batch.size();
+  auto loss_sum = torch::zeros({}, torch::TensorOptions(torch::kDouble).device(dist_.device));
+  for (size_t i = 0; i < batches.size(); ++i) {
+    const bool last = i + 1 == batches.size();
+    loss_sum += forward_backward(pass, batches[i], samples, /*sync=*/last);
+  }
+  // Finalize, the reducer's at backward's end (it waited for every bucket and wrote the averages
+  // into .grad): onto the timeline.
+  const auto& reduced = model_->reducer().last_iteration();
+  if (timeline_) record_reducer(*timeline_, reduced, step_ + 1);
+  pass.grad_bytes += gradient_bytes(reduced);
+  return {loss_sum, samples};
+}
+
+void Trainer::optimizer_step() {
+  const Phase phase(*dist_.group, "", timeline_.get(), "optimizer step", "compute", step_ + 1);
+  // --amp fp16: the true gradients first, and whether any rank has an inf or NaN in them.
+  if (scaler_) scaler_->unscale_(*optimizer_);
+  if (config_.clip_grad_norm > 0) {
+    torch::nn::utils::clip_grad_norm_(workload_.module->parameters(), config_.clip_grad_norm);
+  }
+  if (scaler_) {
+    // Skipped on every rank after an inf or NaN, with the scale halved (PyTorch's rule).
+    if (!scaler_->step(*optimizer_)) log::debug("step {}: skipped (inf or NaN)", step_ + 1);
+    scaler_->update();
+  } else if (zero_) {
+    zero_->step();  // this rank's shard, then each shard broadcast from its owner
+  } else {
+    optimizer_->step();
+  }
 }
 
 torch::Tensor Trainer::forward_backward(EpochPass& pass, const data::Batch& batch,

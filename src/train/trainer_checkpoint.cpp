@@ -211,6 +211,18 @@ const at::Tensor& Trainer::zero_state_of(const Checkpoint& c, const std::string&
 }
 
 void Trainer::apply(const Checkpoint& c, const std::string& path) {
+  check_resumable(c, path);  // may change the batch size per rank
+  load_state_dict(*workload_.module, c.model, path);
+  load_training_state(c, path);
+  step_ = c.step;
+  start_epoch_ = c.epoch;
+  start_epoch_step_ = c.epoch_step;
+  log::info(
+      "resumed from {}: epoch {}, step {}{}", path, c.epoch, c.step,
+      c.epoch_step == 0 ? "" : fmt::format(" ({} steps into epoch {})", c.epoch_step, c.epoch + 1));
+}
+
+void Trainer::check_resumable(const Checkpoint& c, const std::string& path) {
   if (c.optimizer != to_string(config_.optimizer)) {
     throw InputError(fmt::format("{}: saved with optimizer '{}', but the run uses '{}'", path,
                                  c.optimizer, to_string(config_.optimizer)));
@@ -238,8 +250,9 @@ void Trainer::apply(const Checkpoint& c, const std::string& path) {
       log::warn("{}: resuming with a changed setting, {}", path, change);
     }
   }
+}
 
-  load_state_dict(*workload_.module, c.model, path);
+void Trainer::load_training_state(const Checkpoint& c, const std::string& path) {
   const at::Tensor& state = zero_state_of(c, path);
   try {
     std::istringstream in(std::string(static_cast<const char*>(state.data_ptr()),
@@ -263,12 +276,6 @@ void Trainer::apply(const Checkpoint& c, const std::string& path) {
     throw InputError(
         fmt::format("{}: the RNG state cannot be restored: {}", path, first_line_of(e)));
   }
-  step_ = c.step;
-  start_epoch_ = c.epoch;
-  start_epoch_step_ = c.epoch_step;
-  log::info(
-      "resumed from {}: epoch {}, step {}{}", path, c.epoch, c.step,
-      c.epoch_step == 0 ? "" : fmt::format(" ({} steps into epoch {})", c.epoch_step, c.epoch + 1));
 }
 
 }  // namespace ddp::train

@@ -201,8 +201,10 @@ TEST(CheckpointTrain, InformerResumesBitwiseThoughEvaluationsDiffered) {
 
 TEST(CheckpointTrain, AKillDuringASaveLeavesThePreviousCheckpointLoadable) {
   TempDir out;
-  // Each 64 KiB of a write takes 30 ms: a save of the 2.1 MB MLP takes about 2 s.
-  ddp::testing::Child child(mlp_job(out.path(), 3), {{"DDP_TEST_WRITE_DELAY_MS", "30"}});
+  // Each 64 KiB of an atomic write takes 30 ms more (tests/support/slow_writes.c, preloaded): a
+  // save of the 2.1 MB MLP takes about 2 s.
+  ddp::testing::Child child(mlp_job(out.path(), 3),
+                            {{"LD_PRELOAD", DDP_SLOW_WRITES_LIB}, {"DDP_SLOW_WRITES_MS", "30"}});
   const auto deadline = std::chrono::steady_clock::now() + seconds(90);
   bool saving_second = false;
   while (!saving_second && std::chrono::steady_clock::now() < deadline) {

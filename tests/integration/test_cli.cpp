@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <map>
 #include <regex>
 
 #include "ddp/comm/rendezvous.h"
@@ -64,6 +65,28 @@ TEST(Cli, ConfigFileWithCommandLineOverride) {
   EXPECT_NE(resolved.find("epochs: 2\n"), std::string::npos) << resolved;
   const auto metrics = ddp::testing::read_file(dir.file("metrics.jsonl"));
   EXPECT_EQ(std::count(metrics.begin(), metrics.end(), '\n'), 2) << metrics;
+}
+
+// The variables of the test hooks ddp_train once read (its faults now live in the tests'
+// ddp_fault_train): a user who sets them gets a plain run. Any of them acted on would kill the run
+// (SIGKILL, SIGTERM with --checkpoint-on-signal: exit 143), fail it (a perturbed parameter under
+// --check-params-every), or hold it past the 60 s limit (a 600 s delay).
+TEST(Cli, TheOldTestHookVariablesDoNothing) {
+  TempDir dir;
+  const std::map<std::string, std::string> env = {
+      {"DDP_TEST_CRASH_AT_STEP", "3"},   {"DDP_TEST_CRASH_RANK", "0"},
+      {"DDP_TEST_SIGTERM_AT_STEP", "2"}, {"DDP_TEST_SIGTERM_RANK", "0"},
+      {"DDP_TEST_PERTURB_AT_STEP", "1"}, {"DDP_TEST_PERTURB_RANK", "0"},
+      {"DDP_TEST_DELAY_SEQ", "3"},       {"DDP_TEST_DELAY_RANK", "0"},
+      {"DDP_TEST_DELAY_S", "600"},       {"DDP_TEST_WRITE_DELAY_MS", "600000"}};
+  auto r = run_process(
+      {DDP_TRAIN_BIN, "--config", std::string(DDP_SOURCE_DIR) + "/configs/random_linear.yaml",
+       "--epochs", "2", "--checkpoint-on-signal", "--check-params-every", "1", "--output-dir",
+       dir.path()},
+      env, std::chrono::seconds(60));
+  EXPECT_FALSE(r.timed_out) << r.output;
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("done: 2 epochs"), std::string::npos) << r.output;
 }
 
 TEST(Cli, BadInputsExitTwoWithOneLine) {

@@ -18,8 +18,8 @@
 
 namespace {
 
-using ddp::testing::config;
 using ddp::testing::Child;
+using ddp::testing::config;
 using ddp::testing::expect_same_weights;
 using ddp::testing::launcher_worker_pid;
 using ddp::testing::process_alive;
@@ -31,11 +31,14 @@ namespace fs = std::filesystem;
 
 // launcher --nproc 2 ddp_train: the DataParallel tutorial's Linear model, 10 epochs of 4 steps
 // (100 samples, 15 per rank and step), a checkpoint after every epoch.
-std::vector<std::string> linear_job(const std::string& out, std::vector<std::string> extra = {}) {
+// `fault`: ddp_fault_train's --fault options (tests/support/fault_train.cpp), which then runs
+// instead of ddp_train.
+std::vector<std::string> linear_job(const std::string& out, std::vector<std::string> extra = {},
+                                    const std::vector<std::string>& fault = {}) {
   std::vector<std::string> argv = {DDP_LAUNCHER_BIN,
                                    "--nproc",
                                    "2",
-                                   DDP_TRAIN_BIN,
+                                   fault.empty() ? DDP_TRAIN_BIN : DDP_FAULT_TRAIN_BIN,
                                    "--config",
                                    config("random_linear.yaml"),
                                    "--save-every",
@@ -43,6 +46,7 @@ std::vector<std::string> linear_job(const std::string& out, std::vector<std::str
                                    "--output-dir",
                                    out};
   argv.insert(argv.end(), extra.begin(), extra.end());
+  argv.insert(argv.end(), fault.begin(), fault.end());
   return argv;
 }
 constexpr int kSteps = 40;
@@ -75,9 +79,11 @@ TEST_P(KillARandomRank, TheJobEndsWithin10sAndResumesToTheUninterruptedResult) {
   const std::string reference = reference_weights();
 
   TempDir out;
-  Child job(linear_job(out.path()), {{"DDP_TEST_CRASH_AT_STEP", std::to_string(step)},
-                                     {"DDP_TEST_CRASH_RANK", std::to_string(rank)}});
-  ASSERT_TRUE(job.wait_for_output("test hook: SIGKILL at step", Clock::now() + seconds(60)))
+  Child job(linear_job(out.path(), {},
+                       {"--fault", "kill", "--fault-rank", std::to_string(rank),
+                        "--fault-after-step", std::to_string(step)}),
+            {});
+  ASSERT_TRUE(job.wait_for_output("fault: SIGKILL after step", Clock::now() + seconds(60)))
       << job.output();
   const auto killed = Clock::now();
   const ProcessResult r = job.wait_until(Clock::now() + seconds(60));
@@ -115,15 +121,16 @@ TEST_P(KillARandomRank, TheJobEndsWithin10sAndResumesToTheUninterruptedResult) {
 
 INSTANTIATE_TEST_SUITE_P(FiveSeeds, KillARandomRank, ::testing::Values(1, 2, 3, 4, 5));
 
-// The acceptance check of the hang doctor under the launcher: rank 1 is held back before
-// collective #8 (a gradient all-reduce of step 3); rank 0 warns after 1 s, gives up after 4 s;
+// The acceptance check of the hang doctor under the launcher: rank 1 is held back where step 3's
+// backward begins, before collective #8 (its gradient all-reduce); rank 0 warns after 1 s, gives
+// up after 4 s;
 // the launcher asks rank 1 for its flight record (SIGUSR1), stops it, and prints the diagnosis.
 TEST(Hang, TheLauncherMergesTheFlightRecordsAndNamesTheLateRank) {
   TempDir out;
   const auto r = ddp::testing::run_process(
-      linear_job(out.path(), {"--comm-timeout", "4", "--stall-warning", "1"}),
-      {{"DDP_TEST_DELAY_SEQ", "8"}, {"DDP_TEST_DELAY_RANK", "1"}, {"DDP_TEST_DELAY_S", "30"}},
-      seconds(90));
+      linear_job(out.path(), {"--comm-timeout", "4", "--stall-warning", "1"},
+                 {"--fault", "delay:30", "--fault-rank", "1", "--fault-at", "step 3: backward"}),
+      {}, seconds(90));
   EXPECT_FALSE(r.timed_out);
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_TRUE(contains(r.output, "not entered by rank(s) 1 (at #7)")) << r.output;
@@ -133,7 +140,7 @@ TEST(Hang, TheLauncherMergesTheFlightRecordsAndNamesTheLateRank) {
   EXPECT_TRUE(contains(r.output,
                        "diagnosis: rank(s) 1 did not enter collective #8 all_reduce(avg) "
                        "(backward: bucket 0), which rank(s) 0 entered; rank 1 was in "
-                       "'backward: bucket 0'"))
+                       "'step 3: backward'"))
       << r.output;
   // The ranks' own copies, for ddp_train --diagnose later.
   EXPECT_TRUE(fs::exists(out.file("debug/rank0.json")));
@@ -194,8 +201,9 @@ TEST(CheckpointOnSignal, EveryRankStopsAfterTheSameStepAndTheResumeEndsAsAnUnint
   const std::string reference = reference_weights();
   TempDir out;
   const auto r = ddp::testing::run_process(
-      linear_job(out.path(), {"--checkpoint-on-signal"}),
-      {{"DDP_TEST_SIGTERM_AT_STEP", "6"}, {"DDP_TEST_SIGTERM_RANK", "1"}}, seconds(120));
+      linear_job(out.path(), {"--checkpoint-on-signal"},
+                 {"--fault", "sigterm", "--fault-rank", "1", "--fault-after-step", "6"}),
+      {}, seconds(120));
   EXPECT_EQ(r.exit_code, 143) << r.output;
   const std::string saved = out.file("checkpoint-epoch-0001-step-000002.pt");
   EXPECT_TRUE(contains(r.output, "checkpoint 2 steps into epoch 2: " + saved)) << r.output;

@@ -1,6 +1,6 @@
-// The hang doctor with real ranks: a rank held back before one collective (test hook
-// DDP_TEST_DELAY_SEQ) is named by the others' stall warning, every rank exits non-zero at the
-// short collective timeout, and `ddp_train --diagnose` names the rank and the collective.
+// The hang doctor with real ranks: a rank held back before one collective (ddp_fault_train,
+// tests/support/fault_train.cpp) is named by the others' stall warning, every rank exits non-zero
+// at the short collective timeout, and `ddp_train --diagnose` names the rank and the collective.
 // SIGUSR1 makes a rank write its flight record while it hangs. --check-params-every catches ranks
 // whose parameters drift apart.
 #include <gtest/gtest.h>
@@ -18,22 +18,27 @@ namespace {
 using ddp::testing::TempDir;
 using std::chrono::seconds;
 
-std::vector<std::string> linear_job(const std::string& out, std::vector<std::string> extra = {}) {
-  std::vector<std::string> argv = {DDP_TRAIN_BIN, "--config",
+// `fault`: ddp_fault_train's --fault options, which then runs instead of ddp_train.
+std::vector<std::string> linear_job(const std::string& out, std::vector<std::string> extra = {},
+                                    const std::vector<std::string>& fault = {}) {
+  std::vector<std::string> argv = {fault.empty() ? DDP_TRAIN_BIN : DDP_FAULT_TRAIN_BIN, "--config",
                                    std::string(DDP_SOURCE_DIR) + "/configs/random_linear.yaml",
                                    "--output-dir", out};
   argv.insert(argv.end(), extra.begin(), extra.end());
+  argv.insert(argv.end(), fault.begin(), fault.end());
   return argv;
 }
 
 TEST(Hang, ALateRankIsNamedByTheStallWarningAndTheDiagnosis) {
   TempDir out;
-  constexpr int kSeq = 8;  // the third gradient all-reduce (step 3 of 4 in the first epoch)
+  // Rank 1 waits 8 s where step 3 (of 4 in the first epoch) begins its backward, before its
+  // gradient all-reduce, collective #8.
+  constexpr int kSeq = 8;
   const auto ranks = ddp::testing::run_env_ranks(
-      2, linear_job(out.path(), {"--comm-timeout", "4", "--stall-warning", "1"}), seconds(90),
-      {{"DDP_TEST_DELAY_SEQ", std::to_string(kSeq)},
-       {"DDP_TEST_DELAY_RANK", "1"},
-       {"DDP_TEST_DELAY_S", "8"}});
+      2,
+      linear_job(out.path(), {"--comm-timeout", "4", "--stall-warning", "1"},
+                 {"--fault", "delay:8", "--fault-rank", "1", "--fault-at", "step 3: backward"}),
+      seconds(90));
   ASSERT_EQ(ranks.size(), 2u);
   for (const auto& r : ranks) {
     EXPECT_FALSE(r.timed_out) << r.output;
@@ -63,12 +68,12 @@ TEST(Hang, ALateRankIsNamedByTheStallWarningAndTheDiagnosis) {
 
 TEST(Hang, Sigusr1WritesTheFlightRecordOfAWaitingRank) {
   TempDir out;
-  // A single rank held before its 3rd collective for 6 s; SIGUSR1 meanwhile.
+  // A single rank held for 6 s where the first step's forward begins, before its 3rd collective
+  // (the all_gather of shapes after that forward); SIGUSR1 meanwhile.
   ddp::testing::Child child(
-      linear_job(out.path()),
-      {{"DDP_TEST_DELAY_SEQ", "3"}, {"DDP_TEST_DELAY_RANK", "0"}, {"DDP_TEST_DELAY_S", "6"}});
+      linear_job(out.path(), {}, {"--fault", "delay:6", "--fault-at", "step 1: forward"}), {});
   const auto deadline = std::chrono::steady_clock::now() + seconds(60);
-  ASSERT_TRUE(child.wait_for_output("test hook: waiting", deadline)) << child.output();
+  ASSERT_TRUE(child.wait_for_output("fault: waiting", deadline)) << child.output();
   ::kill(child.pid(), SIGUSR1);
   const auto path = out.file("debug/rank0.json");
   while (!std::filesystem::exists(path) && std::chrono::steady_clock::now() < deadline) {
@@ -83,7 +88,7 @@ TEST(Hang, Sigusr1WritesTheFlightRecordOfAWaitingRank) {
   EXPECT_EQ(r.exit_code, 0) << r.output;  // the signal did not end the run
 }
 
-// --check-params-every: a rank whose parameters drift (test hook DDP_TEST_PERTURB_AT_STEP) is
+// --check-params-every: a rank whose parameters drift (ddp_fault_train's perturb after step 3) is
 // caught at the next check, on every rank, naming the parameter; unperturbed runs pass it.
 TEST(Divergence, ADriftingRankIsCaughtAtTheNextCheck) {
   TempDir healthy, drifted;
@@ -93,8 +98,10 @@ TEST(Divergence, ADriftingRankIsCaughtAtTheNextCheck) {
     EXPECT_EQ(r.exit_code, 0) << r.output;
   }
   const auto ranks = ddp::testing::run_env_ranks(
-      2, linear_job(drifted.path(), {"--epochs", "2", "--check-params-every", "2"}), seconds(90),
-      {{"DDP_TEST_PERTURB_AT_STEP", "3"}, {"DDP_TEST_PERTURB_RANK", "1"}});
+      2,
+      linear_job(drifted.path(), {"--epochs", "2", "--check-params-every", "2"},
+                 {"--fault", "perturb", "--fault-rank", "1", "--fault-after-step", "3"}),
+      seconds(90));
   for (const auto& r : ranks) {
     EXPECT_EQ(r.exit_code, 1) << r.output;
     EXPECT_NE(

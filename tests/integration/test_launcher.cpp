@@ -20,13 +20,13 @@
 
 namespace {
 
-using ddp::testing::config;
-using ddp::testing::launch;
-using ddp::testing::mlp_args;
 using ddp::testing::Child;
+using ddp::testing::config;
 using ddp::testing::expect_same_weights;
+using ddp::testing::launch;
 using ddp::testing::launcher_worker_pid;
 using ddp::testing::metrics_field;
+using ddp::testing::mlp_args;
 using ddp::testing::process_alive;
 using ddp::testing::ProcessResult;
 using ddp::testing::TempDir;
@@ -100,10 +100,12 @@ TEST(Launcher, ARestartedGroupResumesAndEndsAsAnUninterruptedRun) {
   auto clean = ddp::testing::run_process(launch({"--nproc", "2"}, mlp_args(whole.path(), 3)), {},
                                          seconds(240));
   ASSERT_EQ(clean.exit_code, 0) << clean.output;
-  // 1200 samples, 2 ranks, batch 32: 19 steps per epoch; rank 1 dies at step 30 (epoch 2).
+  // 1200 samples, 2 ranks, batch 32: 19 steps per epoch; rank 1 dies after step 30 (epoch 2),
+  // in the first run only (ddp_fault_train, tests/support/fault_train.cpp).
+  auto args = mlp_args(crashed.path(), 3);
+  args.insert(args.end(), {"--fault", "kill", "--fault-rank", "1", "--fault-after-step", "30"});
   auto r = ddp::testing::run_process(
-      launch({"--nproc", "2", "--max-restarts", "1"}, mlp_args(crashed.path(), 3)),
-      {{"DDP_TEST_CRASH_AT_STEP", "30"}, {"DDP_TEST_CRASH_RANK", "1"}}, seconds(240));
+      launch({"--nproc", "2", "--max-restarts", "1"}, args, DDP_FAULT_TRAIN_BIN), {}, seconds(240));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("failed first: signal SIGKILL (9)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("restarting the workers (1 of 1 restarts)"), std::string::npos)

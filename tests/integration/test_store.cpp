@@ -217,16 +217,16 @@ TEST(JobStore, AnIntruderIsRefusedWhileTheJobCompletes) {
 TEST(TorchCompat, TcpStoresUseTheClassicImplementationWhereLibuvIsAnOption) {
   constexpr bool has_libuv_option =
       TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2);
-  EXPECT_EQ(compat::HasUseLibUv<c10d::TCPStoreOptions>::value, has_libuv_option);
+  EXPECT_EQ(ddp::compat::HasUseLibUv<c10d::TCPStoreOptions>::value, has_libuv_option);
   struct WithLibUv {
     bool useLibUV = true;
   } with_libuv;
-  compat::use_classic_tcp_store(with_libuv);
+  ddp::compat::use_classic_tcp_store(with_libuv);
   EXPECT_FALSE(with_libuv.useLibUV);
   struct WithoutLibUv {
     int port = 29500;
   } without_libuv;
-  compat::use_classic_tcp_store(without_libuv);
+  ddp::compat::use_classic_tcp_store(without_libuv);
   EXPECT_EQ(without_libuv.port, 29500);
 }
 

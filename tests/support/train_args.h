@@ -24,12 +24,13 @@ inline std::vector<std::string> mlp_args(const std::string& out, int epochs) {
 }
 
 #ifdef DDP_LAUNCHER_BIN
-// launcher OPTIONS ddp_train ARGS
+// launcher OPTIONS PROGRAM ARGS (ddp_train, or the tests' ddp_fault_train)
 inline std::vector<std::string> launch(const std::vector<std::string>& options,
-                                       const std::vector<std::string>& args) {
+                                       const std::vector<std::string>& args,
+                                       const std::string& program = DDP_TRAIN_BIN) {
   std::vector<std::string> argv = {DDP_LAUNCHER_BIN};
   argv.insert(argv.end(), options.begin(), options.end());
-  argv.push_back(DDP_TRAIN_BIN);
+  argv.push_back(program);
   argv.insert(argv.end(), args.begin(), args.end());
   return argv;
 }

@@ -12,7 +12,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -121,8 +120,7 @@ class ProcessGroup {
   // is its position in the sorted list. Members get the new group, the other ranks nullptr.
   // Throws InputError naming a rank that is out of range or repeated (before any communication).
   // The subgroup has its own sequence numbers, flight recorder and progress board (where the
-  // backend has one), and this group's options (timeouts); not its issue hook. It may outlive
-  // this group.
+  // backend has one), and this group's options (timeouts). It may outlive this group.
   std::shared_ptr<ProcessGroup> new_group(std::vector<int> ranks);
 
   // Sequence number of the last collective issued (0 before the first).
@@ -133,14 +131,11 @@ class ProcessGroup {
   int64_t bytes_issued() const { return bytes_issued_; }
 
   // The flight recorder, and the phase of the training step the next collectives belong to
-  // ("forward", "backward: bucket 2", "evaluation", ...).
+  // ("forward", "backward: bucket 2", "evaluation", ...). Virtual for groups that wrap another
+  // (a decorator that acts where a phase begins: the tests' fault injection); a few calls per
+  // step, never per collective.
   const FlightRecorder& recorder() const { return *recorder_; }
-  void set_phase(std::string phase) { recorder_->set_phase(std::move(phase)); }
-
-  // Called on the issuing thread before each collective is recorded and handed to the backend
-  // (fault injection in tests; none by default). Set it before issuing collectives.
-  using IssueHook = std::function<void(const CollectiveInfo&)>;
-  void set_issue_hook(IssueHook hook) { issue_hook_ = std::move(hook); }
+  virtual void set_phase(std::string phase) { recorder_->set_phase(std::move(phase)); }
 
   // How far every rank is, where the backend shares a store (gloo): each rank's watchdog
   // (watchdog.h) publishes its last issued sequence number; the stall warning reads them all.
@@ -158,6 +153,13 @@ class ProcessGroup {
  protected:
   // Called by a backend's constructor.
   void set_progress_board(std::shared_ptr<ProgressBoard> board) { board_ = std::move(board); }
+  // For a group that wraps `inner` and hands it every collective (a decorator): number on from
+  // where `inner` stands, so that both give each collective the same sequence number (the one in
+  // the backend's errors), and report progress on its board. Call in the constructor.
+  void wrap(const ProcessGroup& inner) {
+    seq_ = inner.last_seq();
+    board_ = inner.progress_board();
+  }
 
   // Backends implement these; `info` describes the call for error messages.
   virtual WorkPtr do_all_reduce(at::Tensor& tensor, ReduceOp op, const CollectiveInfo& info) = 0;
@@ -190,7 +192,6 @@ class ProcessGroup {
   int64_t bytes_issued_ = 0;
   std::shared_ptr<FlightRecorder> recorder_ = std::make_shared<FlightRecorder>();
   std::shared_ptr<ProgressBoard> board_;
-  IssueHook issue_hook_;
 };
 
 // The stall warning's text (the Watchdog's, watchdog.h): "rank 0: all_reduce(sum) #58 (backward:

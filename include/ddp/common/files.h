@@ -2,7 +2,6 @@
 // Files that survive a crash: a reader sees either the old or the new contents of a file, never a
 // mix, whatever happens to the writer (kill -9, power loss after the rename returned).
 
-#include <functional>
 #include <string>
 #include <string_view>
 
@@ -12,13 +11,6 @@ namespace ddp {
 // rename over `path`, fsync the directory. Temp files a killed writer left for `path` are removed
 // first. Throws Error naming the path and the system's reason; `path` is then unchanged.
 void write_file_atomically(const std::string& path, std::string_view contents);
-
-// The test seam of write_file_atomically: `hook` is called after each 64 KiB written, so that a
-// test can slow writes down and kill the process in the middle of one (ddp_train's fault
-// injector installs a sleep for DDP_TEST_WRITE_DELAY_MS). Process-wide; an empty function (the
-// default) removes it. A write that has begun keeps the hook it started with.
-using WriteChunkHook = std::function<void()>;
-void set_write_chunk_hook(WriteChunkHook hook);
 
 // Makes `link` a second name of the file `target` (a hard link; a copy where the file system has
 // none), atomically replacing whatever `link` was. Throws Error naming the paths.

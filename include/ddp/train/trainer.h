@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ddp/comm/watchdog.h"
@@ -42,8 +43,6 @@ constexpr int kExitStoppedBySignal = 143;
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Config& config,
                                                         const std::vector<torch::Tensor>& params);
 
-class FaultInjector;  // the DDP_TEST_* hooks (src/train/fault_injector.h)
-
 class Trainer {
  public:
   // Validates the config, joins the process group of this launch (init_distributed), starts its
@@ -51,6 +50,9 @@ class Trainer {
   // directory; a restarted launch (restart count > 0) resumes from its newest checkpoint.
   // Throws InputError on bad input.
   explicit Trainer(Config config);
+  // The same on a process group the caller made (`dist.group` set: e.g. one that wraps
+  // init_distributed's); without one, as above.
+  Trainer(Config config, Distributed dist);
   ~Trainer();
 
   // Trains up to config.epochs epochs (from where a resumed checkpoint stopped), writing metrics
@@ -74,7 +76,6 @@ class Trainer {
  private:
   struct EpochPass;  // one epoch's loader, counts and progress (trainer.cpp)
 
-  Trainer(Config config, const comm::Env& env);
   // The workload on this rank's device, its DDP wrapper (a collective) and the optimizer.
   void build_model();
   // --amp: checks that LibTorch runs autocast in that dtype on this device; fp16's GradScaler.
@@ -92,6 +93,15 @@ class Trainer {
   // over those a resumed epoch had trained; nullopt at the epoch's end.
   std::optional<std::vector<data::Batch>> next_step_batches(EpochPass& pass);
   std::optional<data::Batch> next_batch(EpochPass& pass);  // one of them
+  // Forward and backward of a step's micro-batches (one without --grad-accum-steps): the last
+  // backward reduces the sum of their gradients, each bucket all-reduced as it is ready. Returns
+  // the step's loss times the sizes (float64, not synchronised) and its samples.
+  std::pair<torch::Tensor, int64_t> step_gradients(EpochPass& pass,
+                                                   const std::vector<data::Batch>& batches);
+  // The optimizer step on the reduced gradients: --amp fp16's unscale and inf check (the step is
+  // then skipped on every rank), --clip-grad-norm, then the step (--zero: this rank's shard,
+  // broadcast to the others).
+  void optimizer_step();
   // Forward, loss and backward of one micro-batch of a step of `step_samples` samples, its loss
   // weighted by its share of them; reduced only when `sync` (else under no_sync). Returns the
   // micro-batch's loss times its size (float64, not synchronised).
@@ -128,14 +138,21 @@ class Trainer {
   void save_checkpoint(CheckpointPosition at);
   // Loads the checkpoint config.resume names; returns false when `auto` finds none.
   bool resume();
+  // Sets the run to `checkpoint` (read from `path`): the model, the training state, the step.
   void apply(const Checkpoint& checkpoint, const std::string& path);
+  // Throws InputError when the run cannot continue `checkpoint` (another optimizer, a global batch
+  // the world size cannot share); on another world size, sets the batch per rank that keeps the
+  // global batch; warns of changed settings.
+  void check_resumable(const Checkpoint& checkpoint, const std::string& path);
+  // The optimizer state (this rank's --zero shard, or the whole), the GradScaler's and this
+  // rank's RNG stream (rank 0's for a rank the checkpoint did not have).
+  void load_training_state(const Checkpoint& checkpoint, const std::string& path);
   // The optimizer state this rank loads: its --zero shard, or the whole state (InputError when
   // the checkpoint and the run disagree on --zero, or a --zero one on the world size).
   const at::Tensor& zero_state_of(const Checkpoint& checkpoint, const std::string& path) const;
 
   Config config_;
   Distributed dist_;
-  std::unique_ptr<FaultInjector> faults_;
   std::unique_ptr<comm::Watchdog> watchdog_;  // after dist_: stops before the group goes
   Workload workload_;
   DistributedDataParallel model_{nullptr};
