@@ -12,10 +12,12 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <cxxopts.hpp>
 #include <functional>
 #include <optional>
 #include <sstream>
 
+#include "ddp/common/bool_words.h"
 #include "ddp/common/error.h"
 
 namespace ddp::launch {
@@ -48,19 +50,6 @@ double parse_seconds(const std::string& text, bool positive) {
   return value;
 }
 
-// The words a flag takes as its value: 1|true|yes|on and 0|false|no|off; nullopt for others.
-std::optional<bool> bool_word(const std::string& text) {
-  if (text == "1" || text == "true" || text == "yes" || text == "on") return true;
-  if (text == "0" || text == "false" || text == "no" || text == "off") return false;
-  return std::nullopt;
-}
-
-bool parse_bool(const std::string& text) {
-  const std::optional<bool> value = bool_word(text);
-  if (!value) throw BadValue{"true or false"};
-  return *value;
-}
-
 std::vector<std::string> split_list(const std::string& text) {
   std::vector<std::string> out;
   std::stringstream in(text);
@@ -84,7 +73,11 @@ struct Option {
   std::string alias;  // or empty
   std::string hint;   // empty for a flag
   std::string help;
+  // An option with a value: parses and stores it, or throws BadValue.
   std::function<void(Parsed&, const std::string&)> set;
+  // A flag instead (set is then empty): stores the value that parse_bool read.
+  std::function<void(Parsed&, bool)> set_flag = nullptr;
+  bool is_flag() const { return static_cast<bool>(set_flag); }
 };
 
 const std::vector<Option>& options() {
@@ -119,8 +112,8 @@ const std::vector<Option>& options() {
        [](Parsed& p, const std::string& v) { p.options.grace_period = parse_seconds(v, false); }},
       {"log-dir", "", "DIR", "write each worker's output to DIR/rank<N>.log instead of the console",
        [](Parsed& p, const std::string& v) { p.options.log_dir = v; }},
-      {"tee", "", "", "with --log-dir: the console too",
-       [](Parsed& p, const std::string& v) { p.options.tee = parse_bool(v); }},
+      {"tee", "", "", "with --log-dir: the console too", nullptr,
+       [](Parsed& p, bool v) { p.options.tee = v; }},
       {"local-ranks-filter", "", "LIST", "local ranks whose output the console shows (e.g. 0)",
        [](Parsed& p, const std::string& v) {
          p.options.local_ranks_filter.clear();
@@ -132,8 +125,7 @@ const std::vector<Option>& options() {
        [](Parsed& p, const std::string& v) { p.options.run_id = v; }},
       {"devices", "", "LIST", "GPUs to use, one per local rank (sets CUDA_VISIBLE_DEVICES)",
        [](Parsed& p, const std::string& v) { p.options.devices = split_list(v); }},
-      {"help", "", "", "print this help",
-       [](Parsed& p, const std::string& v) { p.options.help = parse_bool(v); }},
+      {"help", "", "", "print this help", nullptr, [](Parsed& p, bool v) { p.options.help = v; }},
   };
   return table;
 }
@@ -146,10 +138,122 @@ const Option* find_option(const std::string& name) {
 }
 
 void apply(Parsed& p, const Option& o, const std::string& value, const std::string& origin) {
+  if (o.is_flag()) {
+    o.set_flag(p, parse_bool(value, origin));
+    return;
+  }
   try {
     o.set(p, value);
   } catch (const BadValue& bad) {
     throw InputError(fmt::format("{}: expected {}, got '{}'", origin, bad.expected, value));
+  }
+}
+
+// DDP_LAUNCH_<OPTION>: the option's name in upper case with '_' for '-'.
+void apply_env(Parsed& p, const std::map<std::string, std::string>& env) {
+  const std::string env_prefix = "DDP_LAUNCH_";
+  for (const auto& [key, value] : env) {
+    if (key.rfind(env_prefix, 0) != 0) continue;
+    std::string name = key.substr(env_prefix.size());
+    std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) {
+      return c == '_' ? '-' : static_cast<char>(std::tolower(c));
+    });
+    const Option* o = find_option(name);
+    if (o == nullptr) {
+      throw InputError(fmt::format("{}: no launcher option --{} (see launcher --help)", key, name));
+    }
+    apply(p, *o, value, key);
+  }
+}
+
+// The command line cut where the launcher's options end.
+struct CommandLine {
+  std::vector<std::string> options;  // the launcher's words, "--" excluded
+  std::vector<std::string> program;  // the program and its arguments, untouched
+  std::string error;                 // why the options ended early (a bad word); "": they did not
+};
+
+// The options end at "--" or at the first word that is not one. cxxopts reads options wherever
+// they are, so the cut is made here, before it sees the words: the program's arguments are
+// never the launcher's, even when they look like its options. Finding the cut needs each
+// option's arity, so an unknown option or a missing value ends the options too, with an error
+// in our words that the caller raises after the options before it (the first bad word on the
+// line is the one reported).
+CommandLine split_command_line(const std::vector<std::string>& args) {
+  CommandLine line;
+  size_t i = 0;
+  for (; i < args.size() && args[i] != "--" && args[i].rfind("--", 0) == 0; ++i) {
+    const std::string& arg = args[i];
+    const size_t eq = arg.find('=');
+    const std::string name = arg.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+    const Option* o = find_option(name);
+    if (o == nullptr) {
+      line.error = fmt::format("unknown option '--{}' (see launcher --help)", name);
+      break;
+    }
+    if (eq != std::string::npos) continue;
+    const bool has_next = i + 1 < args.size();
+    if (o->is_flag()) {
+      // Alone it means true; the next word is its value only when it is a bool word, as
+      // join_bool_values reads it. Any other next word is the next option or the program, so
+      // a program called true, false, yes, no, on, off, 1 or 0 right after a flag goes after "--".
+      if (has_next && bool_word(args[i + 1])) ++i;
+    } else if (has_next) {
+      ++i;  // the value, whatever it looks like ("--run-id --tee" names the run "--tee")
+    } else {
+      line.error = fmt::format("--{}: expected {} after it", name, o->hint);
+      break;
+    }
+  }
+  line.options.assign(args.begin(), args.begin() + static_cast<std::ptrdiff_t>(i));
+  if (i < args.size() && args[i] == "--") ++i;
+  line.program.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
+  return line;
+}
+
+// The cxxopts parser of the table: every option (an alias as one of its own, so that errors name
+// the spelling given) takes a string, which apply() checks; a flag alone means true.
+cxxopts::Options make_cli() {
+  cxxopts::Options cli("launcher", "torchrun's job for any program");
+  auto adder = cli.add_options();
+  for (const auto& o : options()) {
+    for (const std::string& name : {o.name, o.alias}) {
+      if (name.empty()) continue;
+      auto value = cxxopts::value<std::string>();
+      if (o.is_flag()) value->implicit_value("true");
+      adder(name, o.help, value, o.hint);
+    }
+  }
+  return cli;
+}
+
+// Applies the launcher's words (split_command_line's options) through cxxopts.
+void apply_command_line(Parsed& p, const std::vector<std::string>& words) {
+  // cxxopts reads a flag only alone or as "--tee=false": "--tee false" is joined first. The
+  // values of the other options stay theirs, even when they read like a flag.
+  std::vector<std::string> joined = join_bool_values(
+      words,
+      [](const std::string& name) {
+        const Option* o = find_option(name);
+        return o != nullptr && o->is_flag();
+      },
+      [](const std::string& name) {
+        const Option* o = find_option(name);
+        return o != nullptr && !o->is_flag();
+      });
+  joined.insert(joined.begin(), "launcher");
+  std::vector<const char*> argv;
+  for (const auto& word : joined) argv.push_back(word.c_str());
+  cxxopts::Options cli = make_cli();
+  cxxopts::ParseResult result;
+  try {
+    result = cli.parse(static_cast<int>(argv.size()), argv.data());
+  } catch (const cxxopts::exceptions::exception& e) {
+    throw InputError(fmt::format("command line: {} (see launcher --help)", e.what()));
+  }
+  // In the order given, so that the last of repeated options (or of --nproc and its alias) wins.
+  for (const auto& given : result.arguments()) {
+    apply(p, *find_option(given.key()), given.value(), "--" + given.key());
   }
 }
 
@@ -204,51 +308,11 @@ int auto_nproc(const char* cuda_visible_devices, int gpus_present) {
 LaunchOptions parse_launch_args(const std::vector<std::string>& args,
                                 const std::map<std::string, std::string>& env, int gpus_present) {
   Parsed p;
-  // DDP_LAUNCH_<OPTION> first, so that the command line wins.
-  const std::string env_prefix = "DDP_LAUNCH_";
-  for (const auto& [key, value] : env) {
-    if (key.rfind(env_prefix, 0) != 0) continue;
-    std::string name = key.substr(env_prefix.size());
-    std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) {
-      return c == '_' ? '-' : static_cast<char>(std::tolower(c));
-    });
-    const Option* o = find_option(name);
-    if (o == nullptr) {
-      throw InputError(fmt::format("{}: no launcher option --{} (see launcher --help)", key, name));
-    }
-    apply(p, *o, value, key);
-  }
-
-  size_t i = 0;
-  for (; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    if (arg == "--") {
-      ++i;
-      break;
-    }
-    if (arg.rfind("--", 0) != 0) break;  // the program
-    const size_t eq = arg.find('=');
-    const std::string name = arg.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
-    const Option* o = find_option(name);
-    if (o == nullptr) {
-      throw InputError(fmt::format("unknown option '--{}' (see launcher --help)", name));
-    }
-    std::string value;
-    if (eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-    } else if (o->hint.empty()) {
-      // A flag: alone it means true; "--tee false" as "--tee=false" (ddp_train's rule). Any other
-      // next word is the program, so only a bool word is taken: a program called true, false,
-      // yes, no, on, off, 1 or 0 right after a flag goes after "--".
-      value = i + 1 < args.size() && bool_word(args[i + 1]) ? args[++i] : "true";
-    } else if (i + 1 < args.size()) {
-      value = args[++i];
-    } else {
-      throw InputError(fmt::format("--{}: expected {} after it", name, o->hint));
-    }
-    apply(p, *o, value, "--" + name);
-  }
-  p.options.program.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
+  apply_env(p, env);  // first, so that the command line wins
+  CommandLine line = split_command_line(args);
+  apply_command_line(p, line.options);
+  if (!line.error.empty()) throw InputError(line.error);
+  p.options.program = std::move(line.program);
   return finish(std::move(p), env, gpus_present);
 }
 
@@ -262,7 +326,8 @@ std::string launch_help() {
       "Every option can also be set as DDP_LAUNCH_<OPTION> (e.g. DDP_LAUNCH_NPROC=4).\n"
       "A flag alone means true; --tee false and --tee=false turn it off (true|false, 1|0, "
       "yes|no,\n"
-      "on|off); a program named like one of these words that follows a flag goes after --.\n\n"
+      "on|off, in any case); a program named like one of these words that follows a flag goes\n"
+      "after --.\n\n"
       "options:\n";
   for (const auto& o : options()) {
     std::string left = "--" + o.name + (o.hint.empty() ? "" : " " + o.hint);

@@ -35,11 +35,11 @@ struct LaunchOptions {
 int auto_nproc(const char* cuda_visible_devices, int gpus_present);
 
 // Parses `args` (argv without the program name): launcher options up to the first argument that is
-// not one (or `--`), then the program and its arguments. A flag (--tee) alone means true and takes
-// the next word as its value only when that is a bool word ("--tee false"); otherwise the next
-// word is the next option or the program. `env` supplies DDP_LAUNCH_<OPTION>
-// values under the command line. `gpus_present` is for --nproc auto. Throws InputError naming
-// the option or variable.
+// not one (or `--`), read by cxxopts, then the program and its arguments. A flag (--tee) alone
+// means true and takes the next word as its value only when that is a bool word ("--tee false",
+// ddp/common/bool_words.h); otherwise the next word is the next option or the program. `env`
+// supplies DDP_LAUNCH_<OPTION> values under the command line. `gpus_present` is for --nproc auto.
+// Throws InputError naming the option or variable.
 LaunchOptions parse_launch_args(const std::vector<std::string>& args,
                                 const std::map<std::string, std::string>& env, int gpus_present);
 

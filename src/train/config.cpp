@@ -12,6 +12,7 @@
 #include <optional>
 #include <sstream>
 
+#include "ddp/common/bool_words.h"
 #include "ddp/common/error.h"
 
 namespace ddp::train {
@@ -36,21 +37,6 @@ double parse_float(const std::string& text) {
   const double value = std::strtod(text.c_str(), &end);
   if (end != text.c_str() + text.size() || !std::isfinite(value)) throw BadValue{"a finite number"};
   return value;
-}
-
-// The words a bool takes, in any case: true|yes|on|1 and false|no|off|0; nullopt for others.
-std::optional<bool> bool_word(const std::string& text) {
-  std::string t = text;
-  std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
-  if (t == "true" || t == "yes" || t == "on" || t == "1") return true;
-  if (t == "false" || t == "no" || t == "off" || t == "0") return false;
-  return std::nullopt;
-}
-
-bool parse_bool(const std::string& text) {
-  const std::optional<bool> value = bool_word(text);
-  if (!value) throw BadValue{"true or false"};
-  return *value;
 }
 
 std::string format_float(double v) {
@@ -144,7 +130,13 @@ ConfigKey bool_key(std::string name, Field field, std::string help) {
   key.help = std::move(help);
   key.value_hint = "BOOL";
   key.is_flag = true;
-  key.set = [field](Config& c, const std::string& v) { std::invoke(field, c) = parse_bool(v); };
+  key.set = [field](Config& c, const std::string& v) {
+    // The common reading of bool words; the complaint goes through BadValue, as every key's does,
+    // so that set_config_value names the origin and the key.
+    const std::optional<bool> value = bool_word(v);
+    if (!value) throw BadValue{"true or false"};
+    std::invoke(field, c) = *value;
+  };
   key.get = [field](const Config& c) {
     return std::string(std::invoke(field, c) ? "true" : "false");
   };
@@ -364,30 +356,12 @@ const ConfigKey* find_config_key(const std::string& name) {
 }
 
 std::vector<std::string> join_bool_values(const std::vector<std::string>& args) {
-  auto bool_option = [](const std::string& word) {
-    if (word.rfind("--", 0) != 0) return false;
-    const std::string name = word.substr(2);  // the parser's exact spelling, as --help shows it
+  return ddp::join_bool_values(args, [](const std::string& name) {
+    // The parser's exact spelling, as --help shows it ("--drop-last", not "--drop_last").
     const auto& keys = config_keys();
     return std::any_of(keys.begin(), keys.end(),
                        [&](const ConfigKey& k) { return k.is_flag && k.name == name; });
-  };
-  std::vector<std::string> out;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--") {  // what follows is positional, whatever it looks like
-      out.insert(out.end(), args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
-      break;
-    }
-    if (!bool_option(args[i])) {
-      out.push_back(args[i]);
-      continue;
-    }
-    // Only a bool word is taken as the value: "--augment --epochs 3" keeps "--epochs", and a
-    // word that is no bool stays for the parser to report.
-    const bool value_follows = i + 1 < args.size() && bool_word(args[i + 1]).has_value();
-    out.push_back(args[i] + "=" + (value_follows ? args[i + 1] : std::string("true")));
-    if (value_follows) ++i;
-  }
-  return out;
+  });
 }
 
 void set_config_value(Config& config, const std::string& key, const std::string& value,

@@ -78,6 +78,48 @@ TEST(LaunchOptions, AFlagTakesTheFlagTheSpacedAndTheEqualsForm) {
   EXPECT_EQ(error_of({"--tee=maybe", "prog"}), "--tee: expected true or false, got 'maybe'");
 }
 
+// The bool words are ddp_train's (ddp/common/bool_words.h): in any case.
+TEST(LaunchOptions, AFlagReadsBoolWordsInAnyCase) {
+  using Words = std::vector<std::string>;
+  EXPECT_FALSE(parse({"--tee", "FALSE", "prog"}).tee);
+  EXPECT_EQ(parse({"--tee", "Off", "prog"}).program, Words{"prog"});
+  EXPECT_TRUE(parse({"--tee=YES", "prog"}).tee);
+  EXPECT_FALSE(parse({"prog"}, {{"DDP_LAUNCH_TEE", "No"}}).tee);
+  EXPECT_EQ(error_of({"prog"}, {{"DDP_LAUNCH_TEE", "maybe"}}),
+            "DDP_LAUNCH_TEE: expected true or false, got 'maybe'");
+}
+
+// Words after the options are the program's, and an option's value is its own, whatever they
+// look like.
+TEST(LaunchOptions, ValuesAndTheProgramsWordsAreNeverReadAsOptions) {
+  using Words = std::vector<std::string>;
+  const auto o = parse({"--run-id", "--tee", "prog", "--tee", "false", "--", "--nproc=3"});
+  EXPECT_EQ(o.run_id, "--tee");
+  EXPECT_FALSE(o.tee);
+  EXPECT_EQ(o.nproc, 1);
+  EXPECT_EQ(o.program, (Words{"prog", "--tee", "false", "--", "--nproc=3"}));
+  EXPECT_EQ(parse({"--log-dir=", "prog"}).log_dir, "");
+  EXPECT_EQ(parse({"--tee=false", "--", "--", "x"}).program, (Words{"--", "x"}));
+}
+
+// As given: the last of repeated options wins, --nproc and its alias alike, and an error names the
+// spelling given; the first bad word on the line is the one reported.
+TEST(LaunchOptions, OptionsApplyInOrderAndTheFirstBadOneIsReported) {
+  EXPECT_EQ(parse({"--nproc", "3", "--nproc-per-node", "2", "prog"}).nproc, 2);
+  EXPECT_EQ(parse({"--nproc-per-node", "3", "--nproc=1", "prog"}).nproc, 1);
+  EXPECT_TRUE(parse({"--tee=false", "--tee", "prog"}).tee);
+  EXPECT_EQ(parse({"--run-id", "a", "--run-id", "b", "prog"}).run_id, "b");
+  EXPECT_EQ(error_of({"--nproc-per-node=x", "prog"}),
+            "--nproc-per-node: expected a positive integer, got 'x'");
+  EXPECT_EQ(error_of({"--nproc", "0", "--bogus", "prog"}),
+            "--nproc: expected a positive integer, got '0'");
+  EXPECT_EQ(error_of({"--nproc", "0", "--log-dir"}),
+            "--nproc: expected a positive integer, got '0'");
+  EXPECT_EQ(error_of({"--bogus", "--nproc", "0", "prog"}),
+            "unknown option '--bogus' (see launcher --help)");
+  EXPECT_EQ(error_of({"--nproc", "2", "--log-dir"}), "--log-dir: expected DIR after it");
+}
+
 TEST(LaunchOptions, EnvVariablesSetOptionsAndTheCommandLineWins) {
   const Env env = {
       {"DDP_LAUNCH_NPROC_PER_NODE", "3"}, {"DDP_LAUNCH_RUN_ID", "job7"}, {"DDP_LAUNCH_TEE", "1"}};
