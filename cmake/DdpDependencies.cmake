@@ -5,6 +5,8 @@ find_package(ZLIB REQUIRED)
 find_package(fmt REQUIRED)
 find_package(spdlog REQUIRED)
 find_package(yaml-cpp REQUIRED)
+# JSON (flight records, metrics.jsonl, the timeline), header-only; 3.11.2 in Debian 12, 3.11.3 in 13.
+find_package(nlohmann_json 3 REQUIRED)
 
 # Torch's config exports a flat variable list; wrap it in one imported target.
 if(NOT TARGET ddp::torch)

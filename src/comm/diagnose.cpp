@@ -1,12 +1,14 @@
 #include "ddp/comm/diagnose.h"
 
 #include <fmt/format.h>
-#include <yaml-cpp/yaml.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <optional>
+#include <type_traits>
 
 #include "ddp/common/error.h"
 #include "ddp/common/files.h"
@@ -16,11 +18,124 @@ namespace {
 
 namespace fs = std::filesystem;
 
+using nlohmann::json;
+
+[[noreturn]] void not_a_record(const std::string& file, const std::string& why) {
+  throw InputError(fmt::format("{}: not a flight record: {}", file, why));
+}
+
+// The text after nlohmann's "[json.exception.parse_error.101] ", which names the library, not
+// the problem: "parse error at line 3, column 5: syntax error while parsing ...".
+std::string without_exception_id(const std::string& what) {
+  const size_t end = what.find("] ");
+  return what.rfind("[json.", 0) == 0 && end != std::string::npos ? what.substr(end + 2) : what;
+}
+
+// A value as an error message shows it: scalars as written, shortened; objects and arrays by type.
+std::string shown(const json& v) {
+  if (!v.is_primitive()) return v.type_name();
+  const std::string text = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  return text.size() <= 40 ? text : text.substr(0, 37) + "...";
+}
+
+// Whether an integer of the record fits the field's type: a negative seq or a rank past int's range
+// is an error, not a wrapped number.
+template <class Int>
+bool fits(uint64_t u) {
+  if constexpr (std::is_unsigned_v<Int> && sizeof(Int) >= sizeof(uint64_t)) {
+    return true;
+  } else {
+    return u <= static_cast<uint64_t>(std::numeric_limits<Int>::max());
+  }
+}
+
+template <class Int>
+bool fits(int64_t i) {
+  if constexpr (std::is_unsigned_v<Int>) {
+    return i >= 0;
+  } else {
+    return i >= static_cast<int64_t>(std::numeric_limits<Int>::min());
+  }
+}
+
+// The fields of one object of a flight record, read with the type the writer gave them; every
+// error names the file and the field ("collectives[2].seq").
+class Fields {
+ public:
+  // `where`: the object's path in the record, "" for the record itself.
+  Fields(const json& object, std::string where, const std::string& file)
+      : object_(object), where_(std::move(where)), file_(file) {
+    if (!object_.is_object()) {
+      not_a_record(file_, fmt::format("{} is {}, not an object",
+                                      where_.empty() ? "the top level" : where_, shown(object_)));
+    }
+  }
+
+  const json& at(const char* key) const {
+    const auto it = object_.find(key);
+    if (it == object_.end()) {
+      not_a_record(file_, where_.empty() ? fmt::format("no key '{}'", key)
+                                         : fmt::format("{} has no key '{}'", where_, key));
+    }
+    return *it;
+  }
+
+  std::string text(const char* key) const {
+    const json& v = at(key);
+    if (!v.is_string()) fail(key, "a string", v);
+    return v.get<std::string>();
+  }
+
+  double number(const char* key) const {
+    const json& v = at(key);
+    if (!v.is_number()) fail(key, "a number", v);
+    return v.get<double>();
+  }
+
+  // An integer that fits Int.
+  template <class Int>
+  Int integer(const char* key) const {
+    const json& v = at(key);
+    // nlohmann holds an integer >= 0 as unsigned, a negative one as signed.
+    if (v.is_number_unsigned() && fits<Int>(v.get<uint64_t>())) return v.get<Int>();
+    if (v.is_number_integer() && !v.is_number_unsigned() && fits<Int>(v.get<int64_t>())) {
+      return v.get<Int>();
+    }
+    fail(key,
+         fmt::format("an integer from {} to {}", std::numeric_limits<Int>::min(),
+                     std::numeric_limits<Int>::max()),
+         v);
+  }
+
+ private:
+  [[noreturn]] void fail(const char* key, const std::string& expected, const json& v) const {
+    not_a_record(file_, fmt::format("{}{}{}: expected {}, got {}", where_,
+                                    where_.empty() ? "" : ".", key, expected, shown(v)));
+  }
+
+  const json& object_;
+  std::string where_;
+  const std::string& file_;
+};
+
 CollectiveState state_of(const std::string& name, const std::string& file) {
   if (name == "issued") return CollectiveState::kIssued;
   if (name == "done") return CollectiveState::kDone;
   if (name == "failed") return CollectiveState::kFailed;
   throw InputError(fmt::format("{}: unknown collective state '{}'", file, name));
+}
+
+CollectiveRecord collective_of(const json& c, size_t index, const std::string& file) {
+  const Fields f(c, fmt::format("collectives[{}]", index), file);
+  CollectiveRecord r;
+  r.seq = f.integer<uint64_t>("seq");
+  r.op = f.text("op");
+  r.phase = f.text("phase");
+  r.bytes = f.integer<int64_t>("bytes");
+  r.start = f.number("start");
+  r.end = f.number("end");
+  r.state = state_of(f.text("state"), file);
+  return r;
 }
 
 std::optional<CollectiveRecord> record_of(const FlightDump& d, uint64_t seq) {
@@ -237,35 +352,34 @@ std::string newest_diagnosis(const std::vector<FlightDump>& dumps, uint64_t newe
 }  // namespace
 
 FlightDump parse_flight_dump(const std::string& text, const std::string& file) {
+  json root;
   try {
-    const YAML::Node root = YAML::Load(text);
-    FlightDump d;
-    d.file = file;
-    d.rank = root["rank"].as<int>();
-    d.world_size = root["world_size"].as<int>();
-    d.reason = root["reason"].as<std::string>();
-    d.time = root["time"].as<double>();
-    d.phase = root["phase"].as<std::string>();
-    d.last_issued = root["last_issued"].as<uint64_t>();
-    for (const auto& c : root["collectives"]) {
-      CollectiveRecord r;
-      r.seq = c["seq"].as<uint64_t>();
-      r.op = c["op"].as<std::string>();
-      r.phase = c["phase"].as<std::string>();
-      r.bytes = c["bytes"].as<int64_t>();
-      r.start = c["start"].as<double>();
-      r.end = c["end"].as<double>();
-      r.state = state_of(c["state"].as<std::string>(), file);
-      d.collectives.push_back(std::move(r));
-    }
-    if (d.rank < 0 || d.rank >= d.world_size) {
-      throw InputError(
-          fmt::format("{}: rank {} outside world size {}", file, d.rank, d.world_size));
-    }
-    return d;
-  } catch (const YAML::Exception& e) {
-    throw InputError(fmt::format("{}: not a flight record: {}", file, e.what()));
+    root = json::parse(text);
+  } catch (const json::exception& e) {
+    // A syntax error (parse_error) names the line and column; a number past double's range is an
+    // out_of_range.
+    not_a_record(file, without_exception_id(e.what()));
   }
+  const Fields f(root, "", file);
+  FlightDump d;
+  d.file = file;
+  d.rank = f.integer<int>("rank");
+  d.world_size = f.integer<int>("world_size");
+  d.reason = f.text("reason");
+  d.time = f.number("time");
+  d.phase = f.text("phase");
+  d.last_issued = f.integer<uint64_t>("last_issued");
+  const json& collectives = f.at("collectives");
+  if (!collectives.is_array()) {
+    not_a_record(file, fmt::format("collectives is {}, not an array", shown(collectives)));
+  }
+  for (size_t i = 0; i < collectives.size(); ++i) {
+    d.collectives.push_back(collective_of(collectives[i], i, file));
+  }
+  if (d.rank < 0 || d.rank >= d.world_size) {
+    throw InputError(fmt::format("{}: rank {} outside world size {}", file, d.rank, d.world_size));
+  }
+  return d;
 }
 
 std::vector<FlightDump> read_flight_dumps(const std::string& dir) {

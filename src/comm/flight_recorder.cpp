@@ -1,9 +1,10 @@
 #include "ddp/comm/flight_recorder.h"
 
-#include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 
 namespace ddp::comm {
 namespace {
@@ -11,20 +12,23 @@ namespace {
 std::atomic<uint64_t> g_dump_requests{0};
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "incremented in a signal handler");
 
-// A JSON string literal of `s` (quotes, backslashes and control characters escaped).
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += fmt::format("\\u{:04x}", static_cast<int>(c));
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
+using Json = nlohmann::ordered_json;  // ordered: the keys stay in the order they are set
+
+// Seconds to the millisecond, the precision the records have always been written with.
+double to_milliseconds(double seconds) {
+  return std::round(seconds * 1e3) / 1e3;
+}
+
+Json record_json(const CollectiveRecord& r) {
+  Json c;
+  c["seq"] = r.seq;
+  c["op"] = r.op;
+  c["phase"] = r.phase;
+  c["bytes"] = r.bytes;
+  c["start"] = to_milliseconds(r.start);
+  c["end"] = to_milliseconds(r.end);
+  c["state"] = to_string(r.state);
+  return c;
 }
 
 }  // namespace
@@ -103,21 +107,21 @@ uint64_t FlightRecorder::last_issued() const {
 std::string FlightRecorder::to_json(int rank, int world_size, const std::string& backend,
                                     const std::string& reason) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  std::string out = fmt::format(
-      "{{\"rank\": {}, \"world_size\": {}, \"backend\": {}, \"reason\": {}, \"time\": {:.3f}, "
-      "\"phase\": {}, \"last_issued\": {}, \"collectives\": [",
-      rank, world_size, json_string(backend), json_string(reason), wall_time(), json_string(phase_),
-      last_issued_);
-  bool first = true;
-  for (const auto& r : records_) {
-    out += fmt::format(
-        "{}\n  {{\"seq\": {}, \"op\": {}, \"phase\": {}, \"bytes\": {}, \"start\": {:.3f}, "
-        "\"end\": {:.3f}, \"state\": \"{}\"}}",
-        first ? "" : ",", r.seq, json_string(r.op), json_string(r.phase), r.bytes, r.start, r.end,
-        to_string(r.state));
-    first = false;
-  }
-  return out + "]}\n";
+  Json record;
+  record["rank"] = rank;
+  record["world_size"] = world_size;
+  record["backend"] = backend;
+  record["reason"] = reason;
+  record["time"] = to_milliseconds(wall_time());
+  record["phase"] = phase_;
+  record["last_issued"] = last_issued_;
+  Json collectives = Json::array();
+  for (const auto& r : records_) collectives.push_back(record_json(r));
+  record["collectives"] = std::move(collectives);
+  // Indented, one field a line, for a reader with `less`. An error message or an op name may hold
+  // bytes that are not UTF-8 (JSON must be): those become U+FFFD rather than an exception that
+  // would lose the whole record.
+  return record.dump(2, ' ', /*ensure_ascii=*/false, Json::error_handler_t::replace) + "\n";
 }
 
 void request_flight_dump_from_signal() {

@@ -1,9 +1,9 @@
 #include "ddp/train/metrics.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <cmath>
-#include <cstdlib>
 #include <sstream>
 
 #include "ddp/common/error.h"
@@ -11,9 +11,15 @@
 namespace ddp::train {
 namespace {
 
-// JSON has no NaN or infinity (a diverged loss): those are null, as a missing value is.
-std::string number_or_null(const std::optional<double>& v) {
-  return v && std::isfinite(*v) ? fmt::format("{:.9g}", *v) : "null";
+using Json = nlohmann::ordered_json;  // ordered: the keys stay in the order they are set
+
+// A figure to `digits` significant digits, as the file has always held them: equal runs write
+// equal lines, and a figure read back compares equal to the rounded one. fmt's "%g" text is a JSON
+// number; read as one, it keeps its value and whether it is an integer. JSON has no NaN or
+// infinity (a diverged loss): those are null, as a missing value is.
+Json figure(const std::optional<double>& v, int digits = 9) {
+  if (!v || !std::isfinite(*v)) return nullptr;
+  return Json::parse(fmt::format("{:.{}g}", *v, digits));
 }
 
 // A field of optional scores, as an optional.
@@ -28,20 +34,22 @@ std::optional<double> field(const std::optional<Scores>& scores, Field get) {
 std::string to_json(const EpochMetrics& m) {
   const auto& v = m.val;
   const auto& t = m.test;
-  return fmt::format(
-      "{{\"epoch\": {}, \"steps\": {}, \"lr\": {:.9g}, \"train_loss\": {}, \"val_loss\": {}, "
-      "\"val_mae\": {}, \"test_loss\": {}, \"test_accuracy\": {}, \"test_mae\": {}, "
-      "\"naive_test_loss\": {}, \"naive_test_mae\": {}, \"samples_per_s\": {:.6g}, "
-      "\"epoch_seconds\": {:.6g}, \"grad_bytes_per_step\": {:.9g}}}",
-      m.epoch, m.steps, m.lr, number_or_null(m.train_loss),
-      number_or_null(field(v, [](const Scores& s) { return std::optional(s.loss); })),
-      number_or_null(field(v, [](const Scores& s) { return s.mae; })),
-      number_or_null(field(t, [](const Scores& s) { return std::optional(s.loss); })),
-      number_or_null(field(t, [](const Scores& s) { return s.accuracy; })),
-      number_or_null(field(t, [](const Scores& s) { return s.mae; })),
-      number_or_null(field(t, [](const Scores& s) { return s.naive_loss; })),
-      number_or_null(field(t, [](const Scores& s) { return s.naive_mae; })), m.samples_per_s,
-      m.epoch_seconds, m.grad_bytes_per_step);
+  Json j;
+  j["epoch"] = m.epoch;
+  j["steps"] = m.steps;
+  j["lr"] = figure(m.lr);
+  j["train_loss"] = figure(m.train_loss);
+  j["val_loss"] = figure(field(v, [](const Scores& s) { return std::optional(s.loss); }));
+  j["val_mae"] = figure(field(v, [](const Scores& s) { return s.mae; }));
+  j["test_loss"] = figure(field(t, [](const Scores& s) { return std::optional(s.loss); }));
+  j["test_accuracy"] = figure(field(t, [](const Scores& s) { return s.accuracy; }));
+  j["test_mae"] = figure(field(t, [](const Scores& s) { return s.mae; }));
+  j["naive_test_loss"] = figure(field(t, [](const Scores& s) { return s.naive_loss; }));
+  j["naive_test_mae"] = figure(field(t, [](const Scores& s) { return s.naive_mae; }));
+  j["samples_per_s"] = figure(m.samples_per_s, 6);
+  j["epoch_seconds"] = figure(m.epoch_seconds, 6);
+  j["grad_bytes_per_step"] = figure(m.grad_bytes_per_step);
+  return j.dump();  // one line: no indent, and a newline in a string is written as \n
 }
 
 std::string describe(const EpochMetrics& m) {
@@ -62,10 +70,13 @@ std::string describe(const EpochMetrics& m) {
 std::string metrics_up_to(const std::string& jsonl, int64_t last_epoch) {
   std::istringstream in(jsonl);
   std::string out, line;
-  const std::string field = "{\"epoch\": ";
   while (std::getline(in, line)) {
-    if (line.rfind(field, 0) != 0) continue;  // not a line of ours: dropped
-    if (std::strtoll(line.c_str() + field.size(), nullptr, 10) <= last_epoch) out += line + "\n";
+    // Not a line of ours (not an object with an integer epoch; cut short by a crash): dropped.
+    const auto record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!record.is_object()) continue;
+    const auto epoch = record.find("epoch");
+    if (epoch == record.end() || !epoch->is_number_integer()) continue;
+    if (epoch->get<int64_t>() <= last_epoch) out += line + "\n";  // as written, byte for byte
   }
   return out;
 }

@@ -1,6 +1,9 @@
 #include "ddp/train/timeline.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
 
 #include "ddp/comm/flight_recorder.h"
 #include "ddp/comm/host_collectives.h"
@@ -8,6 +11,31 @@
 #include "ddp/common/log.h"
 
 namespace ddp::train {
+namespace {
+
+using Json = nlohmann::ordered_json;  // ordered: the keys stay in the order they are set
+
+// Microseconds to the nanosecond, the precision the trace has always been written with.
+double to_nanoseconds(double us) {
+  return std::round(us * 1e3) / 1e3;
+}
+
+// A metadata event ("process_name", ...) of process `pid`, lane `tid`.
+Json metadata_event(const char* name, int pid, int tid, Json args) {
+  Json e;
+  e["name"] = name;
+  e["ph"] = "M";
+  e["pid"] = pid;
+  e["tid"] = tid;
+  e["args"] = std::move(args);
+  return e;
+}
+
+std::string event_text(const Json& event) {
+  return event.dump(-1, ' ', /*ensure_ascii=*/false, Json::error_handler_t::replace);
+}
+
+}  // namespace
 
 Timeline::Timeline(size_t max_events)
     : max_events_(max_events), start_steady_(Clock::now()), start_wall_(comm::wall_time()) {
@@ -31,37 +59,42 @@ std::string Timeline::trace_events(int rank, double origin_wall) const {
   const auto us = [&](Clock::time_point t) {
     return offset_us + std::chrono::duration<double, std::micro>(t - start_steady_).count();
   };
-  // Metadata first: the process is the rank, lane 0 the step, the others the buckets.
-  std::string out = fmt::format(
-      "{{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": {0}, \"tid\": 0, \"args\": "
-      "{{\"name\": \"rank {0}\"}}}},\n{{\"name\": \"process_sort_index\", \"ph\": \"M\", \"pid\": "
-      "{0}, \"tid\": 0, \"args\": {{\"sort_index\": {0}}}}}",
-      rank);
+  // Metadata first: the process is the rank, lane 0 the step, the others the buckets. One event a
+  // line, each dumped on its own: chrome_trace() joins the ranks' texts without parsing them.
+  std::string out =
+      event_text(metadata_event("process_name", rank, 0, {{"name", fmt::format("rank {}", rank)}}));
+  out += ",\n" + event_text(metadata_event("process_sort_index", rank, 0, {{"sort_index", rank}}));
   int lanes = 0;
   for (const auto& e : events_) lanes = std::max(lanes, e.lane + 1);
   for (int lane = 0; lane < std::max(lanes, 1); ++lane) {
     const std::string name = lane == kStepLane
                                  ? "training step"
                                  : fmt::format("bucket {} all-reduce", lane - kBucketLane);
-    out += fmt::format(
-        ",\n{{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": {}, \"tid\": {}, \"args\": "
-        "{{\"name\": \"{}\"}}}}",
-        rank, lane, name);
+    out += ",\n" + event_text(metadata_event("thread_name", rank, lane, {{"name", name}}));
   }
   for (const auto& e : events_) {
-    std::string args;
-    if (e.step >= 0) args += fmt::format("\"step\": {}", e.step);
-    if (e.bytes >= 0) args += fmt::format("{}\"bytes\": {}", args.empty() ? "" : ", ", e.bytes);
+    Json event;
+    event["name"] = e.name;
+    event["cat"] = e.category;
+    event["ph"] = "X";
+    event["pid"] = rank;
+    event["tid"] = e.lane;
     const double begin = us(e.begin);
-    out += fmt::format(
-        ",\n{{\"name\": \"{}\", \"cat\": \"{}\", \"ph\": \"X\", \"pid\": {}, \"tid\": {}, "
-        "\"ts\": {:.3f}, \"dur\": {:.3f}, \"args\": {{{}}}}}",
-        e.name, e.category, rank, e.lane, begin, std::max(0.0, us(e.end) - begin), args);
+    event["ts"] = to_nanoseconds(begin);
+    event["dur"] = to_nanoseconds(std::max(0.0, us(e.end) - begin));
+    Json args = Json::object();
+    if (e.step >= 0) args["step"] = e.step;
+    if (e.bytes >= 0) args["bytes"] = e.bytes;
+    event["args"] = std::move(args);
+    out += ",\n";
+    out += event_text(event);
   }
   return out;
 }
 
 std::string chrome_trace(const std::vector<std::string>& rank_events) {
+  // The ranks' events are joined as text, not parsed into one document: a long run has millions
+  // of events, each about ten JSON values, which as nlohmann values take gigabytes.
   std::string out = "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
   for (size_t r = 0; r < rank_events.size(); ++r) {
     if (r > 0) out += ",\n";

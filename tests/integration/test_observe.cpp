@@ -2,7 +2,7 @@
 // progress, as log lines through a pipe and as a bar on a terminal (a pseudo-terminal from
 // util-linux's `script`).
 #include <gtest/gtest.h>
-#include <yaml-cpp/yaml.h>
+#include <nlohmann/json.hpp>
 
 #include <map>
 #include <regex>
@@ -49,15 +49,16 @@ TEST(Timeline, TwoRanksShowEveryPhaseAndAllReducesOverlappingBackward) {
   ASSERT_EQ(valid.exit_code, 0) << valid.output;
 
   std::map<int, std::vector<Span>> ranks;
-  for (const auto& e : YAML::LoadFile(trace)["traceEvents"]) {
-    if (e["ph"].as<std::string>() != "X") continue;
+  const auto document = nlohmann::json::parse(ddp::testing::read_file(trace));
+  for (const auto& e : document.at("traceEvents")) {
+    if (e.at("ph") != "X") continue;
     Span s;
-    s.name = e["name"].as<std::string>();
-    s.tid = e["tid"].as<int>();
-    s.begin = e["ts"].as<double>();
-    s.end = s.begin + e["dur"].as<double>();
-    if (e["args"]["step"]) s.step = e["args"]["step"].as<int64_t>();
-    ranks[e["pid"].as<int>()].push_back(s);
+    s.name = e.at("name").get<std::string>();
+    s.tid = e.at("tid").get<int>();
+    s.begin = e.at("ts").get<double>();
+    s.end = s.begin + e.at("dur").get<double>();
+    s.step = e.at("args").value("step", int64_t{-1});
+    ranks[e.at("pid").get<int>()].push_back(s);
   }
   ASSERT_EQ(ranks.size(), 2u);
   for (const auto& [rank, spans] : ranks) {

@@ -1,12 +1,12 @@
 #pragma once
 // Reading what a ddp_train run wrote, for tests: a metrics field, and weights files compared
-// bitwise. Header-only: tests that include it link ddp::train.
+// bitwise. Header-only: tests that include it link ddp::train and nlohmann_json.
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include <fstream>
-#include <regex>
 #include <string>
 
 #include "ddp/train/pt_file.h"
@@ -14,11 +14,14 @@
 
 namespace ddp::testing {
 
-// The number after "name": in a metrics JSON line (0 and a test failure when absent).
-inline double metrics_field(const std::string& json, const std::string& name) {
-  std::smatch m;
-  EXPECT_TRUE(std::regex_search(json, m, std::regex("\"" + name + "\": ([-0-9.e+]+)"))) << json;
-  return m.empty() ? 0.0 : std::stod(m[1]);
+// The number `name` of a metrics JSON line; of the first line where `jsonl` has several. 0 and a
+// test failure when the line does not parse or has no such number (null: NaN, a missing score).
+inline double metrics_field(const std::string& jsonl, const std::string& name) {
+  const std::string line = jsonl.substr(0, jsonl.find('\n'));
+  const auto record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  const bool found = record.is_object() && record.contains(name) && record.at(name).is_number();
+  EXPECT_TRUE(found) << "no number '" << name << "' in the metrics line " << line;
+  return found ? record.at(name).get<double>() : 0.0;
 }
 
 // The last line of a run's metrics.jsonl in `dir`.

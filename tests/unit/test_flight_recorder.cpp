@@ -2,10 +2,13 @@
 // the stall warning's text, and the diagnosis of hand-made records.
 #include <gtest/gtest.h>
 
+#include <string>
+
 #include "ddp/comm/diagnose.h"
 #include "ddp/comm/flight_recorder.h"
 #include "ddp/comm/process_group.h"
 #include "ddp/common/error.h"
+#include "subprocess.h"
 
 namespace {
 
@@ -47,6 +50,100 @@ TEST(FlightRecorder, KeepsTheLastCollectivesWithPhaseAndState) {
   EXPECT_EQ(dump.collectives[1].state, CollectiveState::kFailed);
   EXPECT_NEAR(dump.collectives[2].start, records[2].start, 1e-3);
   EXPECT_THROW(ddp::comm::parse_flight_dump("{\"rank\": 1}", "bad.json"), ddp::InputError);
+}
+
+// Reads a flight record with Python's json, checks the strings that argv holds, and writes back
+// what it read (escaped differently: ensure_ascii), for the C++ reader to read in turn.
+constexpr const char* kPythonRoundTrip = R"(
+import json, os, sys
+path, out = sys.argv[1], sys.argv[5]
+# The bytes the test passed, whatever the locale made of them.
+phase, op, reason = (os.fsencode(arg).decode("utf-8") for arg in sys.argv[2:5])
+with open(path, encoding="utf-8") as f:
+    record = json.load(f)
+assert record["phase"] == phase, (record["phase"], phase)
+assert record["reason"] == reason, (record["reason"], reason)
+assert [c["op"] for c in record["collectives"]] == [op, op + " 2"], record["collectives"]
+assert all(c["phase"] == phase for c in record["collectives"]), record["collectives"]
+with open(out, "w", encoding="ascii") as f:
+    json.dump(record, f)
+)";
+
+// Strings with quotes, backslashes, newlines, control characters and UTF-8 come back equal
+// through Python's json and through the hang doctor's reader.
+TEST(FlightRecorder, TheRecordIsJsonThatPythonAndTheDoctorReadBackEqual) {
+  const std::string phase = "step 1: \"forward\" \\ of\nline two";
+  const std::string op = "all_reduce(\"sum\") \\n\t\x01 caf\xc3\xa9";
+  const std::string reason = "rank 0: \"all_reduce\" timed out\nC:\\path";
+  FlightRecorder recorder;
+  recorder.set_phase(phase);
+  recorder.issued(1, op, 8);
+  recorder.finished(1, true);
+  recorder.issued(2, op + " 2", 16);
+  ddp::testing::TempDir dir;
+  const std::string written = dir.file("rank0.json"), reread = dir.file("python.json");
+  ddp::testing::write_file(written, recorder.to_json(0, 1, "gloo", reason));
+  const auto python = ddp::testing::run_process(
+      {DDP_PYTHON, "-c", kPythonRoundTrip, written, phase, op, reason, reread});
+  ASSERT_EQ(python.exit_code, 0) << python.output;
+  for (const auto& file : {written, reread}) {
+    const auto dump = ddp::comm::parse_flight_dump(ddp::testing::read_file(file), file);
+    EXPECT_EQ(dump.phase, phase) << file;
+    EXPECT_EQ(dump.reason, reason) << file;
+    ASSERT_EQ(dump.collectives.size(), 2u) << file;
+    EXPECT_EQ(dump.collectives[0].op, op) << file;
+    EXPECT_EQ(dump.collectives[0].phase, phase) << file;
+    EXPECT_EQ(dump.collectives[0].state, CollectiveState::kDone) << file;
+    EXPECT_EQ(dump.collectives[1].op, op + " 2") << file;
+    EXPECT_EQ(dump.collectives[1].state, CollectiveState::kIssued) << file;
+  }
+}
+
+// JSON strings are UTF-8: a byte that is not (from an error message) becomes U+FFFD instead of
+// costing the record.
+TEST(FlightRecorder, BytesThatAreNotUtf8BecomeReplacementCharacters) {
+  FlightRecorder recorder;
+  recorder.issued(1, "all_reduce \xff", 8);
+  const auto dump =
+      ddp::comm::parse_flight_dump(recorder.to_json(0, 1, "gloo", "bad \xc3"), "r0.json");
+  EXPECT_EQ(dump.reason, "bad \xef\xbf\xbd");
+  ASSERT_EQ(dump.collectives.size(), 1u);
+  EXPECT_EQ(dump.collectives[0].op, "all_reduce \xef\xbf\xbd");
+}
+
+// The message of an InputError that `text` (as file "rank3.json") throws; "" when it parses.
+std::string record_error(const std::string& text) {
+  try {
+    ddp::comm::parse_flight_dump(text, "rank3.json");
+  } catch (const ddp::InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(FlightRecorder, ABadRecordIsNamedWithTheLineOrTheFieldAtFault) {
+  // A record cut short: where, then the library's words for what.
+  EXPECT_EQ(record_error("{\"rank\": 1,\n  \"world_size\": 2,\n")
+                .rfind("rank3.json: not a flight record: parse error at line 3, column 1: ", 0),
+            0u);
+  EXPECT_EQ(record_error(R"({"rank": 1e999})"),
+            "rank3.json: not a flight record: number overflow parsing '1e999'");
+  EXPECT_EQ(record_error("[1, 2]"),
+            "rank3.json: not a flight record: the top level is array, not an object");
+  EXPECT_EQ(record_error("{\"rank\": 1}"), "rank3.json: not a flight record: no key 'world_size'");
+  const std::string head =
+      R"({"rank": 0, "world_size": 1, "backend": "gloo", "reason": "", "time": 1.5, "phase": "",)"
+      R"( "last_issued": 1, "collectives": )";
+  EXPECT_EQ(record_error(head + "[]}"), "");
+  EXPECT_EQ(record_error(head + "{}}"),
+            "rank3.json: not a flight record: collectives is object, not an array");
+  EXPECT_EQ(record_error(head +
+                         R"([{"seq": -1, "op": "x", "phase": "", "bytes": 0, "start": 0, "end": 0,)"
+                         R"( "state": "done"}]})"),
+            "rank3.json: not a flight record: collectives[0].seq: expected an integer from 0 to "
+            "18446744073709551615, got -1");
+  EXPECT_EQ(record_error(head + R"([{"seq": 1, "op": 7}]})"),
+            "rank3.json: not a flight record: collectives[0].op: expected a string, got 7");
 }
 
 TEST(FlightRecorder, StallMessageNamesTheRanksThatHaveNotEnteredTheCollective) {

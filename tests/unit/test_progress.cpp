@@ -1,10 +1,15 @@
 // What a run shows of itself, as pure logic: the progress line and bar (--progress), and the
 // timeline's Chrome trace events (--timeline) from hand-made spans.
 #include <gtest/gtest.h>
-#include <yaml-cpp/yaml.h>
+#include <nlohmann/json.hpp>
+
+#include <map>
+#include <string>
+#include <vector>
 
 #include "ddp/train/progress.h"
 #include "ddp/train/timeline.h"
+#include "subprocess.h"
 
 namespace {
 
@@ -88,34 +93,39 @@ TEST(Timeline, TraceEventsAreChromeCompleteEventsOnTheRanksLanes) {
   // Written against an origin 1 s before this timeline started.
   const std::string trace =
       ddp::train::chrome_trace({timeline.trace_events(3, timeline.start_wall() - 1.0)});
-  const YAML::Node root = YAML::Load(trace);  // JSON is YAML
-  const YAML::Node events = root["traceEvents"];
-  ASSERT_TRUE(events.IsSequence()) << trace;
-  std::map<std::string, size_t> complete;  // name -> index (yaml-cpp nodes alias on copy)
+  const auto root = nlohmann::json::parse(trace);
+  const auto& events = root.at("traceEvents");
+  ASSERT_TRUE(events.is_array()) << trace;
+  std::map<std::string, nlohmann::json> complete;  // name -> event
   std::vector<std::string> lanes;
-  for (size_t i = 0; i < events.size(); ++i) {
-    const YAML::Node e = events[i];
-    EXPECT_EQ(e["pid"].as<int>(), 3);
-    if (e["ph"].as<std::string>() == "X") complete[e["name"].as<std::string>()] = i;
-    if (e["name"].as<std::string>() == "thread_name") {
-      lanes.push_back(e["args"]["name"].as<std::string>());
-    }
+  for (const auto& e : events) {
+    EXPECT_EQ(e.at("pid"), 3);
+    if (e.at("ph") == "X") complete[e.at("name").get<std::string>()] = e;
+    if (e.at("name") == "thread_name") lanes.push_back(e.at("args").at("name").get<std::string>());
   }
   EXPECT_EQ(lanes, (std::vector<std::string>{"training step", "bucket 0 all-reduce",
                                              "bucket 1 all-reduce"}));
   ASSERT_EQ(complete.size(), 2u) << trace;
-  const YAML::Node backward = events[complete["backward"]];
-  const YAML::Node reduce = events[complete["all-reduce"]];
-  EXPECT_EQ(backward["tid"].as<int>(), 0);
-  EXPECT_EQ(reduce["tid"].as<int>(), 2);
-  EXPECT_EQ(reduce["cat"].as<std::string>(), "comm");
-  EXPECT_EQ(reduce["args"]["bytes"].as<int64_t>(), 4096);
-  EXPECT_EQ(backward["args"]["step"].as<int64_t>(), 7);
-  EXPECT_NEAR(backward["dur"].as<double>(), 300.0, 1e-3);
-  EXPECT_NEAR(reduce["ts"].as<double>() - backward["ts"].as<double>(), 150.0, 1e-3);
+  const auto& backward = complete["backward"];
+  const auto& reduce = complete["all-reduce"];
+  EXPECT_EQ(backward.at("tid"), 0);
+  EXPECT_EQ(reduce.at("tid"), 2);
+  EXPECT_EQ(reduce.at("cat"), "comm");
+  EXPECT_EQ(reduce.at("args").at("bytes"), 4096);
+  EXPECT_EQ(backward.at("args").at("step"), 7);
+  EXPECT_NEAR(backward.at("dur").get<double>(), 300.0, 1e-3);
+  EXPECT_NEAR(reduce.at("ts").get<double>() - backward.at("ts").get<double>(), 150.0, 1e-3);
   // Steady times become microseconds after the origin; t0 is at or after the start.
-  EXPECT_GE(backward["ts"].as<double>(), 1e6 + 100.0 - 1.0);
-  EXPECT_LT(backward["ts"].as<double>(), 1e6 + 100.0 + 5e5);
+  EXPECT_GE(backward.at("ts").get<double>(), 1e6 + 100.0 - 1.0);
+  EXPECT_LT(backward.at("ts").get<double>(), 1e6 + 100.0 + 5e5);
+
+  // Python's json reads the file as well.
+  ddp::testing::TempDir dir;
+  ddp::testing::write_file(dir.file("trace.json"), trace);
+  const auto python = ddp::testing::run_process(
+      {DDP_PYTHON, "-c", "import json, sys; json.load(open(sys.argv[1], encoding='utf-8'))",
+       dir.file("trace.json")});
+  EXPECT_EQ(python.exit_code, 0) << python.output;
 }
 
 TEST(Timeline, KeepsAtMostItsLimitAndCountsTheRest) {

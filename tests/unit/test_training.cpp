@@ -1,11 +1,14 @@
 // Training end to end in one process: the loss falls and the MLP learns Fashion-MNIST.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <torch/torch.h>
 #include <limits>
 
+#include "ddp/train/metrics.h"
 #include "ddp/train/trainer.h"
 #include "ddp/train/workload.h"
+#include "run_files.h"
 #include "subprocess.h"
 
 namespace {
@@ -123,9 +126,61 @@ TEST(Metrics, NonFiniteValuesAreWrittenAsNull) {
   test.loss = std::numeric_limits<double>::infinity();
   test.accuracy = 0.1;
   m.test = test;
-  const std::string json = ddp::train::to_json(m);
-  EXPECT_NE(json.find("\"train_loss\": null"), std::string::npos) << json;
-  EXPECT_NE(json.find("\"test_loss\": null"), std::string::npos) << json;
-  EXPECT_NE(json.find("\"test_accuracy\": 0.1"), std::string::npos) << json;
+  const auto json = nlohmann::json::parse(ddp::train::to_json(m));
+  EXPECT_TRUE(json.at("train_loss").is_null()) << json;
+  EXPECT_TRUE(json.at("test_loss").is_null()) << json;
+  EXPECT_EQ(json.at("test_accuracy"), 0.1) << json;
+}
+
+// Reads metrics.jsonl line by line with Python's json: one object a line, the keys in their
+// documented order, each figure the number written (to 9 significant digits), null for NaN.
+constexpr const char* kCheckMetrics = R"(
+import json, sys
+keys = ["epoch", "steps", "lr", "train_loss", "val_loss", "val_mae", "test_loss", "test_accuracy",
+        "test_mae", "naive_test_loss", "naive_test_mae", "samples_per_s", "epoch_seconds",
+        "grad_bytes_per_step"]
+with open(sys.argv[1], encoding="utf-8") as f:
+    lines = f.read().split("\n")
+assert lines[-1] == "", "the last line has no newline"
+records = [json.loads(line) for line in lines[:-1]]
+assert [list(r) for r in records] == [keys, keys], records
+first, second = records
+assert (first["epoch"], first["steps"], first["lr"]) == (1, 3, 0.025), first
+assert first["train_loss"] == 0.123456789 and first["samples_per_s"] == 1234.57, first
+assert first["val_loss"] is None and first["test_accuracy"] == 0.875, first
+assert second["train_loss"] is None and second["val_loss"] == 1e-07, second
+)";
+
+TEST(Metrics, TheFileIsJsonLinesThatPythonAndTheTestsReadBackEqual) {
+  ddp::testing::TempDir dir;
+  const std::string path = dir.file("metrics.jsonl");
+  ddp::train::EpochMetrics m;
+  m.epoch = 1;
+  m.steps = 3;
+  m.lr = 0.025;
+  m.train_loss = 0.123456789123;
+  m.samples_per_s = 1234.5678;
+  ddp::train::Scores test;
+  test.loss = 0.5;
+  test.accuracy = 0.875;
+  m.test = test;
+  {
+    ddp::train::MetricsWriter writer(path);
+    writer.write(m);
+    m.epoch = 2;
+    m.train_loss = std::numeric_limits<double>::quiet_NaN();
+    ddp::train::Scores val;
+    val.loss = 1e-7;
+    m.val = val;
+    writer.write(m);
+  }
+  const auto python = ddp::testing::run_process({DDP_PYTHON, "-c", kCheckMetrics, path});
+  EXPECT_EQ(python.exit_code, 0) << python.output;
+  // The tests' reader and a resume's (metrics_up_to) see the same figures and lines.
+  const std::string jsonl = ddp::testing::read_file(path);
+  EXPECT_EQ(ddp::testing::metrics_field(jsonl, "train_loss"), 0.123456789);
+  EXPECT_EQ(ddp::testing::metrics_field(jsonl, "lr"), 0.025);
+  EXPECT_EQ(ddp::train::metrics_up_to(jsonl, 1), jsonl.substr(0, jsonl.find('\n') + 1));
+  EXPECT_EQ(ddp::train::metrics_up_to(jsonl, 2), jsonl);
 }
 }  // namespace

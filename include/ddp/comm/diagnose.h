@@ -23,7 +23,8 @@ struct FlightDump {
   std::vector<CollectiveRecord> collectives;  // oldest first
 };
 
-// Parses one rank<r>.json. Throws InputError naming `file` when it is not a flight record.
+// Parses one rank<r>.json. Throws InputError naming `file` when it is not a flight record, and
+// where: the line and column of a JSON syntax error, the field that is missing or of a wrong type.
 FlightDump parse_flight_dump(const std::string& text, const std::string& file);
 
 // The records in `dir`/debug (or in `dir` itself when it holds rank*.json files), by rank.

@@ -50,7 +50,8 @@ class FlightRecorder {
 
   // {"rank": r, "world_size": n, "backend": b, "reason": why, "time": now, "phase": current,
   //  "last_issued": seq, "collectives": [{"seq", "op", "phase", "bytes", "start", "end",
-  //  "state"}, ...]}
+  //  "state"}, ...]}, indented; times to the millisecond. Strings are UTF-8: bytes that are not
+  //  (an error message may hold any) become U+FFFD.
   std::string to_json(int rank, int world_size, const std::string& backend,
                       const std::string& reason) const;
 

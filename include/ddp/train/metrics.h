@@ -31,10 +31,10 @@ struct EpochMetrics {
   double grad_bytes_per_step = 0.0;
 };
 
-// One JSON object per line: {"epoch": 1, "steps": 938, "lr": 0.1, "train_loss": ...,
+// One JSON object on one line: {"epoch":1,"steps":938,"lr":0.1,"train_loss":...,
 // "val_loss", "val_mae", "test_loss", "test_accuracy", "test_mae", "naive_test_loss",
-// "naive_test_mae", "samples_per_s", "epoch_seconds", "grad_bytes_per_step"}; an absent value
-// is null.
+// "naive_test_mae", "samples_per_s", "epoch_seconds", "grad_bytes_per_step"}, in this order; an
+// absent value (or NaN, infinity) is null. Figures to 9 significant digits, the two timings to 6.
 std::string to_json(const EpochMetrics& m);
 
 // The epoch's log line: "train loss 0.3, test loss 0.4, test accuracy 0.9, ..." with the figures
