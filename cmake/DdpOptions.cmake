@@ -15,6 +15,12 @@ set(DDP_NCCL_ROOT "" CACHE PATH
     "Prefix of the NCCL to use (include/nccl.h, lib/libnccl.so*). Default search: $ENV{NCCL_ROOT}, \
 the PyTorch wheel's site-packages/nvidia/nccl, the CUDA toolkit, /usr")
 
+# A translation unit that includes LibTorch costs seconds even with the precompiled header (loading
+# it, instantiating the same templates again); a unity build compiles the sources of a target in
+# batches, each batch one translation unit. docs/design.md has the figures.
+option(DDP_UNITY_BUILD "Compile each LibTorch target's sources in batches (CMake's unity build)" ON)
+set(DDP_UNITY_BATCH_SIZE 8 CACHE STRING "Sources per batch of the unity build")
+
 set(DDP_SANITIZE "" CACHE STRING
     "Sanitizers for every target, as -fsanitize= takes them (e.g. address,undefined); \"\": none. \
 scripts/sanitize.sh builds and runs the unit and multi-rank tests this way")

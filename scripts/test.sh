@@ -2,19 +2,33 @@
 # The README's second command: install, build, and run every test through ctest; then the unit
 # and multi-rank tests again under ASan and UBSan (scripts/sanitize.sh; DDP_SANITIZE_TESTS=0:
 # skip), and fuzz the input readers for ${DDP_FUZZ_SECONDS:-15} s each (scripts/fuzz.sh; 0: no
-# fuzzing). Exits non-zero when anything fails. Extra arguments go to ctest (e.g. -R Config).
+# fuzzing). Exits non-zero when anything fails; prints each stage's minutes.
+#
+# DDP_TEST_TIER=fast: the tests labelled `fast` only (ctest -L fast: pure functions and quick
+# single-process runs, a few minutes), without the sanitizer and fuzzing stages; the default,
+# `full`, is everything, as CI runs it. Extra arguments go to ctest (e.g. -R Config).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${DDP_BUILD_DIR:-$root/build}"
+# shellcheck source=scripts/lib/stage.sh
+source "$root/scripts/lib/stage.sh"
+tier="${DDP_TEST_TIER:-full}"
+case "$tier" in
+  fast) tier_args=(-L fast) ;;
+  full) tier_args=() ;;
+  *) echo "test.sh: DDP_TEST_TIER must be fast or full, not '$tier'" >&2; exit 2 ;;
+esac
 
-"$root/scripts/build.sh" -DDDP_BUILD_TESTS=ON -DDDP_WARNINGS_AS_ERRORS=ON
-(cd "$build" && ctest --output-on-failure -j "$(nproc)" "$@")
+stage "install and build" "$root/scripts/build.sh" -DDDP_BUILD_TESTS=ON -DDDP_WARNINGS_AS_ERRORS=ON
+stage "ctest ($tier)" bash -c 'cd "$1" && shift && ctest --output-on-failure -j "$(nproc)" "$@"' \
+  ctest "$build" "${tier_args[@]}" "$@"
+[[ "$tier" == full ]] || exit 0
 if [[ "${DDP_SANITIZE_TESTS:-1}" != 0 ]]; then
   # The MPI tests' second run under the sanitizers costs 4 minutes of CI's 40: by hand only.
-  DDP_SANITIZE_MPI="${DDP_SANITIZE_MPI:-0}" "$root/scripts/sanitize.sh"
+  stage "sanitizers" env DDP_SANITIZE_MPI="${DDP_SANITIZE_MPI:-0}" "$root/scripts/sanitize.sh"
 fi
 # 15 s per reader here, of CI's 40 minutes; scripts/fuzz.sh alone fuzzes 30 s by default.
 export DDP_FUZZ_SECONDS="${DDP_FUZZ_SECONDS:-15}"
 if [[ "$DDP_FUZZ_SECONDS" != 0 ]]; then
-  "$root/scripts/fuzz.sh"
+  stage "fuzzing" "$root/scripts/fuzz.sh"
 fi

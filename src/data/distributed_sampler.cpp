@@ -14,8 +14,7 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, int64_t world_size,
       world_size_(world_size),
       rank_(rank),
       shuffle_(shuffle),
-      seed_(seed),
-      drop_last_(drop_last) {
+      seed_(seed) {
   if (world_size <= 0 || rank < 0 || rank >= world_size) {
     throw InputError(
         fmt::format("DistributedSampler: rank {} is outside [0, world size {})", rank, world_size));

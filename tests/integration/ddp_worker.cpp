@@ -195,7 +195,10 @@ int check_graph(const std::shared_ptr<ddp::comm::ProcessGroup>& group,
   };
   // Each rank starts from its own initialisation (DDP broadcasts rank 0's); the reference is the
   // plain model, not checkpointed.
-  auto [net, net_forward] = make(100 + static_cast<uint64_t>(rank), true);
+  // Not a structured binding: the lambda below captures net_forward, which C++17 allows only
+  // for a variable (GCC accepts it anyway, clang does not).
+  auto [net, net_forward_of] = make(100 + static_cast<uint64_t>(rank), true);
+  Forward net_forward = std::move(net_forward_of);
   auto [reference, reference_forward] = make(100, false);
   ddp::DistributedDataParallel model(net, group,
                                      ddp::DistributedDataParallelOptions()

@@ -38,9 +38,8 @@ class DistributedSampler {
   int64_t rank_;
   bool shuffle_;
   uint64_t seed_;
-  bool drop_last_;
   int64_t epoch_ = 0;
-  int64_t num_samples_;
+  int64_t num_samples_;  // drop_last's only effect: indices() pads or truncates to this
 
   torch::Tensor order() const;  // the epoch's permutation (or 0..n-1 without shuffle)
 };
