@@ -1,5 +1,6 @@
 // launcher: torchrun's job for any program, without LibTorch (README "Launching").
 #include <fmt/format.h>
+#include <unistd.h>  // environ (declared with _GNU_SOURCE, which g++ and clang++ define)
 
 #include <cstdlib>
 #include <filesystem>
@@ -10,8 +11,6 @@
 #include "ddp/common/error.h"
 #include "options.h"
 #include "supervisor.h"
-
-extern char** environ;
 
 namespace {
 

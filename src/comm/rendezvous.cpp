@@ -1,6 +1,7 @@
 #include "ddp/comm/rendezvous.h"
 
 #include <fmt/format.h>
+#include <unistd.h>  // environ (declared with _GNU_SOURCE, which g++ and clang++ define)
 
 #include <algorithm>
 #include <charconv>
@@ -8,8 +9,6 @@
 
 #include "backends.h"
 #include "job_store.h"
-
-extern char** environ;
 
 namespace ddp::comm {
 namespace {

@@ -19,8 +19,11 @@
 
 #include "ddp/comm/rendezvous.h"
 #include "ddp/core/distributed_data_parallel.h"
+#include "tensor_compare.h"
 
 namespace {
+
+using ddp::testing::max_relative_error;
 
 using ddp::comm::ProcessGroup;
 using ddp::comm::ReduceOp;
@@ -198,16 +201,6 @@ torch::nn::Sequential make_net(uint64_t seed, torch::Device device) {
                             torch::nn::Linear(kHidden, kOut));
   net->to(device);
   return net;
-}
-
-double max_relative_error(const std::vector<torch::Tensor>& p,
-                          const std::vector<torch::Tensor>& q) {
-  double worst = 0.0;
-  for (size_t i = 0; i < p.size(); ++i) {
-    const double scale = std::max(q[i].abs().max().item<double>(), 1e-6);
-    worst = std::max(worst, (p[i] - q[i]).abs().max().item<double>() / scale);
-  }
-  return worst;
 }
 
 // DDP on this rank's GPU with batch kBatch against, in the same process and on the same GPU, the

@@ -20,8 +20,11 @@
 #include "ddp/core/powersgd.h"
 #include "ddp/core/zero_redundancy_optimizer.h"
 #include "ddp/train/pt_file.h"
+#include "tensor_compare.h"
 
 namespace {
+
+using ddp::testing::max_relative_error;
 
 constexpr int64_t kIn = 8, kHidden = 32, kOut = 4, kBatch = 6, kSteps = 5;
 
@@ -67,16 +70,6 @@ void clip_gradients(const std::vector<torch::Tensor>& params, const std::string&
   out.insert("norm", torch::tensor(norm, torch::kDouble));
   out.insert("max_norm", torch::tensor(kMaxNorm, torch::kDouble));
   ddp::train::write_pt_file(record, out);
-}
-
-double max_relative_error(const std::vector<torch::Tensor>& p,
-                          const std::vector<torch::Tensor>& q) {
-  double worst = 0.0;
-  for (size_t i = 0; i < p.size(); ++i) {
-    const double scale = std::max(q[i].abs().max().item<double>(), 1e-6);
-    worst = std::max(worst, (p[i] - q[i]).abs().max().item<double>() / scale);
-  }
-  return worst;
 }
 
 // BatchNorm's running statistics are buffers: each rank's forward updates them from its own
