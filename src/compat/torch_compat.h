@@ -13,6 +13,8 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/version.h>
 
+#include <sstream>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -70,5 +72,19 @@ inline void set_autocast_dtype(c10::DeviceType type, c10::ScalarType dtype) {
                      : at::autocast::set_autocast_cpu_dtype(dtype);
 }
 #endif
+
+// The key of parameter `p` in `optimizer.state()`: its TensorImpl's address as text up to 1.13
+// (what c10::guts::to_string printed), the address itself in 2.x.
+template <typename Optimizer>
+auto optimizer_state_key(const Optimizer& optimizer, const at::Tensor& p) {
+  using Key = typename std::decay_t<decltype(optimizer.state())>::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream text;
+    text << p.unsafeGetTensorImpl();
+    return text.str();
+  } else {
+    return static_cast<Key>(p.unsafeGetTensorImpl());
+  }
+}
 
 }  // namespace ddp::compat

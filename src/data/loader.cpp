@@ -61,7 +61,7 @@ Batch BatchLoader::make(int64_t index) const {
   if (options_.augment) {
     const uint64_t seed = mix(mix(mix(options_.seed) ^ static_cast<uint64_t>(options_.epoch)) ^
                               static_cast<uint64_t>(options_.rank)) ^
-                          static_cast<uint64_t>(index);
+                          static_cast<uint64_t>(options_.first_batch + index);
     batch = augment(batch, *options_.augment, mix(seed));
   }
   if (options_.pin_memory) {

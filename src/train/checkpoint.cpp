@@ -40,6 +40,12 @@ class Entries {
     const auto& v = get(key);
     return checked(key, v.isTensor() && v.toTensor().scalar_type() == at::kByte).toTensor();
   }
+  at::Tensor ids(const std::string& key) const {  // a 1-D int64 tensor
+    const auto& v = get(key);
+    return checked(key, v.isTensor() && v.toTensor().scalar_type() == at::kLong &&
+                            v.toTensor().dim() == 1)
+        .toTensor();
+  }
   std::vector<at::Tensor> byte_list(const std::string& key) const {
     std::vector<at::Tensor> out;
     for (const auto& item : checked(key, get(key).isList()).toListRef()) {
@@ -93,6 +99,7 @@ c10::IValue to_ivalue(const Checkpoint& c) {
   dict.insert("epoch", c.epoch);
   dict.insert("step", c.step);
   if (c.epoch_step != 0) dict.insert("epoch_step", c.epoch_step);
+  if (c.epoch_samples.defined()) dict.insert("epoch_samples", c.epoch_samples.cpu());
   dict.insert("world_size", c.world_size);
   dict.insert("batch_size", c.batch_size);
   dict.insert("seed", c.seed);
@@ -129,6 +136,7 @@ Checkpoint checkpoint_from(const c10::IValue& contents, const std::string& origi
   c.epoch = e.integer("epoch");
   c.step = e.integer("step");
   if (e.has("epoch_step")) c.epoch_step = e.integer("epoch_step");
+  if (e.has("epoch_samples")) c.epoch_samples = e.ids("epoch_samples");
   c.world_size = e.integer("world_size");
   c.batch_size = e.integer("batch_size");
   c.seed = e.integer("seed");

@@ -387,8 +387,10 @@ struct Trainer::EpochPass {
   int64_t epoch = 0;  // 0-based
   int64_t steps = 0;  // optimizer steps of the whole epoch: the same on every rank
   int64_t step = 0;   // steps of this epoch done (a resumed epoch starts after the checkpoint's)
-  int64_t skip = 0;   // batches the resumed epoch had trained, still to pass over
-  int64_t first_step = 0;   // the step this pass started after
+  int64_t first_step = 0;  // the step this pass started after
+  // The sample ids this pass trains, in strides over the ranks (see Note [An epoch is a sequence
+  // the ranks take in strides]): the epoch's whole sequence, or a resumed epoch's rest.
+  torch::Tensor sequence;
   bool first = false;       // the run's first step: its shapes are logged
   bool pin_memory = false;  // pinned batches: copied to the GPU without blocking
   int64_t trained = 0;      // samples
@@ -511,38 +513,53 @@ int64_t Trainer::steps_for(int64_t samples) const {
   return (batches + config_.grad_accum_steps - 1) / config_.grad_accum_steps;
 }
 
-Trainer::EpochPass Trainer::begin_epoch(int64_t epoch) {
-  data::DistributedSampler sampler(workload_.train_set.size(), dist_.world_size(), dist_.rank(),
+torch::Tensor Trainer::epoch_sequence(int64_t epoch, int64_t world) const {
+  data::DistributedSampler sampler(workload_.train_set.size(), world, /*rank=*/0,
                                    /*shuffle=*/true, static_cast<uint64_t>(config_.seed));
   sampler.set_epoch(epoch);  // here, so nobody can forget it
-  // --uneven: this rank's share without padding (ranks' sizes differ by one at most); else padded
-  // to the same size on every rank, the same number of steps.
-  const torch::Tensor order = config_.uneven ? sampler.uneven_indices() : sampler.indices();
+  return sampler.sequence(config_.uneven);
+}
+
+torch::Tensor Trainer::untrained_samples(const EpochPass& pass) const {
+  const int64_t per_rank =
+      (pass.step - pass.first_step) * config_.batch_size * config_.grad_accum_steps;
+  const int64_t length = pass.sequence.size(0);
+  const int64_t trained = data::trained_prefix(length, dist_.world_size(), per_rank);
+  return pass.sequence.narrow(0, trained, length - trained).clone();
+}
+
+Trainer::EpochPass Trainer::begin_epoch(int64_t epoch) {
+  const int64_t world = dist_.world_size();
+  // A resumed epoch trains the rest its checkpoint left, shared by this world; the others their
+  // sampler's sequence. --uneven: unpadded (ranks' shares differ by one at most); else padded to
+  // the same size on every rank, the same number of steps.
+  const bool resumed = epoch == start_epoch_ && start_epoch_samples_.defined();
+  EpochPass pass;
+  pass.sequence = resumed ? data::reshard(start_epoch_samples_, world, !config_.uneven)
+                          : epoch_sequence(epoch, world);
+  const torch::Tensor order = data::rank_share(pass.sequence, world, dist_.rank());
   const int64_t n =
       config_.drop_last ? order.size(0) / config_.batch_size * config_.batch_size : order.size(0);
   if (n == 0) {
     throw InputError(fmt::format("drop-last: each rank's {} samples are fewer than one batch of {}",
                                  order.size(0), config_.batch_size));
   }
-  EpochPass pass;
   pass.epoch = epoch;
+  // A resumed epoch goes on after the steps its checkpoint had taken.
+  pass.first_step = resumed ? start_epoch_step_ : 0;
+  pass.step = pass.first_step;
   // The steps of the rank with the most samples (rank 0's with --uneven): the learning-rate
   // schedule's epoch length, the same on every rank.
-  const int64_t longest = config_.uneven ? sampler.num_samples() : n;
-  pass.steps = steps_for(longest);
+  const int64_t longest = config_.uneven ? (pass.sequence.size(0) + world - 1) / world : n;
+  pass.steps = pass.first_step + steps_for(longest);
   workload_.module->train();
   pass.loss_sum = torch::zeros({}, torch::TensorOptions(torch::kDouble).device(dist_.device));
   pass.start = Clock::now();
-  const data::LoaderOptions options = loader_options(epoch);
+  const data::LoaderOptions options = loader_options(epoch, pass.first_step);
   pass.pin_memory = options.pin_memory;
   pass.loader =
       std::make_unique<data::BatchLoader>(workload_.train_set, order.narrow(0, 0, n), options);
   pass.first = epoch == start_epoch_;
-  // A checkpoint written on SIGTERM resumes after the steps it had taken of this epoch: the
-  // loader gives the same batches, and the first ones are passed over.
-  pass.step = epoch == start_epoch_ ? start_epoch_step_ : 0;
-  pass.skip = pass.step * config_.grad_accum_steps;
-  pass.first_step = pass.step;
   pass.progress.emplace(progress_style_, config_.progress_every, epoch + 1, config_.epochs,
                         pass.steps, dist_.world_size());
   return pass;
@@ -560,22 +577,15 @@ std::optional<std::vector<data::Batch>> Trainer::next_step_batches(EpochPass& pa
 }
 
 std::optional<data::Batch> Trainer::next_batch(EpochPass& pass) {
-  while (true) {
-    std::optional<data::Batch> batch;
-    {
-      const Phase phase(*dist_.group, "", timeline_.get(), "data wait", "data", step_ + 1);
-      batch = pass.loader->next();
-    }
-    if (!batch || pass.skip == 0) return batch;
-    --pass.skip;
-  }
+  const Phase phase(*dist_.group, "", timeline_.get(), "data wait", "data", step_ + 1);
+  return pass.loader->next();
 }
 
 bool Trainer::stop_after_step(const EpochPass& pass) {
   // A SIGTERM on any rank stops every rank after this same step; the epoch's last step goes on
   // to the epoch's end (see train()).
   if (pass.step == pass.steps || !stop_requested()) return false;
-  save_checkpoint({pass.epoch, pass.step});
+  save_checkpoint({pass.epoch, pass.step}, untrained_samples(pass));
   log::warn("stopped by SIGTERM after step {} ({} of epoch {}); --resume auto continues", step_,
             pass.step, pass.epoch + 1);
   return true;
@@ -636,7 +646,7 @@ void Trainer::check_parameters() {
       all[0][i][0].item<double>(), all[first][i][0].item<double>(), first));
 }
 
-data::LoaderOptions Trainer::loader_options(int64_t epoch) const {
+data::LoaderOptions Trainer::loader_options(int64_t epoch, int64_t first_step) const {
   data::LoaderOptions o;
   o.batch_size = config_.batch_size;
   o.workers = static_cast<int>(config_.workers);
@@ -648,6 +658,7 @@ data::LoaderOptions Trainer::loader_options(int64_t epoch) const {
   }
   o.seed = static_cast<uint64_t>(config_.seed);
   o.epoch = epoch;
+  o.first_batch = first_step * config_.grad_accum_steps;
   o.rank = dist_.rank();
   return o;
 }

@@ -20,8 +20,10 @@
 #include "ddp/common/error.h"
 #include "ddp/common/files.h"
 #include "ddp/common/log.h"
+#include "ddp/data/distributed_sampler.h"
 #include "ddp/train/pt_file.h"
 #include "ddp/train/trainer.h"
+#include "torch_compat.h"
 #include "torch_errors.h"
 
 namespace ddp::train {
@@ -83,7 +85,7 @@ std::string serialized(const torch::optim::Optimizer& optimizer) {
 
 }  // namespace
 
-void Trainer::save_checkpoint(CheckpointPosition at) {
+void Trainer::save_checkpoint(CheckpointPosition at, const torch::Tensor& untrained) {
   const std::string what = at.epoch_step == 0
                                ? fmt::format("after epoch {}", at.epoch)
                                : fmt::format("{} steps into epoch {}", at.epoch_step, at.epoch + 1);
@@ -103,6 +105,7 @@ void Trainer::save_checkpoint(CheckpointPosition at) {
       Checkpoint c;
       c.epoch = at.epoch;
       c.epoch_step = at.epoch_step;
+      c.epoch_samples = untrained;
       c.step = step_;
       c.world_size = dist_.world_size();
       c.batch_size = config_.batch_size;
@@ -202,12 +205,50 @@ const at::Tensor& Trainer::zero_state_of(const Checkpoint& c, const std::string&
                                  sharded ? "with" : "without", sharded ? "with" : "without"));
   }
   if (!sharded) return c.optimizer_state;
-  if (static_cast<int64_t>(c.optimizer_shards.size()) != dist_.world_size()) {
-    throw InputError(fmt::format(
-        "{}: a --zero checkpoint of {} ranks' optimizer shards resumes on {} ranks, not {}", path,
-        c.optimizer_shards.size(), c.optimizer_shards.size(), dist_.world_size()));
-  }
   return c.optimizer_shards[static_cast<size_t>(dist_.rank())];
+}
+
+void Trainer::load_resharded_zero_state(const Checkpoint& c, const std::string& path) {
+  // Each saved shard into an optimizer over the parameters its rank owned (PyTorch's partition
+  // for the saved world), then this rank's parameters' state moved out of them. Element-wise
+  // optimizers (SGD, Adam, AdamW) keep state per parameter only, so the new shards hold exactly
+  // what the old ones did.
+  const std::vector<torch::Tensor> params = workload_.module->parameters();
+  std::vector<int64_t> numels;
+  for (const auto& p : params) numels.push_back(p.numel());
+  const int saved_world = static_cast<int>(c.optimizer_shards.size());
+  const std::vector<int> owners = partition_parameters(numels, saved_world);
+  torch::optim::Optimizer& local = zero_->local();
+  for (int q = 0; q < saved_world; ++q) {
+    std::vector<torch::Tensor> owned;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (owners[i] == q) owned.push_back(params[i]);
+    }
+    const auto saved = make_optimizer(config_, owned);
+    load_optimizer(*saved, c.optimizer_shards[static_cast<size_t>(q)], path);
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (owners[i] != q || zero_->owners()[i] != dist_.rank()) continue;
+      auto state = saved->state().find(compat::optimizer_state_key(*saved, params[i]));
+      if (state == saved->state().end()) continue;  // not stepped yet: no state
+      local.state()[compat::optimizer_state_key(local, params[i])] = std::move(state->second);
+    }
+  }
+  if (dist_.is_main()) {
+    log::info("{}: the optimizer state of {} ranks' shards resharded over {} ranks", path,
+              saved_world, dist_.world_size());
+  }
+}
+
+void Trainer::load_optimizer(torch::optim::Optimizer& optimizer, const at::Tensor& state,
+                             const std::string& path) const {
+  try {
+    std::istringstream in(std::string(static_cast<const char*>(state.data_ptr()),
+                                      static_cast<size_t>(state.numel())));
+    torch::load(optimizer, in, dist_.device);
+  } catch (const c10::Error& e) {
+    throw InputError(
+        fmt::format("{}: the optimizer state cannot be loaded: {}", path, first_line_of(e)));
+  }
 }
 
 void Trainer::apply(const Checkpoint& c, const std::string& path) {
@@ -217,9 +258,33 @@ void Trainer::apply(const Checkpoint& c, const std::string& path) {
   step_ = c.step;
   start_epoch_ = c.epoch;
   start_epoch_step_ = c.epoch_step;
+  start_epoch_samples_ = c.epoch_step == 0 ? torch::Tensor() : untrained_samples_of(c, path);
   log::info(
       "resumed from {}: epoch {}, step {}{}", path, c.epoch, c.step,
       c.epoch_step == 0 ? "" : fmt::format(" ({} steps into epoch {})", c.epoch_step, c.epoch + 1));
+}
+
+torch::Tensor Trainer::untrained_samples_of(const Checkpoint& c, const std::string& path) const {
+  const int64_t size = workload_.train_set.size();
+  if (!c.epoch_samples.defined()) {
+    // Written before checkpoints held the ids: its world took the sampler's sequence in strides.
+    const torch::Tensor sequence = epoch_sequence(c.epoch, c.world_size);
+    const int64_t trained = data::trained_prefix(
+        sequence.size(0), c.world_size, c.epoch_step * c.batch_size * config_.grad_accum_steps);
+    return sequence.narrow(0, trained, sequence.size(0) - trained);
+  }
+  const torch::Tensor& ids = c.epoch_samples;
+  if (ids.numel() > 0 && (ids.min().item<int64_t>() < 0 || ids.max().item<int64_t>() >= size)) {
+    throw InputError(fmt::format(
+        "{}: 'epoch_samples' holds sample ids from {} to {}, outside the {} training samples of "
+        "this run's data",
+        path, ids.min().item<int64_t>(), ids.max().item<int64_t>(), size));
+  }
+  if (c.world_size != dist_.world_size() && dist_.is_main()) {
+    log::info("{}: epoch {}'s {} untrained samples are shared by {} ranks, not {}", path,
+              c.epoch + 1, ids.numel(), dist_.world_size(), c.world_size);
+  }
+  return ids;
 }
 
 void Trainer::check_resumable(const Checkpoint& c, const std::string& path) {
@@ -240,7 +305,7 @@ void Trainer::check_resumable(const Checkpoint& c, const std::string& path) {
     if (dist_.is_main()) {
       log::warn(
           "{}: saved by {} ranks, resumed on {}: batch size per rank {} -> {} keeps the "
-          "global batch {}; the data order differs from an uninterrupted run",
+          "global batch {}",
           path, c.world_size, world, c.batch_size, *batch, c.batch_size * c.world_size);
     }
     config_.batch_size = *batch;
@@ -253,14 +318,11 @@ void Trainer::check_resumable(const Checkpoint& c, const std::string& path) {
 }
 
 void Trainer::load_training_state(const Checkpoint& c, const std::string& path) {
-  const at::Tensor& state = zero_state_of(c, path);
-  try {
-    std::istringstream in(std::string(static_cast<const char*>(state.data_ptr()),
-                                      static_cast<size_t>(state.numel())));
-    torch::load(optimizer(), in, dist_.device);
-  } catch (const c10::Error& e) {
-    throw InputError(
-        fmt::format("{}: the optimizer state cannot be loaded: {}", path, first_line_of(e)));
+  if (zero_ && static_cast<int64_t>(c.optimizer_shards.size()) != dist_.world_size() &&
+      !c.optimizer_shards.empty()) {
+    load_resharded_zero_state(c, path);
+  } else {
+    load_optimizer(optimizer(), zero_state_of(c, path), path);
   }
   if (scaler_ && c.grad_scaler) {
     scaler_->load_state(*c.grad_scaler);

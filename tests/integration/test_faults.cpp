@@ -14,6 +14,7 @@
 #include "ddp/train/checkpoint.h"
 #include "run_files.h"
 #include "subprocess.h"
+#include "tensor_compare.h"
 #include "train_args.h"
 
 namespace {
@@ -221,6 +222,73 @@ TEST(CheckpointOnSignal, EveryRankStopsAfterTheSameStepAndTheResumeEndsAsAnUnint
                                            "epoch 2)"))
       << resumed.output;
   expect_same_weights(reference, out.file("model.pt"));
+}
+
+// The weights in `a` are those in `b` to within float32 summation order (relative to each
+// tensor's largest value).
+void expect_close_weights(const std::string& a, const std::string& b) {
+  const auto wa = ddp::train::state_dict_from(ddp::train::read_pt_file(a), a);
+  const auto wb = ddp::train::state_dict_from(ddp::train::read_pt_file(b), b);
+  ASSERT_EQ(wa.size(), wb.size());
+  std::vector<torch::Tensor> pa, pb;
+  for (size_t i = 0; i < wa.size(); ++i) {
+    pa.push_back(wa[i].second);
+    pb.push_back(wb[i].second);
+  }
+  const double error = ddp::testing::max_relative_error(pa, pb);
+  std::cout << "max relative error " << error << " (" << a << " vs " << b << ")\n";
+  EXPECT_LT(error, 1e-5);
+}
+
+// A checkpoint 2 steps into epoch 1 of 3 ranks (the Linear demo, global batch 30: 10 per rank;
+// 100 samples padded to 102 by DistributedSampler) holds the epoch's 42 untrained ids, those
+// PyTorch's sampler leaves. Resumed on 1 rank (batch 30) or 2 (batch 15), the rest of the epoch
+// is those 42 ids in the same global batches, so both runs end where the uninterrupted 3-rank run
+// ends (to float32 summation order: the ranks' partial sums differ). The sampler's sequence of 2
+// or 1 ranks would have trained 40 ids, not the 42, in the epoch's last step.
+TEST(CheckpointOnSignal, AMidEpochCheckpointResumesOnAnotherWorldSizeWithTheEpochsRest) {
+  const auto three = [](const std::string& out, const std::vector<std::string>& fault) {
+    std::vector<std::string> argv = {DDP_LAUNCHER_BIN,
+                                     "--nproc",
+                                     "3",
+                                     fault.empty() ? DDP_TRAIN_BIN : DDP_FAULT_TRAIN_BIN,
+                                     "--config",
+                                     config("random_linear.yaml"),
+                                     "--epochs",
+                                     "1",
+                                     "--checkpoint-on-signal",
+                                     "--output-dir",
+                                     out};
+    argv.insert(argv.end(), fault.begin(), fault.end());
+    return ddp::testing::run_process(argv, {}, seconds(120));
+  };
+  TempDir whole, stopped;
+  ASSERT_EQ(three(whole.path(), {}).exit_code, 0);
+  const auto r =
+      three(stopped.path(), {"--fault", "sigterm", "--fault-rank", "1", "--fault-after-step", "2"});
+  ASSERT_EQ(r.exit_code, 143) << r.output;
+  const std::string saved = stopped.file("checkpoint-epoch-0000-step-000002.pt");
+  const auto check = ddp::testing::run_process(
+      {DDP_PYTHON, std::string(DDP_SOURCE_DIR) + "/tests/python/epoch_samples.py", saved, "100",
+       "3", "0", "0", "60"},
+      {}, seconds(120));
+  EXPECT_EQ(check.exit_code, 0) << check.output;
+  EXPECT_TRUE(contains(check.output, "ok 42")) << check.output;
+
+  for (const char* world : {"1", "2"}) {
+    SCOPED_TRACE(std::string("resumed on ") + world + " rank(s)");
+    TempDir out;
+    const auto resumed =
+        ddp::testing::run_process({DDP_LAUNCHER_BIN, "--nproc", world, DDP_TRAIN_BIN, "--config",
+                                   config("random_linear.yaml"), "--epochs", "1", "--resume", saved,
+                                   "--output-dir", out.path()},
+                                  {}, seconds(120));
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    EXPECT_TRUE(contains(resumed.output, "epoch 1's 42 untrained samples are shared by " +
+                                             std::string(world) + " ranks, not 3"))
+        << resumed.output;
+    expect_close_weights(out.file("model.pt"), whole.file("model.pt"));
+  }
 }
 
 // SIGTERM to the launcher (what Slurm and Kubernetes send): it passes it on, the workers

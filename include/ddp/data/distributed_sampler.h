@@ -26,6 +26,10 @@ class DistributedSampler {
   // The same order without padding or dropping (uneven inputs, trained under Join): every
   // world-th index of it from rank, so ranks get sizes that differ by one at most.
   torch::Tensor uneven_indices() const;
+  // Every rank's indices() interleaved, the epoch's sequence (see Note [An epoch is a sequence the
+  // ranks take in strides]): indices() is rank_share(sequence(), world, rank). With `uneven`, the
+  // unpadded order whose shares are uneven_indices().
+  torch::Tensor sequence(bool uneven = false) const;
 
   // Samples per rank per epoch; the same on every rank. 0 where drop_last leaves none (as in
   // PyTorch); the trainer refuses such a run.
@@ -43,6 +47,28 @@ class DistributedSampler {
 
   torch::Tensor order() const;  // the epoch's permutation (or 0..n-1 without shuffle)
 };
+
+// Note [An epoch is a sequence the ranks take in strides]
+// An epoch's sample ids form one sequence, and rank r of a world of W trains sequence[r],
+// sequence[r + W], ... in batches (PyTorch's strided split). Once every rank has trained s of its
+// samples, the trained ones are exactly the sequence's first s * W (a prefix). When the world
+// changes in the middle of an epoch (a resume on another world size, a rank lost or joined), the
+// untrained rest becomes the new world's sequence, padded again by repeating its head to a
+// multiple of the new size (PyTorch's padding rule): so across the change every sample of the epoch
+// is trained exactly once, apart from the padding's repeats. On the same world size the rest
+// needs no padding and every rank's share is what it would have been without the change.
+
+// How many of a sequence of `length` ids the `world` ranks have trained once each has trained
+// `per_rank` of its share: min(per_rank * world, length) (ranks' shares differ by one at most).
+int64_t trained_prefix(int64_t length, int64_t world, int64_t per_rank);
+
+// An epoch's untrained ids, `rest`, as the sequence of a world of `world` ranks: padded by
+// repeating its head to a multiple of `world` when `pad` (as DistributedSampler pads), else as it
+// is (uneven shares). Throws InputError on a world size below 1.
+torch::Tensor reshard(const torch::Tensor& rest, int64_t world, bool pad = true);
+
+// Rank `rank`'s share of `sequence` in a world of `world`: every world-th id from `rank`.
+torch::Tensor rank_share(const torch::Tensor& sequence, int64_t world, int64_t rank);
 
 // Evaluation sharding without padding: rank r gets r, r + world, r + 2*world, ... so metrics
 // summed over ranks count every sample exactly once (pytorch#25162). Ranks may get sizes that

@@ -37,6 +37,7 @@ struct LoaderOptions {
   std::optional<Augment> augment;
   uint64_t seed = 0;  // with epoch and rank, seeds each batch's augmentation
   int64_t epoch = 0;
+  int64_t first_batch = 0;  // of the epoch, where a resumed epoch begins: its batches' seeds go on
   int64_t rank = 0;
 };
 

@@ -21,6 +21,10 @@ struct Checkpoint {
   // Steps taken in epoch `epoch` (0-based) when it was saved in the middle of that epoch
   // (--checkpoint-on-signal); 0 for one saved at an epoch's end.
   int64_t epoch_step = 0;
+  // With epoch_step: the epoch's sample ids not yet trained, in the order they are due (int64; see
+  // Note [An epoch is a sequence the ranks take in strides]), so that a resume on any world size
+  // trains each of them once. Undefined at an epoch's end, and in checkpoints older than it.
+  at::Tensor epoch_samples;
   int64_t world_size = 1;
   int64_t batch_size = 0;      // per rank
   int64_t seed = 0;            // the sampler's and the model's seed

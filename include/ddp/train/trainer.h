@@ -88,6 +88,10 @@ class Trainer {
   // when a SIGTERM stopped it (after a checkpoint: --checkpoint-on-signal).
   bool train_epoch(int64_t epoch, EpochMetrics& metrics);
   EpochPass begin_epoch(int64_t epoch);
+  // The sampler's sequence of `epoch` for `world` ranks (every rank's indices, interleaved).
+  torch::Tensor epoch_sequence(int64_t epoch, int64_t world) const;
+  // The ids of `pass` that no rank has trained yet (a mid-epoch checkpoint's epoch_samples).
+  torch::Tensor untrained_samples(const EpochPass& pass) const;
   int64_t steps_for(int64_t samples) const;  // optimizer steps over `samples` of one rank
   // The next step's micro-batches (--grad-accum-steps of them, fewer at the epoch's end), passing
   // over those a resumed epoch had trained; nullopt at the epoch's end.
@@ -129,13 +133,15 @@ class Trainer {
   // --check-params-every: compares checksums of the parameters across ranks (a collective);
   // throws Error naming the first parameter that differs and the ranks where it does.
   void check_parameters();
-  // How the training batches of `epoch` are prepared (--workers, --pin-memory, --augment).
-  data::LoaderOptions loader_options(int64_t epoch) const;
+  // How the training batches of `epoch` are prepared (--workers, --pin-memory, --augment), in a
+  // pass that starts after `first_step` of its steps.
+  data::LoaderOptions loader_options(int64_t epoch, int64_t first_step) const;
 
   // Checkpoints (trainer_checkpoint.cpp). Both are called on every rank: see
   // Note [No collective in a rank-0 branch].
   // Writes checkpoint-epoch-N[-step-S].pt, checkpoint.pt and model.pt (rank 0), then a barrier.
-  void save_checkpoint(CheckpointPosition at);
+  // In the middle of an epoch, `untrained` holds its ids not yet trained.
+  void save_checkpoint(CheckpointPosition at, const torch::Tensor& untrained = {});
   // Loads the checkpoint config.resume names; returns false when `auto` finds none.
   bool resume();
   // Sets the run to `checkpoint` (read from `path`): the model, the training state, the step.
@@ -147,9 +153,18 @@ class Trainer {
   // The optimizer state (this rank's --zero shard, or the whole), the GradScaler's and this
   // rank's RNG stream (rank 0's for a rank the checkpoint did not have).
   void load_training_state(const Checkpoint& checkpoint, const std::string& path);
+  // The ids of the checkpoint's epoch still to train (its epoch_samples, or for an older
+  // checkpoint those its world had not reached); InputError naming `path` for ids out of range.
+  torch::Tensor untrained_samples_of(const Checkpoint& checkpoint, const std::string& path) const;
   // The optimizer state this rank loads: its --zero shard, or the whole state (InputError when
-  // the checkpoint and the run disagree on --zero, or a --zero one on the world size).
+  // the checkpoint and the run disagree on --zero).
   const at::Tensor& zero_state_of(const Checkpoint& checkpoint, const std::string& path) const;
+  // --zero from a checkpoint of another world size: this rank's shard of the state, taken from
+  // the saved shards of the ranks that owned its parameters.
+  void load_resharded_zero_state(const Checkpoint& checkpoint, const std::string& path);
+  // `optimizer` from its serialized `state` (InputError naming `path` when it does not fit).
+  void load_optimizer(torch::optim::Optimizer& optimizer, const at::Tensor& state,
+                      const std::string& path) const;
 
   Config config_;
   Distributed dist_;
@@ -164,9 +179,10 @@ class Trainer {
   LrSchedule schedule_;
   std::unique_ptr<Timeline> timeline_;  // --timeline; nullptr without
   ProgressStyle progress_style_ = ProgressStyle::kOff;
-  int64_t step_ = 0;              // optimizer steps taken
-  int64_t start_epoch_ = 0;       // epochs done before this run (resume)
-  int64_t start_epoch_step_ = 0;  // steps of epoch start_epoch_ done before it (a SIGTERM's)
+  int64_t step_ = 0;                   // optimizer steps taken
+  int64_t start_epoch_ = 0;            // epochs done before this run (resume)
+  int64_t start_epoch_step_ = 0;       // steps of epoch start_epoch_ done before it (a SIGTERM's)
+  torch::Tensor start_epoch_samples_;  // and the ids of it still to train (undefined: none)
 };
 
 }  // namespace ddp::train
