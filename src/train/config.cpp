@@ -290,7 +290,9 @@ std::vector<ConfigKey> make_keys() {
       int_key("powersgd-start-iter", &C::powersgd_start_iter, 2,
               "PowerSGD: steps of plain all-reduce first (start_powerSGD_iter; PyTorch advises "
               "about 10% of training)"),
-      int_key("threads", &C::threads, 0, "intra-op threads per process (0: LibTorch's default)"),
+      int_key("threads", &C::threads, 0,
+              "intra-op threads per process (0: LibTorch's default, fewer where this host's ranks "
+              "would share cores)"),
       string_key("output-dir", &C::output_dir, {}, "PATH", "directory for metrics and checkpoints"),
       string_key("log-level", &C::log_level, {"trace", "debug", "info", "warn", "error", "off"}, "",
                  "log level of rank 0"),

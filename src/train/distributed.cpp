@@ -1,8 +1,11 @@
 #include "ddp/train/distributed.h"
 
 #include <fmt/format.h>
+#include <sched.h>
 #include <torch/torch.h>
 #include <unistd.h>
+
+#include <algorithm>
 
 #include "ddp/comm/host_collectives.h"
 #include "ddp/common/error.h"
@@ -41,6 +44,25 @@ std::vector<RankTopology> gather_topology(comm::ProcessGroup& group, const torch
 }
 
 }  // namespace
+
+int threads_per_rank(int configured, bool omp_num_threads_set, int default_threads,
+                     int affinity_cores, int host_cores, int local_world_size) {
+  if (configured > 0) return configured;
+  if (omp_num_threads_set || affinity_cores < 1) return 0;
+  const int cores = affinity_cores < host_cores
+                        ? affinity_cores  // bound by the launcher: these cores are this rank's
+                        : std::max(1, affinity_cores / std::max(1, local_world_size));
+  return cores < default_threads ? cores : 0;
+}
+
+int threads_for_this_process(int configured, const comm::Env& env, int local_world_size) {
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  const int affinity = sched_getaffinity(0, sizeof(mask), &mask) == 0 ? CPU_COUNT(&mask) : 0;
+  const int host = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  return threads_per_rank(configured, env.count("OMP_NUM_THREADS") != 0, torch::get_num_threads(),
+                          affinity, host, local_world_size);
+}
 
 torch::Device resolve_device(const std::string& name, int cuda_device_count, int local_rank) {
   if (name == "cpu") return torch::kCPU;

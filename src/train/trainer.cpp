@@ -224,7 +224,18 @@ Trainer::Trainer(Config config, Distributed dist)
               dist_.launch.restart_count, config_.output_dir);
     config_.resume = "auto";
   }
-  if (config_.threads > 0) torch::set_num_threads(static_cast<int>(config_.threads));
+  // Intra-op threads: --threads, else LibTorch's default unless this host's ranks share cores.
+  const int threads = threads_for_this_process(static_cast<int>(config_.threads),
+                                               comm::current_env(), dist_.launch.local_world_size);
+  if (threads > 0) {
+    if (config_.threads == 0 && dist_.is_main()) {
+      log::info(
+          "intra-op threads per rank: {} of LibTorch's {}, so that this host's {} rank(s) "
+          "do not share cores (--threads or OMP_NUM_THREADS choose otherwise)",
+          threads, torch::get_num_threads(), dist_.launch.local_world_size);
+    }
+    torch::set_num_threads(threads);
+  }
   config_.batch_size = batch_size_per_rank(config_, dist_.world_size());
   build_model();
   const bool resumed = !config_.resume.empty() && resume();  // may change batch_size

@@ -118,6 +118,21 @@ TEST(Training, InformerWorkloadNeverReadsTheFutureAndHasANaiveForecast) {
 
 namespace {
 // JSON has no NaN or infinity: a diverged run's metrics file must still parse (plot_metrics).
+// threads_per_rank(configured, omp_set, default, affinity cores, host cores, local ranks).
+TEST(Threads, RanksThatWouldShareCoresGetTheirShareAndNoMore) {
+  using ddp::train::threads_per_rank;
+  EXPECT_EQ(threads_per_rank(3, false, 2, 2, 2, 2), 3);     // --threads wins
+  EXPECT_EQ(threads_per_rank(0, true, 2, 2, 2, 2), 0);      // so does OMP_NUM_THREADS
+  EXPECT_EQ(threads_per_rank(0, false, 2, 2, 2, 2), 1);     // Open MPI 5, unbound: 2 cores, 2 ranks
+  EXPECT_EQ(threads_per_rank(0, false, 2, 1, 2, 2), 1);     // Open MPI 4 binds each rank to a core
+  EXPECT_EQ(threads_per_rank(0, false, 1, 1, 2, 2), 0);     // LibTorch's default is 1 already
+  EXPECT_EQ(threads_per_rank(0, false, 16, 4, 16, 4), 4);   // srun: each task its own 4 CPUs
+  EXPECT_EQ(threads_per_rank(0, false, 16, 16, 16, 4), 4);  // unbound: a quarter each
+  EXPECT_EQ(threads_per_rank(0, false, 16, 16, 16, 1), 0);  // alone on the host: the default
+  EXPECT_EQ(threads_per_rank(0, false, 2, 2, 2, 3), 1);     // more ranks than cores: at least 1
+  EXPECT_EQ(threads_per_rank(0, false, 2, 0, 2, 2), 0);     // affinity unknown: the default
+}
+
 TEST(Metrics, NonFiniteValuesAreWrittenAsNull) {
   ddp::train::EpochMetrics m;
   m.epoch = 3;
