@@ -68,6 +68,21 @@ struct Parsed {
   bool nproc_given = false;
 };
 
+// --nnodes N, or MIN:MAX (torchrun's elastic syntax).
+void parse_nnodes(Parsed& p, const std::string& v) {
+  const size_t colon = v.find(':');
+  if (colon == std::string::npos) {
+    p.options.nnodes = parse_int(v, 1, 1 << 16);
+    return;
+  }
+  const int low = parse_int(v.substr(0, colon), 1, 1 << 16);
+  const int high = parse_int(v.substr(colon + 1), 1, 1 << 16);
+  if (low > high) throw BadValue{"MIN:MAX with MIN at most MAX"};
+  if (high > 1) throw BadValue{"1:1 (elastic training runs on one node for now)"};
+  p.options.nnodes = high;
+  p.options.elastic = true;
+}
+
 struct Option {
   std::string name;
   std::string alias;  // or empty
@@ -88,8 +103,10 @@ const std::vector<Option>& options() {
          p.nproc = v;
          p.nproc_given = true;
        }},
-      {"nnodes", "", "N", "nodes in the job (one launcher each)",
-       [](Parsed& p, const std::string& v) { p.options.nnodes = parse_int(v, 1, 1 << 16); }},
+      {"nnodes", "", "N|MIN:MAX",
+       "nodes in the job (one launcher each); MIN:MAX: elastic (a failed worker is restarted "
+       "alone and joins the running group; one node for now)",
+       parse_nnodes},
       {"node-rank", "", "N", "this node's rank, 0 .. nnodes-1",
        [](Parsed& p, const std::string& v) { p.options.node_rank = parse_int(v, 0, 1 << 16); }},
       {"master-addr", "", "HOST", "address of node 0 (default 127.0.0.1)",

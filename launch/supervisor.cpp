@@ -20,9 +20,12 @@
 #include <optional>
 
 #include "ddp/comm/diagnose.h"
+#include "ddp/comm/elastic_keys.h"
 #include "ddp/common/error.h"
 #include "ddp/common/files.h"
 #include "ddp/common/socket.h"
+#include "store_connection.h"
+#include "store_server.h"
 
 namespace ddp::launch {
 namespace {
@@ -113,6 +116,8 @@ struct Worker {
   std::string partial;  // output after the last newline
   std::deque<std::string> tail;
   std::unique_ptr<std::ofstream> log;
+  std::string elastic_id;  // elastic: "<local rank>.<incarnation>"
+  bool noted = false;      // elastic: its end has been dealt with
 };
 
 class Supervisor {
@@ -146,6 +151,7 @@ class Supervisor {
           "no DDP_JOB_TOKEN in the environment: on several nodes the rendezvous store then "
           "accepts any client; export the same secret DDP_JOB_TOKEN on every node");
     }
+    if (o_.elastic) return run_elastic();
     for (int restart = 0;; ++restart) {
       start_group(restart);
       const Outcome outcome = watch();
@@ -241,6 +247,171 @@ class Supervisor {
     w.pid = pid;
     w.out_fd = out[0];
     w.running = true;
+    return w;
+  }
+
+  // Elastic (Note [Elastic membership] in ddp/comm/elastic.h): this launcher serves the store and
+  // arbitrates the generations; a failed worker is restarted alone and the others go on.
+  int run_elastic() {
+    const int port = o_.master_port != 0 ? o_.master_port : free_port();
+    port_ = port;
+    comm::StoreServer server(o_.master_addr, port, o_.job_token);
+    comm::StoreConnection store(o_.master_addr, port, o_.job_token, std::chrono::seconds(30));
+    note(fmt::format("elastic: starting {} worker(s) of {} (store {}:{}, up to {} restart(s))",
+                     o_.nproc, program_, o_.master_addr, port, o_.max_restarts));
+    workers_.clear();
+    std::vector<std::string> members;
+    for (int local = 0; local < o_.nproc; ++local) {
+      workers_.push_back(spawn_elastic(local, 0));
+      members.push_back(workers_.back().elastic_id);
+    }
+    Arbiter arbiter{store, members, {}, {}, 0, std::nullopt};
+    arbiter.publish();
+    const int interval_ms = std::max(1, static_cast<int>(o_.monitor_interval * 1000));
+    int restarts = 0;
+    int failed_status = 0;
+    while (true) {
+      pump(std::min(interval_ms, 20));
+      if (g_stop_signal != 0) {
+        const int sig = g_stop_signal;
+        note(fmt::format("got SIG{}: stopping the workers", sigabbrev_np(sig)));
+        stop_group(sig);
+        return 128 + sig;
+      }
+      reap();
+      replace_lost_workers(arbiter, restarts, failed_status);
+      if (std::none_of(workers_.begin(), workers_.end(),
+                       [](const Worker& w) { return w.running; })) {
+        drain(Clock::now() + std::chrono::seconds(1));
+        if (!arbiter.members.empty()) return 0;
+        note("elastic: no worker of the job is left, and no restart: the job failed");
+        return std::max(1, exit_code_of(failed_status));
+      }
+      if (members_finished(arbiter.members)) {  // the training is over: joiners are too late
+        note("elastic: the group finished; stopping the worker(s) still waiting to join");
+        stop_group(SIGTERM);
+        return 0;
+      }
+      if (arbiter.members.empty() && arbiter.joining.empty()) {
+        note("elastic: no worker of the job is left, and no restart: stopping");
+        stop_group(SIGTERM);
+        return std::max(1, exit_code_of(failed_status));
+      }
+      arbiter.poll();
+    }
+  }
+
+  // Each worker that ended with an error since the last call: out of the group (the arbiter
+  // publishes the next generation), and restarted to join it while restarts are left.
+  template <class Arbiter>
+  void replace_lost_workers(Arbiter& arbiter, int& restarts, int& failed_status) {
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      Worker& w = workers_[i];
+      if (w.running || w.noted) continue;
+      w.noted = true;
+      if (exit_code_of(w.status) == 0) continue;
+      failed_status = w.status;
+      const bool member = arbiter.lose(w.elastic_id);
+      note(fmt::format(
+          "elastic: worker {} (local rank {}, pid {}) lost: {}{}", w.elastic_id, w.local_rank,
+          w.pid, describe_status(w.status),
+          member ? fmt::format("; generation {} of {} worker(s): {}", arbiter.generation,
+                               arbiter.members.size(), comm::format_members(arbiter.members))
+                 : ""));
+      if (restarts >= o_.max_restarts) continue;
+      ++restarts;
+      const int incarnation = std::stoi(w.elastic_id.substr(w.elastic_id.find('.') + 1)) + 1;
+      const int local = w.local_rank;
+      workers_.push_back(spawn_elastic(local, incarnation));  // w is invalid from here
+      arbiter.joining.push_back(workers_.back().elastic_id);
+      note(fmt::format("elastic: restart {} of {}: worker {} (pid {}) joins when ready", restarts,
+                       o_.max_restarts, workers_.back().elastic_id, workers_.back().pid));
+    }
+  }
+
+  // The generations: who is a member, who waits to join (Note [Elastic membership]).
+  struct Arbiter {
+    comm::StoreConnection& store;
+    std::vector<std::string> members;
+    std::vector<std::string> joining;  // restarted, not yet a member
+    std::vector<std::string> ready;    // of those, the ones that announced they are ready
+    int64_t generation = 0;
+    // When a member's request for the next generation was first seen: it is granted 100 ms later,
+    // so that a member whose death made the others ask is reaped first and left out (its sockets
+    // close as it dies, a moment before it can be reaped).
+    std::optional<Clock::time_point> reform_seen;
+    static constexpr auto kReformDelay = std::chrono::milliseconds(100);
+
+    static constexpr std::chrono::seconds kReply{30};
+    static void remove(std::vector<std::string>& ids, const std::string& id) {
+      ids.erase(std::remove(ids.begin(), ids.end(), id), ids.end());
+    }
+    void set(const std::string& key, const std::string& value) {
+      store.request({comm::StoreOp::kSet, {key, value}}, kReply);
+    }
+    bool has(const std::string& key) {
+      return store.request({comm::StoreOp::kCheck, {key}}, kReply).fields.at(0) == "1";
+    }
+    void publish() {
+      set(comm::ElasticKeys::generation(generation), comm::format_members(members));
+      set(comm::ElasticKeys::latest(), std::to_string(generation));
+    }
+    // A worker ended: when it was a member, the step in flight is aborted and the next
+    // generation published at once. Returns whether it was a member.
+    bool lose(const std::string& id) {
+      remove(joining, id);
+      remove(ready, id);
+      if (std::find(members.begin(), members.end(), id) == members.end()) return false;
+      set(comm::ElasticKeys::abort(generation), id);
+      remove(members, id);
+      ++generation;
+      reform_seen.reset();
+      publish();
+      return true;
+    }
+    // The members' requests, the joiners' readiness.
+    void poll() {
+      for (const auto& id : joining) {
+        if (std::find(ready.begin(), ready.end(), id) != ready.end()) continue;
+        if (!has(comm::ElasticKeys::ready(id))) continue;
+        ready.push_back(id);
+        set(comm::ElasticKeys::grow(generation), id);
+      }
+      if (!reform_seen) {
+        if (!has(comm::ElasticKeys::reform(generation))) return;
+        reform_seen = Clock::now();
+      }
+      if (Clock::now() - *reform_seen < kReformDelay) return;
+      reform_seen.reset();
+      for (const auto& id : ready) {
+        members.push_back(id);
+        remove(joining, id);
+      }
+      ready.clear();
+      ++generation;
+      publish();
+      note(fmt::format("elastic: generation {} of {} worker(s): {}", generation, members.size(),
+                       comm::format_members(members)));
+    }
+  };
+
+  // Whether every member has ended with exit code 0.
+  bool members_finished(const std::vector<std::string>& members) const {
+    if (members.empty()) return false;
+    return std::all_of(members.begin(), members.end(), [&](const std::string& id) {
+      return std::any_of(workers_.begin(), workers_.end(), [&](const Worker& w) {
+        return w.elastic_id == id && !w.running && exit_code_of(w.status) == 0;
+      });
+    });
+  }
+
+  Worker spawn_elastic(int local_rank, int incarnation) {
+    auto env = inherited_;
+    for (auto& [k, v] : worker_env(o_, local_rank, port_, incarnation, inherited_)) env[k] = v;
+    const std::string id = fmt::format("{}.{}", local_rank, incarnation);
+    env["DDP_ELASTIC_ID"] = id;
+    Worker w = spawn(local_rank, env);
+    w.elastic_id = id;
     return w;
   }
 

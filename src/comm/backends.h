@@ -2,6 +2,8 @@
 // Private: the constructors of the backends, one .cpp each, called only by the factory in
 // rendezvous.cpp. Each backend header (gloo/c10d, mpi.h, nccl.h) is included by its .cpp alone.
 
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -22,6 +24,11 @@ std::unique_ptr<ProcessGroup> make_local_process_group(const ProcessGroupOptions
 #ifdef DDP_HAVE_GLOO
 std::unique_ptr<ProcessGroup> make_gloo_process_group(const LaunchInfo& launch,
                                                       const ProcessGroupOptions& options);
+// A group of launch.world_size ranks over `store` (an elastic generation's prefix of the
+// launcher's store), this one launch.rank; the gloo device as for the job's group.
+std::unique_ptr<ProcessGroup> make_gloo_process_group_on(c10::intrusive_ptr<c10d::Store> store,
+                                                         const LaunchInfo& launch,
+                                                         const ProcessGroupOptions& options);
 #endif
 
 #ifdef DDP_HAVE_MPI

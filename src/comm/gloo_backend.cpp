@@ -410,4 +410,12 @@ std::unique_ptr<ProcessGroup> make_gloo_process_group(const LaunchInfo& launch,
                                             fmt::format("rank {}", launch.rank));
 }
 
+std::unique_ptr<ProcessGroup> make_gloo_process_group_on(c10::intrusive_ptr<c10d::Store> store,
+                                                         const LaunchInfo& launch,
+                                                         const ProcessGroupOptions& options) {
+  return std::make_unique<GlooProcessGroup>(std::move(store), launch.rank, launch.world_size,
+                                            make_device(launch), options, rendezvous_info(launch),
+                                            fmt::format("rank {}", launch.rank));
+}
+
 }  // namespace ddp::comm

@@ -17,6 +17,10 @@ namespace ddp::comm {
 
 using std::chrono::milliseconds;
 
+bool store_listens_on_master_addr_only(const LaunchInfo& launch) {
+  return launch.local_world_size == launch.world_size;
+}
+
 CollectiveInfo rendezvous_info(const LaunchInfo& launch) {
   CollectiveInfo info;
   info.op = "rendezvous";

@@ -25,6 +25,10 @@
 
 namespace ddp::comm {
 
+// Whether rank 0 listens on MASTER_ADDR's address only (every rank on this host) rather than on
+// every interface (ranks on other hosts must reach it).
+bool store_listens_on_master_addr_only(const LaunchInfo& launch);
+
 // Describes the rendezvous of `launch` for a CommError.
 CollectiveInfo rendezvous_info(const LaunchInfo& launch);
 

@@ -9,10 +9,7 @@
 namespace ddp::comm {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
-
-constexpr auto kHelloReplyWithin = std::chrono::seconds(30);
 
 std::string bytes_to_string(const std::vector<uint8_t>& v) {
   return {v.begin(), v.end()};
@@ -46,50 +43,12 @@ milliseconds immediate(milliseconds timeout) {
 }  // namespace
 
 StoreClient::StoreClient(std::string host, int port, std::string token, milliseconds timeout)
-    : c10d::Store(timeout),
-      host_(std::move(host)),
-      port_(port),
-      token_(std::move(token)),
-      fd_(net::connect_tcp(host_, port_, timeout, "the rendezvous store")) {
-  say_hello();
-}
+    : c10d::Store(timeout), connection_(std::move(host), port, std::move(token), timeout) {}
 
 StoreClient::~StoreClient() = default;
 
-void StoreClient::say_hello() {
-  const StoreMessage reply = request({StoreOp::kHello, {token_}}, kHelloReplyWithin);
-  if (reply.code != StoreOp::kDenied) return;
-  throw InputError(fmt::format(
-      "the rendezvous store at {}:{} refused this process: {}. Another job may be using "
-      "MASTER_PORT {}; ranks of one job must share DDP_JOB_TOKEN (the launcher sets it)",
-      host_, port_, reply.fields.empty() ? "" : reply.fields[0], port_));
-}
-
 StoreMessage StoreClient::request(const StoreMessage& message, milliseconds reply_within) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  const std::string where = fmt::format("the rendezvous store at {}:{}", host_, port_);
-  if (!fd_ || !net::send_all(fd_.get(), encode(message))) {
-    throw Error(fmt::format("{} is gone (rank 0 ended?)", where));
-  }
-  std::string in;
-  const auto deadline = Clock::now() + reply_within;
-  while (true) {
-    if (auto reply = decode(in, kMaxMessageBytes)) {
-      if (reply->code == StoreOp::kError) {
-        throw Error(fmt::format("{}: {}", where, reply->fields.empty() ? "" : reply->fields[0]));
-      }
-      return *reply;
-    }
-    const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
-    if (!net::wait_readable(fd_.get(), left)) {
-      // A late reply would be read as the next request's: this connection is done.
-      fd_.reset();
-      throw Error(fmt::format("{} did not answer within {} ms", where, reply_within.count()));
-    }
-    if (!net::receive_some(fd_.get(), in)) {
-      throw Error(fmt::format("{} closed the connection (rank 0 ended?)", where));
-    }
-  }
+  return connection_.request(message, reply_within);
 }
 
 void StoreClient::set(const std::string& key, const std::vector<uint8_t>& value) {
@@ -146,7 +105,8 @@ void StoreClient::wait(const std::vector<std::string>& keys, const milliseconds&
 }
 
 c10::intrusive_ptr<c10d::Store> StoreClient::clone() {
-  return c10::make_intrusive<StoreClient>(host_, port_, token_, timeout_);
+  return c10::make_intrusive<StoreClient>(connection_.host(), connection_.port(),
+                                          connection_.token(), timeout_);
 }
 
 }  // namespace ddp::comm

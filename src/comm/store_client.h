@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ddp/common/socket.h"
+#include "store_connection.h"
 #include "store_protocol.h"
 #include "store_server.h"
 
@@ -44,17 +45,9 @@ class StoreClient : public c10d::Store {
   void own(std::shared_ptr<StoreServer> server) { server_ = std::move(server); }
 
  private:
-  // Sends `message` and returns the reply. Throws Error when the server is gone, does not answer
-  // within `reply_within`, or answers kError.
   StoreMessage request(const StoreMessage& message, std::chrono::milliseconds reply_within);
-  // Presents the token; throws InputError when the server refuses it.
-  void say_hello();
 
-  std::string host_;
-  int port_;
-  std::string token_;
-  net::UniqueFd fd_;
-  std::mutex mutex_;  // one request at a time (the watchdog shares the client)
+  StoreConnection connection_;  // one request at a time (the watchdog shares the client)
   std::shared_ptr<StoreServer> server_;
 };
 

@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-#include "ddp/comm/rendezvous.h"
 #include "ddp/common/error.h"
 
 namespace ddp::comm {
@@ -68,10 +67,6 @@ int64_t parse_integer(const std::string& text) {
   } catch (const std::exception&) {
   }
   throw InputError(fmt::format("'{}' is not an integer", text.substr(0, 40)));
-}
-
-bool store_listens_on_master_addr_only(const LaunchInfo& launch) {
-  return launch.local_world_size == launch.world_size;
 }
 
 bool same_token(const std::string& a, const std::string& b) {

@@ -13,8 +13,6 @@
 
 namespace ddp::comm {
 
-struct LaunchInfo;
-
 enum class StoreOp : uint8_t {
   kHello = 1,   // [token] -> kOk | kDenied [reason]
   kSet,         // [key, value] -> kOk
@@ -52,10 +50,6 @@ std::optional<StoreMessage> decode(std::string& buffer, size_t max_bytes);
 
 // The integer a field holds as decimal text; throws InputError for anything else.
 int64_t parse_integer(const std::string& text);
-
-// Whether rank 0 listens on MASTER_ADDR's address only (every rank on this host) rather than on
-// every interface (ranks on other hosts must reach it).
-bool store_listens_on_master_addr_only(const LaunchInfo& launch);
 
 // Equal strings, in a time that does not depend on where they differ.
 bool same_token(const std::string& a, const std::string& b);

@@ -290,6 +290,9 @@ std::vector<ConfigKey> make_keys() {
       int_key("powersgd-start-iter", &C::powersgd_start_iter, 2,
               "PowerSGD: steps of plain all-reduce first (start_powerSGD_iter; PyTorch advises "
               "about 10% of training)"),
+      bool_key("elastic", &C::elastic,
+               "survive a lost rank: the others drop the step in flight, form a smaller group and "
+               "go on; a restarted worker joins at a step (needs launcher --nnodes MIN:MAX)"),
       int_key("threads", &C::threads, 0,
               "intra-op threads per process (0: LibTorch's default, fewer where this host's ranks "
               "would share cores)"),
@@ -448,6 +451,25 @@ void validate(const Config& config) {
   }
   if (config.sync_bn && config.model != "resnet18") {
     throw InputError(fmt::format("key 'sync-bn': model '{}' has no BatchNorm layer", config.model));
+  }
+  if (config.elastic) {
+    // What a lost rank would take with it, or what cannot follow a new group (yet).
+    const char* refused = config.zero ? "zero (a lost rank's optimizer shard would be lost)"
+                          : config.sync_bn
+                              ? "sync-bn (its layers hold the group they were built on)"
+                          : config.uneven ? "uneven (Join's shadow steps)"
+                          : config.comm_hook == CommHook::kPowerSgd
+                              ? "comm-hook powersgd (its per-rank error feedback)"
+                              : nullptr;
+    if (refused != nullptr) {
+      throw InputError(fmt::format("key 'elastic': cannot be combined with {}", refused));
+    }
+    if (config.backend != "auto" && config.backend != "gloo") {
+      throw InputError(fmt::format(
+          "key 'elastic': backend '{}' cannot survive a lost rank (Open MPI ends every rank with "
+          "it); use gloo under launcher --nnodes MIN:MAX",
+          config.backend));
+    }
   }
   if (config.warmup_epochs > static_cast<double>(config.epochs)) {
     throw InputError(fmt::format("key 'warmup-epochs': {} is longer than the {} epochs of the run",

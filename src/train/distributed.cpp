@@ -92,20 +92,48 @@ std::string format_topology(const std::vector<RankTopology>& ranks, const std::s
   return out;
 }
 
+void join_next_generation(Distributed& d) {
+  d.group.reset();  // the last generation's group first: its connections go
+  d.membership = d.agent->next_membership(d.membership.generation);
+  d.launch.rank = d.membership.rank;
+  d.launch.world_size = d.membership.world_size();
+  d.group = d.agent->make_group(d.membership, d.options);
+}
+
 Distributed init_distributed(const Config& config, const comm::Env& env) {
   Distributed d;
   d.launch = comm::detect_launch(env);
   const int gpus = torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
   d.device = resolve_device(config.device, gpus, d.launch.local_rank);
-  const std::string backend = config.backend == "auto"
-                                  ? comm::default_backend(d.launch, d.device.is_cuda())
-                                  : config.backend;
+  // --elastic: gloo even for one rank (the group may grow).
+  const std::string backend = config.backend != "auto" ? config.backend
+                              : config.elastic && !d.device.is_cuda()
+                                  ? "gloo"
+                                  : comm::default_backend(d.launch, d.device.is_cuda());
   if (!d.launch.rendezvous_origin.empty()) log::info("rendezvous: {}", d.launch.rendezvous_origin);
-  comm::ProcessGroupOptions options;
-  options.timeout = to_ms(config.comm_timeout);
-  options.rendezvous_timeout = to_ms(config.rendezvous_timeout);
-  d.group = comm::create_process_group(backend, d.launch, options, d.device.is_cuda());
+  d.options.timeout = to_ms(config.comm_timeout);
+  d.options.rendezvous_timeout = to_ms(config.rendezvous_timeout);
+  if (config.elastic) {
+    const auto id = env.find("DDP_ELASTIC_ID");
+    if (id == env.end() || d.launch.launcher != comm::Launcher::kEnv || backend != "gloo") {
+      throw InputError(
+          "key 'elastic': start ddp_train under launcher --nnodes MIN:MAX, on gloo (the launcher "
+          "serves the job's store and restarts a lost worker; Open MPI cannot survive one)");
+    }
+    d.agent =
+        std::make_shared<comm::ElasticAgent>(d.launch, id->second, d.options.rendezvous_timeout);
+    if (d.launch.restart_count > 0) d.agent->announce_ready();  // a restarted worker joins
+    join_next_generation(d);
+  } else {
+    d.group = comm::create_process_group(backend, d.launch, d.options, d.device.is_cuda());
+  }
 
+  if (config.elastic) {
+    log::info("elastic: worker {}, generation {} of {} rank(s): {}", d.agent->id(),
+              d.membership.generation, d.membership.world_size(),
+              comm::format_members(d.membership.members));
+    return d;  // a joiner's first collectives are the model's and the state's (Trainer)
+  }
   // Every rank joins the gather; rank 0 alone logs (Note [Collective order is identical on all
   // ranks]).
   RankTopology mine{d.launch.rank, host_name(), d.launch.local_rank, d.device.str()};

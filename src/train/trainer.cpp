@@ -218,8 +218,10 @@ Trainer::Trainer(Config config, Distributed dist)
   progress_style_ =
       progress_style(config_.progress, ::isatty(STDOUT_FILENO) != 0,
                      dist_.launch.launcher == comm::Launcher::kMpirun, dist_.is_main());
-  // A group the launcher (or torchrun) restarted continues from its last checkpoint.
-  if (config_.resume.empty() && dist_.launch.restart_count != 0) {
+  // A group the launcher (or torchrun) restarted continues from its last checkpoint; an elastic
+  // worker that was restarted takes the running group's state instead (heal()).
+  const bool joiner = dist_.agent && dist_.launch.restart_count != 0;
+  if (config_.resume.empty() && dist_.launch.restart_count != 0 && !joiner) {
     log::info("restart {} of the job: resuming from the newest checkpoint in '{}'",
               dist_.launch.restart_count, config_.output_dir);
     config_.resume = "auto";
@@ -238,7 +240,8 @@ Trainer::Trainer(Config config, Distributed dist)
   }
   config_.batch_size = batch_size_per_rank(config_, dist_.world_size());
   build_model();
-  const bool resumed = !config_.resume.empty() && resume();  // may change batch_size
+  if (joiner) heal();
+  const bool resumed = !joiner && !config_.resume.empty() && resume();  // may change batch_size
   schedule_ = lr_schedule_of(config_, dist_.world_size());
   if (dist_.is_main()) write_run_files(resumed);
 }
@@ -343,27 +346,22 @@ TrainResult Trainer::train() {
   for (int64_t epoch = start_epoch_; epoch < config_.epochs; ++epoch) {
     EpochMetrics m;
     m.epoch = epoch + 1;
-    result.stopped_by_signal = !train_epoch(epoch, m);
-    if (result.stopped_by_signal) return result;
-    const bool last = m.epoch == config_.epochs;
-
-    // Every eval_every epochs, and always after the last one (all ranks).
-    if (last || (config_.eval_every > 0 && m.epoch % config_.eval_every == 0)) {
-      evaluate_epoch(m, last);
+    try {
+      result.stopped_by_signal = !train_epoch(epoch, m);
+      if (result.stopped_by_signal) return result;
+      end_of_epoch(m, result, metrics_file);
+    } catch (const MembershipChange& change) {
+      reform(change);
+      epoch = start_epoch_ - 1;  // heal() set where the new generation goes on
+      continue;
+    } catch (const comm::CommError& e) {
+      if (!dist_.agent) throw;
+      // --elastic: the epoch's evaluation or checkpoint failed: the next generation enters the
+      // epoch with nothing left to train, and does them again.
+      reform({fmt::format("epoch {}'s end failed ({})", m.epoch, e.what())});
+      epoch = start_epoch_ - 1;
+      continue;
     }
-
-    // Log and record the epoch (rank 0).
-    log::info("epoch {}/{}: {}, {:.0f} samples/s, {:.2f} s, lr {:.4g}", m.epoch, config_.epochs,
-              describe(m), m.samples_per_s, m.epoch_seconds, m.lr);
-    if (metrics_file) metrics_file->write(m);
-    result.epochs.push_back(m);
-
-    // Checkpoint every save_every epochs and after the last one (all ranks; rank 0 writes).
-    const bool save = last || (config_.save_every > 0 && m.epoch % config_.save_every == 0);
-    if (save) checkpoint_epoch(m.epoch);
-
-    // A SIGTERM during the evaluation or the checkpoint stops the run here (all ranks).
-    result.stopped_by_signal = !last && stop_after_epoch(m.epoch, save);
     if (result.stopped_by_signal) return result;
   }
 
@@ -371,6 +369,33 @@ TrainResult Trainer::train() {
   log::info("done: {} epochs, {}, {:.0f} samples/s; metrics in {}", config_.epochs, describe(final),
             final.samples_per_s, result.metrics_path);
   return result;
+}
+
+void Trainer::end_of_epoch(EpochMetrics& m, TrainResult& result,
+                           std::optional<MetricsWriter>& metrics_file) {
+  {
+    const bool last = m.epoch == config_.epochs;
+
+    // Every eval_every epochs, and always after the last one (all ranks).
+    if (last || (config_.eval_every > 0 && m.epoch % config_.eval_every == 0)) {
+      evaluate_epoch(m, last);
+    }
+
+    // Log and record the epoch (rank 0; once, though --elastic may end an epoch again).
+    log::info("epoch {}/{}: {}, {:.0f} samples/s, {:.2f} s, lr {:.4g}", m.epoch, config_.epochs,
+              describe(m), m.samples_per_s, m.epoch_seconds, m.lr);
+    if (result.epochs.empty() || result.epochs.back().epoch < m.epoch) {
+      if (metrics_file) metrics_file->write(m);
+      result.epochs.push_back(m);
+    }
+
+    // Checkpoint every save_every epochs and after the last one (all ranks; rank 0 writes).
+    const bool save = last || (config_.save_every > 0 && m.epoch % config_.save_every == 0);
+    if (save) checkpoint_epoch(m.epoch);
+
+    // A SIGTERM during the evaluation or the checkpoint stops the run here (all ranks).
+    result.stopped_by_signal = !last && stop_after_epoch(m.epoch, save);
+  }
 }
 
 void Trainer::evaluate_epoch(EpochMetrics& m, bool last) {
@@ -425,6 +450,18 @@ struct Trainer::EpochPass {
 
 bool Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
   EpochPass pass = begin_epoch(epoch);
+  try {
+    return train_steps(pass, m);
+  } catch (const comm::CommError& e) {
+    if (!dist_.agent) throw;
+    // --elastic: a collective between steps (a check, the epoch's metrics) failed; every step up
+    // to pass.step was committed by all members.
+    position_ = position_of(pass);
+    throw MembershipChange{fmt::format("a collective after step {} failed ({})", step_, e.what())};
+  }
+}
+
+bool Trainer::train_steps(EpochPass& pass, EpochMetrics& m) {
   // --uneven: a rank out of batches joins the others' steps until all are done (core/join.h).
   if (config_.uneven) model_->begin_join();
   while (std::optional<std::vector<data::Batch>> batches = next_step_batches(pass)) {
@@ -433,7 +470,17 @@ bool Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
     model_->zero_grad();  // dropped: the next backward's gradients become .grad (see the header)
 
     // Forward and backward of each micro-batch; the last backward reduces their gradients.
-    const auto [loss_sum, samples] = step_gradients(pass, *batches);
+    std::pair<torch::Tensor, int64_t> reduced;
+    bool ok = true;
+    try {
+      reduced = step_gradients(pass, *batches);
+    } catch (const comm::CommError& e) {
+      if (!dist_.agent) throw;
+      log::warn("elastic: step {} failed: {}", step_ + 1, e.what());
+      ok = false;
+    }
+    // --elastic: every member applies the step, or none (a dropped step throws).
+    const bool grow = dist_.agent && commit_step(pass, ok);
     optimizer_step();  // on the reduced gradients, the same on every rank
     ++step_;
 
@@ -442,7 +489,11 @@ bool Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
       check_parameters();
     }
 
-    pass.count_step(loss_sum, samples);
+    pass.count_step(reduced.first, reduced.second);
+    if (grow) {
+      position_ = position_of(pass);
+      throw MembershipChange{"a worker joins"};
+    }
     if (stop_after_step(pass)) return false;  // --checkpoint-on-signal
   }
   if (config_.uneven) {
@@ -551,7 +602,7 @@ Trainer::EpochPass Trainer::begin_epoch(int64_t epoch) {
   const torch::Tensor order = data::rank_share(pass.sequence, world, dist_.rank());
   const int64_t n =
       config_.drop_last ? order.size(0) / config_.batch_size * config_.batch_size : order.size(0);
-  if (n == 0) {
+  if (n == 0 && !resumed) {
     throw InputError(fmt::format("drop-last: each rank's {} samples are fewer than one batch of {}",
                                  order.size(0), config_.batch_size));
   }
@@ -603,6 +654,8 @@ bool Trainer::stop_after_step(const EpochPass& pass) {
 }
 
 void Trainer::end_epoch(EpochPass& pass, EpochMetrics& m) {
+  if (dist_.agent)
+    position_ = position_of(pass);  // --elastic: the epoch's end, if what follows fails
   pass.progress->finish(pass.trained, [&] { return pass.running_loss(); });
   const double seconds = seconds_since(pass.start);
 
@@ -734,6 +787,46 @@ Scores Trainer::evaluate(const data::TensorDataset& set) {
   }
   workload_.module->train();
   return out;
+}
+
+bool Trainer::commit_step(const EpochPass& pass, bool ok) {
+  const comm::StepDecision decision = dist_.agent->vote(dist_.membership, ++vote_round_, ok);
+  if (decision == comm::StepDecision::kAbort) {
+    position_ = position_of(pass);
+    throw MembershipChange{fmt::format("step {} dropped", step_ + 1)};
+  }
+  // Not after an epoch's last step (the next generation would enter an epoch with nothing left):
+  // the launcher's notice stays, and the next step grows.
+  return decision == comm::StepDecision::kCommitAndGrow && pass.step + 1 < pass.steps;
+}
+
+Trainer::ElasticPosition Trainer::position_of(const EpochPass& pass) const {
+  return {pass.epoch, pass.step, untrained_samples(pass), dist_.world_size()};
+}
+
+void Trainer::reform(const MembershipChange& change) {
+  const auto start = Clock::now();
+  const int64_t generation = dist_.membership.generation;
+  const int64_t world = dist_.world_size();
+  dist_.agent->request_next_generation(dist_.membership);
+  // The old generation's group goes with the DDP wrapper (whose reducer holds it and whose hooks
+  // it removes) and the watchdog; the model, the optimizer and the data stay.
+  watchdog_.reset();
+  model_ = DistributedDataParallel(nullptr);
+  join_next_generation(dist_);
+  log::init(dist_.rank(), config_.log_level);  // rank 0 may be another worker now
+  vote_round_ = 0;
+  watchdog_ = start_watchdog(config_, dist_, comm::current_env());
+  model_ = DistributedDataParallel(workload_.module, dist_.group, config_.ddp);  // a collective
+  register_comm_hook(model_, config_, dist_.group);
+  heal();
+  schedule_ = lr_schedule_of(config_, dist_.world_size());
+  log::warn(
+      "elastic: {} in generation {} of {} rank(s); generation {}: {} rank(s) ({}), batch {} per "
+      "rank, going on after step {} ({} of epoch {}), {:.2f} s after",
+      change.why, generation, world, dist_.membership.generation, dist_.world_size(),
+      comm::format_members(dist_.membership.members), config_.batch_size, step_, start_epoch_step_,
+      start_epoch_ + 1, seconds_since(start));
 }
 
 }  // namespace ddp::train

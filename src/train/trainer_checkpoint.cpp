@@ -85,6 +85,21 @@ std::string serialized(const torch::optim::Optimizer& optimizer) {
 
 }  // namespace
 
+Checkpoint Trainer::checkpoint_here(CheckpointPosition at, const torch::Tensor& untrained) const {
+  Checkpoint c;
+  c.epoch = at.epoch;
+  c.epoch_step = at.epoch_step;
+  c.epoch_samples = untrained;
+  c.step = step_;
+  c.world_size = dist_.world_size();
+  c.batch_size = config_.batch_size;
+  c.seed = config_.seed;
+  c.optimizer = to_string(config_.optimizer);
+  c.config = to_yaml(config_);
+  c.model = state_dict(*workload_.module, kModulePrefix);
+  return c;
+}
+
 void Trainer::save_checkpoint(CheckpointPosition at, const torch::Tensor& untrained) {
   const std::string what = at.epoch_step == 0
                                ? fmt::format("after epoch {}", at.epoch)
@@ -102,17 +117,7 @@ void Trainer::save_checkpoint(CheckpointPosition at, const torch::Tensor& untrai
   std::exception_ptr error;
   if (dist_.is_main()) {
     try {
-      Checkpoint c;
-      c.epoch = at.epoch;
-      c.epoch_step = at.epoch_step;
-      c.epoch_samples = untrained;
-      c.step = step_;
-      c.world_size = dist_.world_size();
-      c.batch_size = config_.batch_size;
-      c.seed = config_.seed;
-      c.optimizer = to_string(config_.optimizer);
-      c.config = to_yaml(config_);
-      c.model = state_dict(*workload_.module, kModulePrefix);
+      Checkpoint c = checkpoint_here(at, untrained);
       c.optimizer_state = zero_ ? torch::empty({0}, torch::kByte) : byte_tensor(opt);
       for (const auto& shard : shards) c.optimizer_shards.push_back(byte_tensor(shard));
       c.rng_state = rng_rows(all_rng, rng.numel());
@@ -338,6 +343,35 @@ void Trainer::load_training_state(const Checkpoint& c, const std::string& path) 
     throw InputError(
         fmt::format("{}: the RNG state cannot be restored: {}", path, first_line_of(e)));
   }
+}
+
+void Trainer::heal() {
+  // Rank 0's state at the group's last committed step, to every member (the same as a
+  // checkpoint there, resumed on this generation's world size).
+  std::string bytes;
+  std::exception_ptr error;
+  if (dist_.is_main()) {
+    try {
+      Checkpoint c = checkpoint_here({position_.epoch, position_.epoch_step}, position_.rest);
+      // The global batch is kept where the new world divides it; else each rank keeps its batch.
+      const int64_t world = dist_.world_size();
+      c.batch_size = batch_size_for_world(config_.batch_size, position_.world_size, world)
+                         .value_or(config_.batch_size);
+      c.optimizer_state = byte_tensor(serialized(optimizer()));
+      const at::Tensor rng = cpu_rng_state().contiguous();
+      c.rng_state = rng.unsqueeze(0).repeat({world, 1});  // every rank continues rank 0's stream
+      if (scaler_) c.grad_scaler = scaler_->state();
+      bytes = serialize_pt(to_ivalue(c));
+    } catch (const std::exception&) {
+      error = std::current_exception();
+    }
+  }
+  agree_all_ok(dist_, error, "elastic: rank 0's state");
+  bytes = comm::broadcast_bytes(*dist_.group, bytes, 0, dist_.device);
+  const std::string origin = "elastic: rank 0's state";
+  const Checkpoint c = checkpoint_from(parse_pt(bytes, origin), origin);
+  config_.batch_size = c.batch_size;
+  apply(c, origin);
 }
 
 }  // namespace ddp::train

@@ -6,6 +6,7 @@
 #include <csignal>
 #include <fstream>
 
+#include "ddp/comm/elastic_keys.h"
 #include "ddp/common/error.h"
 #include "options.h"
 
@@ -237,6 +238,32 @@ TEST(LaunchOptions, ProgramsAreFoundInPathOnlyWhenExecutable) {
   std::ofstream(plain) << "data";
   EXPECT_FALSE(ddp::launch::find_program(plain, ""));       // not executable
   EXPECT_FALSE(ddp::launch::find_program("/usr/bin", ""));  // a directory
+}
+
+// --nnodes MIN:MAX is elastic (one node for now); N is not.
+TEST(LaunchOptions, NnodesMinMaxIsElasticOnOneNode) {
+  EXPECT_FALSE(parse({"--nnodes", "1", "prog"}).elastic);
+  const LaunchOptions elastic = parse({"--nnodes", "1:1", "--nproc", "3", "prog"});
+  EXPECT_TRUE(elastic.elastic);
+  EXPECT_EQ(elastic.nnodes, 1);
+  EXPECT_NE(error_of({"--nnodes", "2:1", "prog"}).find("MIN:MAX with MIN at most MAX"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--nnodes", "1:4", "prog"}).find("elastic training runs on one node"),
+            std::string::npos);
+}
+
+// The membership keys' values, both ways (comm/elastic_keys.h).
+TEST(ElasticKeys, MembersAndDecisionsReadBackAsWritten) {
+  using ddp::comm::StepDecision;
+  const std::vector<std::string> members = {"0.0", "2.0", "1.1"};
+  EXPECT_EQ(ddp::comm::format_members(members), "0.0,2.0,1.1");
+  EXPECT_EQ(ddp::comm::parse_members("0.0,2.0,1.1"), members);
+  EXPECT_TRUE(ddp::comm::parse_members("").empty());
+  for (auto d : {StepDecision::kCommit, StepDecision::kCommitAndGrow, StepDecision::kAbort}) {
+    EXPECT_EQ(ddp::comm::parse_decision(ddp::comm::to_string(d)), d);
+  }
+  EXPECT_THROW(ddp::comm::parse_decision("maybe"), ddp::Error);
+  EXPECT_EQ(ddp::comm::ElasticKeys::decision(3, 17), "elastic/gen/3/decide/17");
 }
 
 }  // namespace

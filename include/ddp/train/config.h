@@ -101,7 +101,8 @@ struct Config {
   int64_t powersgd_start_iter = 1000;  // PowerSGDOptions::start_powerSGD_iter (PyTorch's default)
   bool sync_bn = false;                // BatchNorm statistics over the global batch (SyncBatchNorm)
   bool zero = false;                   // ZeroRedundancyOptimizer: optimizer state sharded (ZeRO-1)
-  int64_t threads = 0;                 // 0: leave LibTorch's default
+  bool elastic = false;  // a lost rank's peers go on (under `launcher --nnodes MIN:MAX`)
+  int64_t threads = 0;   // 0: leave LibTorch's default
   std::string output_dir = "runs/latest";
   std::string log_level = "info";
   std::string progress = "auto";  // auto | bar | lines | off (see train/progress.h)

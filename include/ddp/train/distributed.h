@@ -7,15 +7,20 @@
 #include <string>
 #include <vector>
 
+#include "ddp/comm/elastic.h"
 #include "ddp/comm/rendezvous.h"
 #include "ddp/train/config.h"
 
 namespace ddp::train {
 
 struct Distributed {
-  comm::LaunchInfo launch;
+  comm::LaunchInfo launch;  // under --elastic, rank and world size are the membership's
   torch::Device device = torch::kCPU;
   std::shared_ptr<comm::ProcessGroup> group;
+  comm::ProcessGroupOptions options;  // the group's
+  // --elastic: the link to the launcher's arbiter, and this worker's current generation.
+  std::shared_ptr<comm::ElasticAgent> agent;
+  comm::Membership membership;
 
   int rank() const { return group->rank(); }
   int world_size() const { return group->world_size(); }
@@ -42,6 +47,10 @@ int threads_per_rank(int configured, bool omp_num_threads_set, int default_threa
 // threads_per_rank() for this process: its affinity mask, this host's online cores, LibTorch's
 // current default, OMP_NUM_THREADS in `env`.
 int threads_for_this_process(int configured, const comm::Env& env, int local_world_size);
+
+// --elastic: replaces d.group by the group of the next generation that includes this worker
+// (blocks until the launcher publishes it), and d.launch's rank and world size by its own.
+void join_next_generation(Distributed& d);
 
 // "auto" picks CUDA when available. CUDA devices are cuda:local_rank; throws InputError for
 // "cuda" without CUDA, or a local rank without a GPU of its own.

@@ -75,6 +75,18 @@ class Trainer {
 
  private:
   struct EpochPass;  // one epoch's loader, counts and progress (trainer.cpp)
+  // --elastic: thrown out of a step when the group must re-form (a member's step failed, or a
+  // joiner is ready); train() catches it.
+  struct MembershipChange {
+    std::string why;
+  };
+  // Where the group stood at its last committed step: where the next generation goes on.
+  struct ElasticPosition {
+    int64_t epoch = 0;
+    int64_t epoch_step = 0;
+    torch::Tensor rest;  // the epoch's untrained ids
+    int64_t world_size = 1;
+  };
 
   // The workload on this rank's device, its DDP wrapper (a collective) and the optimizer.
   void build_model();
@@ -84,9 +96,13 @@ class Trainer {
   void write_run_files(bool resumed) const;
 
   TrainResult train();  // run() without the flight record
+  // After an epoch's steps: evaluation, the metrics (rank 0), the checkpoint, the signal check.
+  void end_of_epoch(EpochMetrics& metrics, TrainResult& result,
+                    std::optional<MetricsWriter>& metrics_file);
   // One pass over this epoch's indices; fills the training fields of `metrics`. Returns false
   // when a SIGTERM stopped it (after a checkpoint: --checkpoint-on-signal).
   bool train_epoch(int64_t epoch, EpochMetrics& metrics);
+  bool train_steps(EpochPass& pass, EpochMetrics& metrics);  // its steps, then end_epoch()
   EpochPass begin_epoch(int64_t epoch);
   // The sampler's sequence of `epoch` for `world` ranks (every rank's indices, interleaved).
   torch::Tensor epoch_sequence(int64_t epoch, int64_t world) const;
@@ -133,6 +149,17 @@ class Trainer {
   // --check-params-every: compares checksums of the parameters across ranks (a collective);
   // throws Error naming the first parameter that differs and the ranks where it does.
   void check_parameters();
+  // --elastic (trainer_elastic.cpp). This member's vote after a step's gradients (`ok`: they were
+  // reduced); throws MembershipChange when the step is dropped. Returns whether the group grows
+  // after the step.
+  bool commit_step(const EpochPass& pass, bool ok);
+  // The position of `pass` (its committed steps) for the next generation.
+  ElasticPosition position_of(const EpochPass& pass) const;
+  // After a MembershipChange: the next generation's group, DDP on it, and rank 0's state.
+  void reform(const MembershipChange& change);
+  // Every member takes rank 0's state at position_ (a collective): a joiner's first state.
+  void heal();
+
   // How the training batches of `epoch` are prepared (--workers, --pin-memory, --augment), in a
   // pass that starts after `first_step` of its steps.
   data::LoaderOptions loader_options(int64_t epoch, int64_t first_step) const;
@@ -142,6 +169,8 @@ class Trainer {
   // Writes checkpoint-epoch-N[-step-S].pt, checkpoint.pt and model.pt (rank 0), then a barrier.
   // In the middle of an epoch, `untrained` holds its ids not yet trained.
   void save_checkpoint(CheckpointPosition at, const torch::Tensor& untrained = {});
+  // This rank's training position and model in a Checkpoint (rank 0: the rest is the caller's).
+  Checkpoint checkpoint_here(CheckpointPosition at, const torch::Tensor& untrained) const;
   // Loads the checkpoint config.resume names; returns false when `auto` finds none.
   bool resume();
   // Sets the run to `checkpoint` (read from `path`): the model, the training state, the step.
@@ -183,6 +212,8 @@ class Trainer {
   int64_t start_epoch_ = 0;            // epochs done before this run (resume)
   int64_t start_epoch_step_ = 0;       // steps of epoch start_epoch_ done before it (a SIGTERM's)
   torch::Tensor start_epoch_samples_;  // and the ids of it still to train (undefined: none)
+  ElasticPosition position_;           // --elastic: at the last membership change
+  int64_t vote_round_ = 0;             // --elastic: steps voted on in this generation
 };
 
 }  // namespace ddp::train

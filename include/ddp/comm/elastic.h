@@ -1,0 +1,62 @@
+#pragma once
+// Elastic membership: a worker's side of the protocol by which the launcher (`--nnodes MIN:MAX`,
+// which serves the job's store and outlives its workers) tells the workers which of them form
+// the group, generation after generation, and by which the members agree on every step.
+
+// (Note [Elastic membership] in elastic_keys.h.)
+
+#include <c10/util/intrusive_ptr.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddp/comm/elastic_keys.h"
+#include "ddp/comm/process_group.h"
+#include "ddp/comm/rendezvous.h"
+
+namespace c10d {
+class Store;
+}
+
+namespace ddp::comm {
+
+struct Membership {
+  int64_t generation = -1;
+  std::vector<std::string> members;  // worker ids, in rank order
+  int rank = -1;                     // this worker's position in `members`
+  int world_size() const { return static_cast<int>(members.size()); }
+};
+
+// A worker's link to the launcher's arbiter (DDP_ELASTIC_ID in the environment: this worker's
+// id, "<local rank>.<incarnation>"). Every call talks to the store; none is a collective.
+class ElasticAgent {
+ public:
+  // Connects to the launcher's store (MASTER_ADDR:MASTER_PORT, DDP_JOB_TOKEN) as a client.
+  ElasticAgent(const LaunchInfo& launch, std::string id, std::chrono::milliseconds timeout);
+  ~ElasticAgent();
+
+  const std::string& id() const { return id_; }
+  // Blocks until the launcher has published a generation newer than `after` that includes this
+  // worker (a worker left out of one waits for the next). Throws CommError after `timeout`.
+  Membership next_membership(int64_t after);
+  // The gloo group of `m`: connected over the prefix elastic/gen/<g>/group of the store.
+  std::unique_ptr<ProcessGroup> make_group(const Membership& m, const ProcessGroupOptions& options);
+  // This member's vote on round `round` of generation `m` (`ok`: its step went well); returns the
+  // decision every member of `m` gets (Note [Elastic membership]).
+  StepDecision vote(const Membership& m, int64_t round, bool ok);
+  // Asks the launcher for the generation after `m`.
+  void request_next_generation(const Membership& m);
+  // A joiner: ready to be taken into the next generation.
+  void announce_ready();
+
+ private:
+  LaunchInfo launch_;
+  std::string id_;
+  std::chrono::milliseconds timeout_;
+  c10::intrusive_ptr<c10d::Store> store_;
+};
+
+}  // namespace ddp::comm

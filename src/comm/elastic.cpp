@@ -1,0 +1,114 @@
+#include "ddp/comm/elastic.h"
+
+#include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include <algorithm>
+#include <sstream>
+#include <thread>
+
+#include "backends.h"
+#include "ddp/common/error.h"
+#include "store_client.h"
+
+namespace ddp::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string text_of(const std::vector<uint8_t>& bytes) {
+  return {bytes.begin(), bytes.end()};
+}
+std::vector<uint8_t> bytes_of(const std::string& text) {
+  return {text.begin(), text.end()};
+}
+
+// How often a member waiting for a decision looks for the launcher's abort notice: the wait for
+// the last vote is short (the votes follow an all-reduce that every member left together), so
+// this is paid only when a member died.
+constexpr auto kAbortPoll = std::chrono::milliseconds(20);
+
+}  // namespace
+
+ElasticAgent::ElasticAgent(const LaunchInfo& launch, std::string id,
+                           std::chrono::milliseconds timeout)
+    : launch_(launch),
+      id_(std::move(id)),
+      timeout_(timeout),
+      store_(c10::make_intrusive<StoreClient>(launch.master_addr, launch.master_port,
+                                              launch.job_token, timeout)) {}
+
+ElasticAgent::~ElasticAgent() = default;
+
+Membership ElasticAgent::next_membership(int64_t after) {
+  const auto deadline = Clock::now() + timeout_;
+  int64_t g = after + 1;
+  while (true) {
+    const std::string key = ElasticKeys::generation(g);
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    try {
+      store_->wait({key}, std::max(left, std::chrono::milliseconds(1)));
+    } catch (const std::exception&) {
+      throw CommError(CollectiveInfo{"elastic membership", 0, 0, "", launch_.rank, 0},
+                      fmt::format("worker {}: the launcher published no generation after {} "
+                                  "within {} ms",
+                                  id_, after, timeout_.count()));
+    }
+    Membership m;
+    m.generation = g;
+    m.members = parse_members(text_of(store_->get(key)));
+    const auto it = std::find(m.members.begin(), m.members.end(), id_);
+    if (it != m.members.end()) {
+      m.rank = static_cast<int>(it - m.members.begin());
+      return m;
+    }
+    ++g;  // not in this one (a joiner not ready yet when it formed): the next
+  }
+}
+
+std::unique_ptr<ProcessGroup> ElasticAgent::make_group(const Membership& m,
+                                                       const ProcessGroupOptions& options) {
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(
+      ElasticKeys::generation(m.generation) + "/group", store_);
+  LaunchInfo launch = launch_;
+  launch.rank = m.rank;
+  launch.world_size = m.world_size();
+#ifdef DDP_HAVE_GLOO
+  return make_gloo_process_group_on(prefixed, launch, options);
+#else
+  (void)options;
+  throw InputError("elastic training needs the gloo backend, which this build lacks");
+#endif
+}
+
+StepDecision ElasticAgent::vote(const Membership& m, int64_t round, bool ok) {
+  const std::string decision = ElasticKeys::decision(m.generation, round);
+  auto decide = [&](StepDecision d) {
+    return parse_decision(text_of(store_->compareSet(decision, {}, bytes_of(to_string(d)))));
+  };
+  if (!ok) return decide(StepDecision::kAbort);
+  if (store_->add(ElasticKeys::vote(m.generation, round), 1) == m.world_size()) {
+    const bool grow = store_->check({ElasticKeys::grow(m.generation)});
+    return decide(grow ? StepDecision::kCommitAndGrow : StepDecision::kCommit);
+  }
+  while (true) {
+    if (store_->check({decision})) return parse_decision(text_of(store_->get(decision)));
+    if (store_->check({ElasticKeys::abort(m.generation)})) return decide(StepDecision::kAbort);
+    try {
+      store_->wait({decision}, kAbortPoll);
+    } catch (const std::exception&) {
+      // not decided yet: look for the launcher's notice again
+    }
+  }
+}
+
+void ElasticAgent::request_next_generation(const Membership& m) {
+  store_->set(ElasticKeys::reform(m.generation), bytes_of(id_));
+}
+
+void ElasticAgent::announce_ready() {
+  store_->set(ElasticKeys::ready(id_), bytes_of("1"));
+}
+
+}  // namespace ddp::comm

@@ -1,0 +1,68 @@
+#include "ddp/comm/elastic_keys.h"
+
+#include <fmt/format.h>
+
+#include <sstream>
+
+#include "ddp/common/error.h"
+
+namespace ddp::comm {
+
+std::vector<std::string> parse_members(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string id; std::getline(in, id, ',');) {
+    if (!id.empty()) out.push_back(id);
+  }
+  return out;
+}
+
+std::string format_members(const std::vector<std::string>& members) {
+  return fmt::format("{}", fmt::join(members, ","));
+}
+
+const char* to_string(StepDecision decision) {
+  switch (decision) {
+    case StepDecision::kCommit:
+      return "commit";
+    case StepDecision::kCommitAndGrow:
+      return "commit grow";
+    case StepDecision::kAbort:
+      return "abort";
+  }
+  return "?";
+}
+
+StepDecision parse_decision(const std::string& text) {
+  for (auto d : {StepDecision::kCommit, StepDecision::kCommitAndGrow, StepDecision::kAbort}) {
+    if (text == to_string(d)) return d;
+  }
+  throw Error(fmt::format("elastic: unknown step decision '{}'", text));
+}
+
+std::string ElasticKeys::generation(int64_t g) {
+  return fmt::format("elastic/gen/{}", g);
+}
+std::string ElasticKeys::latest() {
+  return "elastic/latest";
+}
+std::string ElasticKeys::vote(int64_t g, int64_t round) {
+  return fmt::format("elastic/gen/{}/vote/{}", g, round);
+}
+std::string ElasticKeys::decision(int64_t g, int64_t round) {
+  return fmt::format("elastic/gen/{}/decide/{}", g, round);
+}
+std::string ElasticKeys::abort(int64_t g) {
+  return fmt::format("elastic/gen/{}/abort", g);
+}
+std::string ElasticKeys::reform(int64_t g) {
+  return fmt::format("elastic/gen/{}/reform", g);
+}
+std::string ElasticKeys::grow(int64_t g) {
+  return fmt::format("elastic/gen/{}/grow", g);
+}
+std::string ElasticKeys::ready(const std::string& id) {
+  return "elastic/ready/" + id;
+}
+
+}  // namespace ddp::comm
