@@ -346,20 +346,25 @@ TrainResult Trainer::train() {
   for (int64_t epoch = start_epoch_; epoch < config_.epochs; ++epoch) {
     EpochMetrics m;
     m.epoch = epoch + 1;
+    bool reformed = true;
     try {
       result.stopped_by_signal = !train_epoch(epoch, m);
       if (result.stopped_by_signal) return result;
       end_of_epoch(m, result, metrics_file);
+      reformed = false;
     } catch (const MembershipChange& change) {
       reform(change);
-      epoch = start_epoch_ - 1;  // heal() set where the new generation goes on
-      continue;
     } catch (const comm::CommError& e) {
       if (!dist_.agent) throw;
       // --elastic: the epoch's evaluation or checkpoint failed: the next generation enters the
       // epoch with nothing left to train, and does them again.
       reform({fmt::format("epoch {}'s end failed ({})", m.epoch, e.what())});
-      epoch = start_epoch_ - 1;
+    }
+    if (reformed) {
+      // Rank 0 may be another worker now: it goes on with the metrics file.
+      if (dist_.is_main() && !metrics_file) metrics_file.emplace(result.metrics_path, true);
+      if (!dist_.is_main()) metrics_file.reset();
+      epoch = start_epoch_ - 1;  // heal() set where the new generation goes on
       continue;
     }
     if (result.stopped_by_signal) return result;

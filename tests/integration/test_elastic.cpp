@@ -123,6 +123,8 @@ TEST(Elastic, WithoutRestartsTheSurvivorsFinishAndWithNoneLeftTheJobFails) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(mentions(r.output, "generation 1 of 2 worker(s): 1.0,2.0")) << r.output;
   EXPECT_TRUE(mentions(r.output, "done: " + std::to_string(kEpochs) + " epochs")) << r.output;
+  // Rank 0 died in epoch 1: the new rank 0 wrote every epoch's metrics, each once.
+  EXPECT_EQ(count_of(ddp::testing::read_file(out.file("metrics.jsonl")), "\"epoch\":"), kEpochs);
 
   TempDir alone;
   const ProcessResult one =
