@@ -311,7 +311,10 @@ class Supervisor {
       w.noted = true;
       if (exit_code_of(w.status) == 0) continue;
       failed_status = w.status;
-      const bool member = arbiter.lose(w.elastic_id);
+      const bool member = arbiter.lose(
+          w.elastic_id, fmt::format("worker {} (local rank {}, pid {}, host {}): {}", w.elastic_id,
+                                    w.local_rank, w.pid, net::host_name(),
+                                    describe_status(w.status)));
       note(fmt::format(
           "elastic: worker {} (local rank {}, pid {}) lost: {}{}", w.elastic_id, w.local_rank,
           w.pid, describe_status(w.status),
@@ -356,13 +359,16 @@ class Supervisor {
       set(comm::ElasticKeys::generation(generation), comm::format_members(members));
       set(comm::ElasticKeys::latest(), std::to_string(generation));
     }
-    // A worker ended: when it was a member, the step in flight is aborted and the next
-    // generation published at once. Returns whether it was a member.
-    bool lose(const std::string& id) {
+    // A worker ended (`what`: who, and how): when it was a member, the step in flight is aborted
+    // (the abort key says who was lost) and the next generation published at once. Returns
+    // whether it was a member.
+    bool lose(const std::string& id, const std::string& what) {
       remove(joining, id);
       remove(ready, id);
-      if (std::find(members.begin(), members.end(), id) == members.end()) return false;
-      set(comm::ElasticKeys::abort(generation), id);
+      const auto it = std::find(members.begin(), members.end(), id);
+      if (it == members.end()) return false;
+      set(comm::ElasticKeys::abort(generation),
+          fmt::format("rank {} of generation {}, {}", it - members.begin(), generation, what));
       remove(members, id);
       ++generation;
       reform_seen.reset();

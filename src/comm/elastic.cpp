@@ -50,10 +50,10 @@ Membership ElasticAgent::next_membership(int64_t after) {
     try {
       store_->wait({key}, std::max(left, std::chrono::milliseconds(1)));
     } catch (const std::exception&) {
-      throw CommError(CollectiveInfo{"elastic membership", 0, 0, "", launch_.rank, 0},
-                      fmt::format("worker {}: the launcher published no generation after {} "
-                                  "within {} ms",
-                                  id_, after, timeout_.count()));
+      // Not a CommError: no later generation can be had either.
+      throw Error(fmt::format("worker {}: the launcher published no generation after {} within "
+                              "{} ms",
+                              id_, after, timeout_.count()));
     }
     Membership m;
     m.generation = g;
@@ -69,8 +69,14 @@ Membership ElasticAgent::next_membership(int64_t after) {
 
 std::unique_ptr<ProcessGroup> ElasticAgent::make_group(const Membership& m,
                                                        const ProcessGroupOptions& options) {
+  // A connection of the group's own, whose waits end when the launcher aborts the generation: a
+  // member that dies while the others connect to it (or take the state from it) leaves no one
+  // waiting for the rendezvous timeout.
+  auto store = c10::make_intrusive<StoreClient>(launch_.master_addr, launch_.master_port,
+                                                launch_.job_token, timeout_);
+  store->abort_waits_when_set(ElasticKeys::abort(m.generation));
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>(
-      ElasticKeys::generation(m.generation) + "/group", store_);
+      ElasticKeys::generation(m.generation) + "/group", store);
   LaunchInfo launch = launch_;
   launch.rank = m.rank;
   launch.world_size = m.world_size();
@@ -89,18 +95,32 @@ StepDecision ElasticAgent::vote(const Membership& m, int64_t round, bool ok) {
   };
   if (!ok) return decide(StepDecision::kAbort);
   if (store_->add(ElasticKeys::vote(m.generation, round), 1) == m.world_size()) {
+    // Every member voted in this round, so every member has read the last round's decision:
+    // its keys go (the store would otherwise grow by two keys a step for as long as the job runs).
+    if (round > 1) {
+      store_->deleteKey(ElasticKeys::vote(m.generation, round - 1));
+      store_->deleteKey(ElasticKeys::decision(m.generation, round - 1));
+    }
     const bool grow = store_->check({ElasticKeys::grow(m.generation)});
     return decide(grow ? StepDecision::kCommitAndGrow : StepDecision::kCommit);
   }
+  // The last vote follows at once (the votes follow an all-reduce that every member left
+  // together): one wait, then the decision. The launcher's abort notice is looked for only
+  // while the decision is late.
   while (true) {
-    if (store_->check({decision})) return parse_decision(text_of(store_->get(decision)));
-    if (store_->check({ElasticKeys::abort(m.generation)})) return decide(StepDecision::kAbort);
     try {
       store_->wait({decision}, kAbortPoll);
+      return parse_decision(text_of(store_->get(decision)));
     } catch (const std::exception&) {
-      // not decided yet: look for the launcher's notice again
+      // not decided yet
     }
+    if (store_->check({ElasticKeys::abort(m.generation)})) return decide(StepDecision::kAbort);
   }
+}
+
+std::string ElasticAgent::lost_in(int64_t g) {
+  const std::string key = ElasticKeys::abort(g);
+  return store_->check({key}) ? text_of(store_->get(key)) : std::string();
 }
 
 void ElasticAgent::request_next_generation(const Membership& m) {

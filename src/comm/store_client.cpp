@@ -40,6 +40,10 @@ milliseconds immediate(milliseconds timeout) {
   return std::min(with_margin(timeout), kImmediateReplyWithin);
 }
 
+// How often an abortable wait looks for its abort key: the time a generation that lost a member
+// while it formed keeps its others waiting.
+constexpr milliseconds kAbortKeyPoll{50};
+
 }  // namespace
 
 StoreClient::StoreClient(std::string host, int port, std::string token, milliseconds timeout)
@@ -65,6 +69,7 @@ std::vector<uint8_t> StoreClient::compareSet(const std::string& key,
 }
 
 std::vector<uint8_t> StoreClient::get(const std::string& key) {
+  if (!abort_key_.empty()) wait({key});  // the server's get would wait without looking
   const auto reply = request({StoreOp::kGet, {key, std::to_string(effective(timeout_).count())}},
                              with_margin(timeout_));
   if (reply.code == StoreOp::kTimeout) {
@@ -95,13 +100,29 @@ void StoreClient::wait(const std::vector<std::string>& keys) {
   wait(keys, timeout_);
 }
 
-void StoreClient::wait(const std::vector<std::string>& keys, const milliseconds& timeout) {
+bool StoreClient::wait_within(const std::vector<std::string>& keys, milliseconds timeout) {
   std::vector<std::string> fields = {std::to_string(effective(timeout).count())};
   fields.insert(fields.end(), keys.begin(), keys.end());
-  if (request({StoreOp::kWait, fields}, with_margin(timeout)).code == StoreOp::kTimeout) {
-    throw Error(
-        fmt::format("rendezvous store: keys were not all set within {} ms", timeout.count()));
+  return request({StoreOp::kWait, fields}, with_margin(timeout)).code != StoreOp::kTimeout;
+}
+
+void StoreClient::wait(const std::vector<std::string>& keys, const milliseconds& timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + effective(timeout);
+  while (true) {
+    const auto left =
+        std::chrono::duration_cast<milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) break;
+    if (abort_key_.empty()) {
+      if (wait_within(keys, left)) return;
+      break;
+    }
+    if (wait_within(keys, std::min(left, kAbortKeyPoll))) return;
+    if (check({abort_key_})) {
+      throw Error(fmt::format("rendezvous store: gave up waiting for '{}': '{}' is set",
+                              keys.empty() ? "" : keys.front(), abort_key_));
+    }
   }
+  throw Error(fmt::format("rendezvous store: keys were not all set within {} ms", timeout.count()));
 }
 
 c10::intrusive_ptr<c10d::Store> StoreClient::clone() {

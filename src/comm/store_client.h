@@ -7,7 +7,6 @@
 
 #include <chrono>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -43,12 +42,19 @@ class StoreClient : public c10d::Store {
 
   // Keeps rank 0's server alive as long as its own client.
   void own(std::shared_ptr<StoreServer> server) { server_ = std::move(server); }
+  // From now on, a get or wait that has to wait gives up (throws Error) as soon as `key` is set,
+  // looking for it every few tens of milliseconds: an elastic generation's group stops forming
+  // when the launcher declares the generation aborted (a member died while it formed).
+  void abort_waits_when_set(std::string key) { abort_key_ = std::move(key); }
 
  private:
   StoreMessage request(const StoreMessage& message, std::chrono::milliseconds reply_within);
+  // kWait for `keys`, within `timeout` (0: none); returns whether they were all set.
+  bool wait_within(const std::vector<std::string>& keys, std::chrono::milliseconds timeout);
 
   StoreConnection connection_;  // one request at a time (the watchdog shares the client)
   std::shared_ptr<StoreServer> server_;
+  std::string abort_key_;  // "": waits are not aborted
 };
 
 }  // namespace ddp::comm

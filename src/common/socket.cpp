@@ -67,6 +67,12 @@ void UniqueFd::reset(int fd) noexcept {
   fd_ = fd;
 }
 
+std::string host_name() {
+  char name[256] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
 std::string errno_text() {
   return std::strerror(errno);
 }

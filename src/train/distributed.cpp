@@ -10,18 +10,13 @@
 #include "ddp/comm/host_collectives.h"
 #include "ddp/common/error.h"
 #include "ddp/common/log.h"
+#include "ddp/common/socket.h"
 
 namespace ddp::train {
 namespace {
 
-// Per rank: "host|local_rank|device"; host_name() gives at most 255 bytes.
+// Per rank: "host|local_rank|device"; net::host_name() gives at most 255 bytes.
 constexpr size_t kTopologyBytes = 256 + 32;
-
-std::string host_name() {
-  char name[256] = {};
-  gethostname(name, sizeof(name) - 1);
-  return name;
-}
 
 std::chrono::milliseconds to_ms(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
@@ -136,7 +131,7 @@ Distributed init_distributed(const Config& config, const comm::Env& env) {
   }
   // Every rank joins the gather; rank 0 alone logs (Note [Collective order is identical on all
   // ranks]).
-  RankTopology mine{d.launch.rank, host_name(), d.launch.local_rank, d.device.str()};
+  RankTopology mine{d.launch.rank, net::host_name(), d.launch.local_rank, d.device.str()};
   const auto all = gather_topology(*d.group, d.device, mine);
   log::info("launched by {}: {}", comm::to_string(d.launch.launcher),
             format_topology(all, d.group->backend_name()));

@@ -49,6 +49,17 @@ std::string to_json(const EpochMetrics& m) {
   j["samples_per_s"] = figure(m.samples_per_s, 6);
   j["epoch_seconds"] = figure(m.epoch_seconds, 6);
   j["grad_bytes_per_step"] = figure(m.grad_bytes_per_step);
+  for (const MembershipRecord& r : m.membership_changes) {
+    Json c;
+    c["after_step"] = r.after_step;
+    c["why"] = r.why;
+    c["lost"] = r.lost;
+    c["generation"] = r.generation;
+    c["world_before"] = r.world_before;
+    c["world_after"] = r.world_after;
+    c["recovery_seconds"] = figure(r.recovery_seconds, 6);
+    j["membership_changes"].push_back(c);
+  }
   return j.dump();  // one line: no indent, and a newline in a string is written as \n
 }
 

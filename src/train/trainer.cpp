@@ -239,8 +239,18 @@ Trainer::Trainer(Config config, Distributed dist)
     torch::set_num_threads(threads);
   }
   config_.batch_size = batch_size_per_rank(config_, dist_.world_size());
-  build_model();
-  if (joiner) heal();
+  if (joiner) {
+    try {
+      build_model();  // DDP's broadcast is a collective of the group it joins
+      heal();
+    } catch (const comm::CommError& e) {
+      if (!optimizer_) throw;  // its model is not even built
+      reform({fmt::format("the group failed while worker {} joined ({})", dist_.agent->id(),
+                          e.what())});
+    }
+  } else {
+    build_model();
+  }
   const bool resumed = !joiner && !config_.resume.empty() && resume();  // may change batch_size
   schedule_ = lr_schedule_of(config_, dist_.world_size());
   if (dist_.is_main()) write_run_files(resumed);
@@ -266,6 +276,9 @@ void Trainer::build_model() {
     log::info("initial weights from {}", config_.init_weights);
   }
   set_up_amp();
+  // Before the first collective: an elastic joiner whose group fails in it re-forms and needs
+  // an optimizer for the state it is then given.
+  if (!config_.zero) optimizer_ = make_optimizer(config_, workload_.module->parameters());
   // Collective: checks the model is the same everywhere, broadcasts rank 0's weights.
   model_ = DistributedDataParallel(workload_.module, dist_.group, config_.ddp);
   register_comm_hook(model_, config_, dist_.group);
@@ -273,8 +286,6 @@ void Trainer::build_model() {
     zero_ = std::make_unique<ZeroRedundancyOptimizer>(
         workload_.module->parameters(), dist_.group,
         [this](std::vector<torch::Tensor> shard) { return make_optimizer(config_, shard); });
-  } else {
-    optimizer_ = make_optimizer(config_, workload_.module->parameters());
   }
 }
 
@@ -390,6 +401,8 @@ void Trainer::end_of_epoch(EpochMetrics& m, TrainResult& result,
     log::info("epoch {}/{}: {}, {:.0f} samples/s, {:.2f} s, lr {:.4g}", m.epoch, config_.epochs,
               describe(m), m.samples_per_s, m.epoch_seconds, m.lr);
     if (result.epochs.empty() || result.epochs.back().epoch < m.epoch) {
+      m.membership_changes = std::move(membership_records_);
+      membership_records_.clear();
       if (metrics_file) metrics_file->write(m);
       result.epochs.push_back(m);
     }
@@ -488,13 +501,14 @@ bool Trainer::train_steps(EpochPass& pass, EpochMetrics& m) {
     const bool grow = dist_.agent && commit_step(pass, ok);
     optimizer_step();  // on the reduced gradients, the same on every rank
     ++step_;
+    // Counted at once: a failure from here on (--elastic) goes on after this step.
+    pass.count_step(reduced.first, reduced.second);
 
     // Every check_params_every steps: are the ranks still training the same model?
     if (config_.check_params_every > 0 && step_ % config_.check_params_every == 0) {
       check_parameters();
     }
 
-    pass.count_step(reduced.first, reduced.second);
     if (grow) {
       position_ = position_of(pass);
       throw MembershipChange{"a worker joins"};
@@ -800,6 +814,15 @@ bool Trainer::commit_step(const EpochPass& pass, bool ok) {
     position_ = position_of(pass);
     throw MembershipChange{fmt::format("step {} dropped", step_ + 1)};
   }
+  if (recovering_) {
+    auto& [record, seen] = *recovering_;
+    record.recovery_seconds = seconds_since(seen);
+    log::info("elastic: step {} committed by generation {} of {} rank(s), {:.3f} s after the "
+              "change was seen",
+              step_ + 1, record.generation, record.world_after, record.recovery_seconds);
+    membership_records_.push_back(std::move(record));
+    recovering_.reset();
+  }
   // Not after an epoch's last step (the next generation would enter an epoch with nothing left):
   // the launcher's notice stays, and the next step grows.
   return decision == comm::StepDecision::kCommitAndGrow && pass.step + 1 < pass.steps;
@@ -810,9 +833,43 @@ Trainer::ElasticPosition Trainer::position_of(const EpochPass& pass) const {
 }
 
 void Trainer::reform(const MembershipChange& change) {
+  constexpr int kMaxFailedGenerations = 5;
   const auto start = Clock::now();
   const int64_t generation = dist_.membership.generation;
   const int64_t world = dist_.world_size();
+  const Timeline::Scope span(timeline_.get(), "elastic: re-forming the group", "elastic", step_);
+  // A generation that loses a member while it forms (its group's connection, DDP's broadcast,
+  // the state's) is given up for the next one, which the launcher publishes without that member.
+  for (int failed = 0;; ++failed) {
+    try {
+      form_next_generation();
+      break;
+    } catch (const comm::CommError& e) {
+      // Each new generation lost a member: a few in a row are deaths one after another; more
+      // are a group that cannot connect at all, which waiting longer would not mend.
+      if (failed + 1 == kMaxFailedGenerations) throw;
+      const std::string lost = dist_.agent->lost_in(dist_.membership.generation);
+      log::warn("elastic: generation {} failed as it formed ({}){}; joining the next",
+                dist_.membership.generation, e.what(),
+                lost.empty() ? "" : " (lost: " + lost + ")");
+    }
+  }
+  schedule_ = lr_schedule_of(config_, dist_.world_size());
+  const std::string lost = dist_.agent->lost_in(generation);
+  log::warn(
+      "elastic: {} in generation {} of {} rank(s){}; generation {}: {} rank(s) ({}), batch {} per "
+      "rank, going on after step {} ({} of epoch {}), {:.2f} s after",
+      change.why, generation, world, lost.empty() ? "" : " (lost: " + lost + ")",
+      dist_.membership.generation, dist_.world_size(),
+      comm::format_members(dist_.membership.members), config_.batch_size, step_, start_epoch_step_,
+      start_epoch_ + 1, seconds_since(start));
+  // Timed from when the change was seen to the first step committed after it (commit_step).
+  recovering_.emplace(MembershipRecord{step_, change.why, lost, dist_.membership.generation, world,
+                                       dist_.world_size(), 0.0},
+                      change.seen);
+}
+
+void Trainer::form_next_generation() {
   dist_.agent->request_next_generation(dist_.membership);
   // The old generation's group goes with the DDP wrapper (whose reducer holds it and whose hooks
   // it removes) and the watchdog; the model, the optimizer and the data stay.
@@ -822,16 +879,11 @@ void Trainer::reform(const MembershipChange& change) {
   log::init(dist_.rank(), config_.log_level);  // rank 0 may be another worker now
   vote_round_ = 0;
   watchdog_ = start_watchdog(config_, dist_, comm::current_env());
+  const Phase phase(*dist_.group,
+                    fmt::format("elastic: generation {}: healing", dist_.membership.generation));
   model_ = DistributedDataParallel(workload_.module, dist_.group, config_.ddp);  // a collective
   register_comm_hook(model_, config_, dist_.group);
   heal();
-  schedule_ = lr_schedule_of(config_, dist_.world_size());
-  log::warn(
-      "elastic: {} in generation {} of {} rank(s); generation {}: {} rank(s) ({}), batch {} per "
-      "rank, going on after step {} ({} of epoch {}), {:.2f} s after",
-      change.why, generation, world, dist_.membership.generation, dist_.world_size(),
-      comm::format_members(dist_.membership.members), config_.batch_size, step_, start_epoch_step_,
-      start_epoch_ + 1, seconds_since(start));
 }
 
 }  // namespace ddp::train

@@ -83,7 +83,72 @@ std::string serialized(const torch::optim::Optimizer& optimizer) {
   return out.str();
 }
 
+// FNV-1a, 64 bits: a digest of bytes that is the same in every process (std::hash need not be).
+class Digest {
+ public:
+  void add(const void* data, size_t size) {
+    const auto* bytes = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < size; ++i) value_ = (value_ ^ bytes[i]) * 0x100000001b3ULL;
+  }
+  void add(const at::Tensor& t) {
+    if (!t.defined()) return add("-", 1);
+    const at::Tensor c = t.detach().cpu().contiguous();
+    add(c.data_ptr(), c.nbytes());
+  }
+  template <typename T>
+  void add_value(T v) {
+    add(&v, sizeof v);
+  }
+  uint64_t value() const { return value_; }
+
+ private:
+  uint64_t value_ = 0xcbf29ce484222325ULL;
+};
+
+// The per-parameter state of the optimizers make_optimizer() builds, in parameter order.
+void add_optimizer_state(Digest& d, const torch::optim::Optimizer& optimizer,
+                         const std::vector<torch::Tensor>& parameters) {
+  const auto& state = optimizer.state();
+  for (const auto& p : parameters) {
+    const auto it = state.find(compat::optimizer_state_key(optimizer, p));
+    if (it == state.end()) {
+      d.add("none", 4);
+    } else if (const auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(it->second.get())) {
+      d.add(sgd->momentum_buffer());
+    } else if (const auto* adam =
+                   dynamic_cast<const torch::optim::AdamParamState*>(it->second.get())) {
+      d.add_value(adam->step());
+      d.add(adam->exp_avg());
+      d.add(adam->exp_avg_sq());
+      d.add(adam->max_exp_avg_sq());
+    } else if (const auto* adamw =
+                   dynamic_cast<const torch::optim::AdamWParamState*>(it->second.get())) {
+      d.add_value(adamw->step());
+      d.add(adamw->exp_avg());
+      d.add(adamw->exp_avg_sq());
+      d.add(adamw->max_exp_avg_sq());
+    } else {
+      throw Error("elastic: the state of this optimizer cannot be compared across ranks");
+    }
+  }
+}
+
 }  // namespace
+
+uint64_t Trainer::state_digest() {
+  Digest d;
+  for (const auto& p : workload_.module->parameters()) d.add(p);
+  for (const auto& b : workload_.module->buffers()) d.add(b);
+  add_optimizer_state(d, optimizer(), workload_.module->parameters());
+  if (scaler_) {
+    const amp::GradScalerState& s = scaler_->state();
+    d.add_value(s.scale);
+    d.add_value(s.growth_tracker);
+  }
+  d.add(cpu_rng_state());
+  d.add_value(step_);
+  return d.value();
+}
 
 Checkpoint Trainer::checkpoint_here(CheckpointPosition at, const torch::Tensor& untrained) const {
   Checkpoint c;
@@ -372,6 +437,21 @@ void Trainer::heal() {
   const Checkpoint c = checkpoint_from(parse_pt(bytes, origin), origin);
   config_.batch_size = c.batch_size;
   apply(c, origin);
+
+  // Every member now holds rank 0's parameters, buffers, optimizer and GradScaler state, RNG
+  // state and step, bitwise: checked before the generation's first step (a collective).
+  const auto digest = static_cast<int64_t>(state_digest());
+  at::Tensor all = torch::empty({dist_.world_size()}, torch::kLong);
+  dist_.group->all_gather(all, torch::tensor({digest}, torch::kLong))->wait();
+  const at::Tensor differ = all.ne(all[0]).nonzero().view({-1});
+  if (differ.numel() > 0) {
+    throw Error(fmt::format(
+        "elastic: rank(s) {} do not hold rank 0's state after taking it (parameters, buffers, "
+        "optimizer, GradScaler or RNG state differ)",
+        fmt::join(differ.data_ptr<int64_t>(), differ.data_ptr<int64_t>() + differ.numel(), ", ")));
+  }
+  log::info("elastic: the {} rank(s) hold bitwise the same state before step {} (digest {:016x})",
+            dist_.world_size(), step_ + 1, static_cast<uint64_t>(digest));
 }
 
 }  // namespace ddp::train

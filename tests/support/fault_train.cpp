@@ -1,9 +1,9 @@
-// ddp_fault_train: ddp_train with a fault injected by the test that starts it. The same command
+// ddp_fault_train: ddp_train with faults injected by the test that starts it. The same command
 // line and trainer as ddp_train (apps/train_main.h), on a process group wrapped in FaultyGroup,
 // which acts on one rank where a phase of the training step begins. The shipped ddp_train reads
 // no test variable: the faults live here only.
 //
-//   ddp_fault_train --fault ACTION --fault-rank R (--fault-after-step N | --fault-at PHASE)
+//   ddp_fault_train [--fault ACTION --fault-rank R (--fault-after-step N | --fault-at PHASE)]...
 //                   <ddp_train's options>
 //
 // ACTION: kill (SIGKILL, after logging "fault: SIGKILL ..."), sigterm (a SIGTERM to itself),
@@ -11,8 +11,18 @@
 // "fault: waiting ..."). The trigger: --fault-after-step N, the first phase after optimizer step
 // N (its --checkpoint-on-signal or parameter check, the next step's forward, or the epoch's end),
 // or --fault-at PHASE, where the phase labelled PHASE begins ("step 3: backward"), before any of
-// its collectives. Only in the job's first run (a launcher's restart runs clean) and on rank R
-// (default 0).
+// its collectives; both: the first PHASE after step N ("backward: bucket 0"). Only in the job's first run (a launcher's restart runs clean) and on rank R
+// (default 0). Each --fault starts another fault: several ranks can fail at once, or one after
+// another.
+//
+// --fault-pace S: every rank of the first run waits S seconds where each step's forward begins,
+// in every generation (so that a restarted worker has the time to start before a small group
+// ends the job).
+//
+// Under --elastic each generation's group is wrapped too (FaultyAgent), and R is the worker's
+// rank in the first generation. There, two more phases begin: "elastic: forming generation G"
+// (before the worker connects to generation G's group) and "elastic: generation G: healing"
+// (DDP's broadcast and rank 0's state, on the new group).
 #include <fmt/format.h>
 #include <signal.h>
 #include <torch/torch.h>
@@ -25,6 +35,7 @@
 #include <thread>
 #include <vector>
 
+#include "ddp/comm/elastic.h"
 #include "ddp/comm/rendezvous.h"
 #include "ddp/common/error.h"
 #include "ddp/common/log.h"
@@ -41,8 +52,8 @@ struct Fault {
 };
 
 // Takes the --fault* options (each followed by its value) out of argv; the rest is ddp_train's.
-Fault take_fault_options(std::vector<char*>& args) {
-  Fault fault;
+std::vector<Fault> take_fault_options(std::vector<char*>& args, double& pace) {
+  std::vector<Fault> faults;
   std::vector<char*> rest;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string word = args[i];
@@ -52,9 +63,17 @@ Fault take_fault_options(std::vector<char*>& args) {
     }
     if (i + 1 == args.size()) throw ddp::InputError(word + " needs a value");
     const std::string value = args[++i];
-    if (word == "--fault")
-      fault.action = value;
-    else if (word == "--fault-rank")
+    if (word == "--fault") {
+      faults.emplace_back().action = value;
+      continue;
+    }
+    if (word == "--fault-pace") {
+      pace = std::stod(value);
+      continue;
+    }
+    if (faults.empty()) throw ddp::InputError(word + " before any --fault");
+    Fault& fault = faults.back();
+    if (word == "--fault-rank")
       fault.rank = std::stoi(value);
     else if (word == "--fault-after-step")
       fault.after_step = std::stoll(value);
@@ -63,33 +82,101 @@ Fault take_fault_options(std::vector<char*>& args) {
     else
       throw ddp::InputError("unknown option " + word);
   }
-  const auto& a = fault.action;
-  if (a != "kill" && a != "sigterm" && a != "perturb" && a.rfind("delay:", 0) != 0) {
-    throw ddp::InputError("--fault: expected kill, sigterm, perturb or delay:S, got '" + a + "'");
+  for (const Fault& fault : faults) {
+    const auto& a = fault.action;
+    if (a != "kill" && a != "sigterm" && a != "perturb" && a.rfind("delay:", 0) != 0) {
+      throw ddp::InputError("--fault: expected kill, sigterm, perturb or delay:S, got '" + a +
+                            "'");
+    }
   }
   args = rest;
-  return fault;
+  return faults;
 }
 
+// The faults of this worker, across the generations of its group: each acts once.
+class Faults {
+ public:
+  Faults(const std::vector<Fault>& faults, double pace)
+      : faults_(faults.begin(), faults.end()), pace_(pace) {}
+  void set_module(torch::nn::Module* module) { module_ = module; }
+
+  // Where `phase` begins on this worker (its rank `rank` now).
+  void at_phase(const std::string& phase, int rank) {
+    const std::string forward = ": forward";
+    if (pace_ > 0 && phase.rfind("step ", 0) == 0 && phase.size() > forward.size() &&
+        phase.compare(phase.size() - forward.size(), forward.size(), forward) == 0) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(pace_));
+    }
+    for (State& s : faults_) {
+      if (!s.done && triggered(s, phase)) {
+        s.done = true;
+        act(s.fault, phase, rank);
+      }
+    }
+  }
+
+ private:
+  struct State {
+    explicit State(Fault f) : fault(std::move(f)) {}
+    Fault fault;
+    bool seen_step = false;
+    bool done = false;
+  };
+
+  // --fault-after-step N: a phase of step N was seen, and this one is neither its forward or
+  // backward (micro-batches repeat them) nor the reducer's "backward: ..." within them (with
+  // --fault-at too: this one is PHASE).
+  static bool triggered(State& s, const std::string& phase) {
+    if (s.fault.after_step == 0) return phase == s.fault.at_phase;
+    const std::string own = fmt::format("step {}: ", s.fault.after_step);
+    const bool of_step = phase.rfind(own, 0) == 0;
+    const bool in_pass =
+        phase == own + "forward" || phase == own + "backward" || phase.rfind("backward: ", 0) == 0;
+    if (of_step) s.seen_step = true;
+    if (!s.fault.at_phase.empty()) return s.seen_step && !of_step && phase == s.fault.at_phase;
+    return s.seen_step && !in_pass;
+  }
+
+  void act(const Fault& fault, const std::string& phase, int rank) {
+    const std::string where = fault.at_phase.empty()
+                                  ? fmt::format("after step {}", fault.after_step)
+                                  : fmt::format("on entering '{}'", phase);
+    if (fault.action == "kill") {
+      ddp::log::warn("rank {}: fault: SIGKILL {}", rank, where);
+      spdlog::default_logger()->flush();
+      ::kill(::getpid(), SIGKILL);
+    } else if (fault.action == "sigterm") {
+      ::kill(::getpid(), SIGTERM);
+    } else if (fault.action == "perturb") {
+      torch::NoGradGuard no_grad;
+      module_->parameters().front().add_(1e-3);
+    } else if (fault.action.rfind("delay:", 0) == 0) {
+      const double seconds = std::atof(fault.action.c_str() + 6);
+      ddp::log::warn("rank {}: fault: waiting {} s {}", rank, seconds, where);
+      std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+    }
+  }
+
+  std::vector<State> faults_;
+  double pace_ = 0;
+  torch::nn::Module* module_ = nullptr;
+};
+
 // The process group of the trainer: every collective goes to `inner`, numbered as there; the
-// fault acts in set_phase, where the trainer and the reducer name what comes next.
+// faults act in set_phase, where the trainer and the reducer name what comes next.
 class FaultyGroup : public ddp::comm::ProcessGroup {
  public:
-  FaultyGroup(std::shared_ptr<ProcessGroup> inner, Fault fault)
+  FaultyGroup(std::shared_ptr<ProcessGroup> inner, std::shared_ptr<Faults> faults)
       : ProcessGroup(inner->rank(), inner->world_size(), inner->options()),
         inner_(std::move(inner)),
-        fault_(std::move(fault)) {
+        faults_(std::move(faults)) {
     wrap(*inner_);
   }
   std::string backend_name() const override { return inner_->backend_name(); }
-  void set_module(torch::nn::Module* module) { module_ = module; }
 
   void set_phase(std::string phase) override {
     ProcessGroup::set_phase(phase);
-    if (!done_ && triggered(phase)) {
-      done_ = true;
-      act(phase);
-    }
+    faults_->at_phase(phase, rank());
   }
 
  protected:
@@ -117,66 +204,57 @@ class FaultyGroup : public ddp::comm::ProcessGroup {
   }
 
  private:
-  // --fault-after-step N: a phase of step N was seen, and this one is neither its forward or
-  // backward (micro-batches repeat them) nor the reducer's "backward: ..." within them.
-  bool triggered(const std::string& phase) {
-    if (fault_.after_step == 0) return phase == fault_.at_phase;
-    const std::string own = fmt::format("step {}: ", fault_.after_step);
-    const bool of_step = phase.rfind(own, 0) == 0;
-    const bool in_pass =
-        phase == own + "forward" || phase == own + "backward" || phase.rfind("backward: ", 0) == 0;
-    if (of_step) seen_step_ = true;
-    return seen_step_ && !in_pass;
-  }
-
-  void act(const std::string& phase) {
-    const std::string where = fault_.after_step != 0
-                                  ? fmt::format("after step {}", fault_.after_step)
-                                  : fmt::format("on entering '{}'", phase);
-    if (fault_.action == "kill") {
-      ddp::log::warn("rank {}: fault: SIGKILL {}", rank(), where);
-      spdlog::default_logger()->flush();
-      ::kill(::getpid(), SIGKILL);
-    } else if (fault_.action == "sigterm") {
-      ::kill(::getpid(), SIGTERM);
-    } else if (fault_.action == "perturb") {
-      torch::NoGradGuard no_grad;
-      module_->parameters().front().add_(1e-3);
-    } else if (fault_.action.rfind("delay:", 0) == 0) {
-      const double seconds = std::atof(fault_.action.c_str() + 6);
-      ddp::log::warn("rank {}: fault: waiting {} s {}", rank(), seconds, where);
-      std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
-    }
-  }
-
   std::shared_ptr<ProcessGroup> inner_;
-  Fault fault_;
-  torch::nn::Module* module_ = nullptr;
-  bool seen_step_ = false;
-  bool done_ = false;
+  std::shared_ptr<Faults> faults_;
+};
+
+// --elastic: every later generation's group is a FaultyGroup too.
+class FaultyAgent : public ddp::comm::ElasticAgent {
+ public:
+  FaultyAgent(const ddp::comm::LaunchInfo& launch, std::string id,
+              std::chrono::milliseconds timeout, std::shared_ptr<Faults> faults)
+      : ElasticAgent(launch, std::move(id), timeout), faults_(std::move(faults)) {}
+
+  std::unique_ptr<ddp::comm::ProcessGroup> make_group(
+      const ddp::comm::Membership& m, const ddp::comm::ProcessGroupOptions& options) override {
+    faults_->at_phase(fmt::format("elastic: forming generation {}", m.generation), m.rank);
+    return std::make_unique<FaultyGroup>(ElasticAgent::make_group(m, options), faults_);
+  }
+
+ private:
+  std::shared_ptr<Faults> faults_;
 };
 
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<char*> args(argv, argv + argc);
-  Fault fault;
+  std::vector<Fault> faults;
+  double pace = 0;
   try {
-    fault = take_fault_options(args);
+    faults = take_fault_options(args, pace);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ddp_fault_train: %s\n", e.what());
     return 2;
   }
   return ddp::apps::train_main(
-      static_cast<int>(args.size()), args.data(), [&fault](const ddp::train::Config& config) {
+      static_cast<int>(args.size()), args.data(), [&](const ddp::train::Config& config) {
         auto dist = ddp::train::init_distributed(config, ddp::comm::current_env());
-        std::shared_ptr<FaultyGroup> faulty;
-        if (dist.launch.restart_count == 0 && dist.rank() == fault.rank) {
-          faulty = std::make_shared<FaultyGroup>(dist.group, fault);
-          dist.group = faulty;
+        std::vector<Fault> mine;
+        for (const Fault& fault : faults) {
+          if (dist.launch.restart_count == 0 && dist.rank() == fault.rank) mine.push_back(fault);
+        }
+        std::shared_ptr<Faults> state;
+        if (!mine.empty() || (pace > 0 && dist.launch.restart_count == 0)) {
+          state = std::make_shared<Faults>(mine, pace);
+          dist.group = std::make_shared<FaultyGroup>(dist.group, state);
+          if (dist.agent) {
+            dist.agent = std::make_shared<FaultyAgent>(
+                dist.launch, dist.agent->id(), dist.options.rendezvous_timeout, state);
+          }
         }
         ddp::train::Trainer trainer(config, dist);
-        if (faulty) faulty->set_module(&trainer.module());
+        if (state) state->set_module(&trainer.module());
         return trainer.run();
       });
 }

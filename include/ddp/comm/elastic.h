@@ -36,17 +36,24 @@ class ElasticAgent {
  public:
   // Connects to the launcher's store (MASTER_ADDR:MASTER_PORT, DDP_JOB_TOKEN) as a client.
   ElasticAgent(const LaunchInfo& launch, std::string id, std::chrono::milliseconds timeout);
-  ~ElasticAgent();
+  virtual ~ElasticAgent();
 
   const std::string& id() const { return id_; }
   // Blocks until the launcher has published a generation newer than `after` that includes this
-  // worker (a worker left out of one waits for the next). Throws CommError after `timeout`.
+  // worker (a worker left out of one waits for the next). Throws Error after `timeout`.
   Membership next_membership(int64_t after);
-  // The gloo group of `m`: connected over the prefix elastic/gen/<g>/group of the store.
-  std::unique_ptr<ProcessGroup> make_group(const Membership& m, const ProcessGroupOptions& options);
+  // The gloo group of `m`: connected over the prefix elastic/gen/<g>/group of the store. Throws
+  // CommError when a member does not connect, or at once when the launcher aborts `m` (a member
+  // died). Virtual so that a program can decorate each generation's group (as the tests' fault
+  // injector does).
+  virtual std::unique_ptr<ProcessGroup> make_group(const Membership& m,
+                                                   const ProcessGroupOptions& options);
   // This member's vote on round `round` of generation `m` (`ok`: its step went well); returns the
   // decision every member of `m` gets (Note [Elastic membership]).
   StepDecision vote(const Membership& m, int64_t round, bool ok);
+  // The launcher's notice that generation `g` lost a member (who, and how), or "" when it has
+  // none (the generation ended for a joiner, or for a failure no death caused).
+  std::string lost_in(int64_t g);
   // Asks the launcher for the generation after `m`.
   void request_next_generation(const Membership& m);
   // A joiner: ready to be taken into the next generation.

@@ -50,6 +50,9 @@ class UniqueFd {
 // strerror(3)'s text of the current errno, e.g. "Address already in use".
 std::string errno_text();
 
+// This host's name (gethostname), at most 255 bytes.
+std::string host_name();
+
 // What getaddrinfo(3) found for a TCP host and port: `addresses` (freed with it), or null and
 // `error`, gai_strerror(3)'s text (e.g. "Name or service not known").
 struct Resolved {

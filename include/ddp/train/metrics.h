@@ -5,6 +5,7 @@
 #include <fstream>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace ddp::train {
 
@@ -15,6 +16,18 @@ struct Scores {
   std::optional<double> mae;         // regression
   std::optional<double> naive_loss;  // the naive forecast's MSE and MAE (time series)
   std::optional<double> naive_mae;
+};
+
+// --elastic: a change of the group's members, in the metrics of the epoch where the first step
+// after it was committed.
+struct MembershipRecord {
+  int64_t after_step = 0;         // the last step committed before the change
+  std::string why;                // "step 6 dropped", "a worker joins", ...
+  std::string lost;               // the launcher's notice of the member lost ("" for none)
+  int64_t generation = 0;         // the new generation
+  int64_t world_before = 0;
+  int64_t world_after = 0;
+  double recovery_seconds = 0.0;  // from the change seen to the first step committed after it
 };
 
 struct EpochMetrics {
@@ -29,11 +42,13 @@ struct EpochMetrics {
   // Bytes rank 0 handed to the gradients' collectives per step (ProcessGroup::bytes_issued:
   // the payload; 0 on one rank without a comm hook). What compression hooks save.
   double grad_bytes_per_step = 0.0;
+  std::vector<MembershipRecord> membership_changes;  // --elastic
 };
 
 // One JSON object on one line: {"epoch":1,"steps":938,"lr":0.1,"train_loss":...,
 // "val_loss", "val_mae", "test_loss", "test_accuracy", "test_mae", "naive_test_loss",
-// "naive_test_mae", "samples_per_s", "epoch_seconds", "grad_bytes_per_step"}, in this order; an
+// "naive_test_mae", "samples_per_s", "epoch_seconds", "grad_bytes_per_step"}, in this order, and
+// "membership_changes" (a list of objects with MembershipRecord's fields) where there were any; an
 // absent value (or NaN, infinity) is null. Figures to 9 significant digits, the two timings to 6.
 std::string to_json(const EpochMetrics& m);
 

@@ -5,6 +5,7 @@
 
 #include <torch/optim/optimizer.h>
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -79,6 +80,7 @@ class Trainer {
   // joiner is ready); train() catches it.
   struct MembershipChange {
     std::string why;
+    std::chrono::steady_clock::time_point seen = std::chrono::steady_clock::now();
   };
   // Where the group stood at its last committed step: where the next generation goes on.
   struct ElasticPosition {
@@ -149,16 +151,23 @@ class Trainer {
   // --check-params-every: compares checksums of the parameters across ranks (a collective);
   // throws Error naming the first parameter that differs and the ranks where it does.
   void check_parameters();
-  // --elastic (trainer_elastic.cpp). This member's vote after a step's gradients (`ok`: they were
+  // --elastic. This member's vote after a step's gradients (`ok`: they were
   // reduced); throws MembershipChange when the step is dropped. Returns whether the group grows
   // after the step.
   bool commit_step(const EpochPass& pass, bool ok);
   // The position of `pass` (its committed steps) for the next generation.
   ElasticPosition position_of(const EpochPass& pass) const;
-  // After a MembershipChange: the next generation's group, DDP on it, and rank 0's state.
+  // After a MembershipChange: the next generation's group, DDP on it, and rank 0's state;
+  // again while a generation fails as it forms.
   void reform(const MembershipChange& change);
+  // One try of reform(): throws CommError when the generation loses a member as it forms.
+  void form_next_generation();
   // Every member takes rank 0's state at position_ (a collective): a joiner's first state.
+  // Then checks that every member's state_digest() is rank 0's.
   void heal();
+  // A digest of this rank's parameters, buffers, optimizer and GradScaler state, RNG state and
+  // step: equal on two ranks only when their training states are (bar a 64-bit collision).
+  uint64_t state_digest();
 
   // How the training batches of `epoch` are prepared (--workers, --pin-memory, --augment), in a
   // pass that starts after `first_step` of its steps.
@@ -214,6 +223,10 @@ class Trainer {
   torch::Tensor start_epoch_samples_;  // and the ids of it still to train (undefined: none)
   ElasticPosition position_;           // --elastic: at the last membership change
   int64_t vote_round_ = 0;             // --elastic: steps voted on in this generation
+  // --elastic: the last change until the first step after it is committed (then its recovery
+  // time is known), and the changes not yet in metrics.jsonl.
+  std::optional<std::pair<MembershipRecord, std::chrono::steady_clock::time_point>> recovering_;
+  std::vector<MembershipRecord> membership_records_;
 };
 
 }  // namespace ddp::train
