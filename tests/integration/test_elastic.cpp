@@ -73,12 +73,12 @@ std::vector<GoingOn> generations_that_went_on(const std::string& output) {
   return out;
 }
 
-// The same training by checkpoints: 3 ranks (plain launches, no --elastic) stopped by
+// The same training by checkpoints: `first_world` ranks (plain launches, no --elastic) stopped by
 // --checkpoint-on-signal after the step the first change went on from, then each generation's
 // world resumed from the last checkpoint and stopped where the next went on, the last to the
 // end. Returns the final model's path (in `dir`).
 std::string train_by_checkpoints(const std::vector<GoingOn>& changes, const TempDir& dir,
-                                 const std::vector<std::string>& extra) {
+                                 const std::vector<std::string>& extra, int first_world = 3) {
   const auto stop_at = [&](int s, bool resume) {
     std::vector<std::string> args = {"--checkpoint-on-signal", "--fault", "sigterm",
                                      "--fault-after-step", std::to_string(s)};
@@ -89,8 +89,8 @@ std::string train_by_checkpoints(const std::vector<GoingOn>& changes, const Temp
   const auto nproc = [](int world) {
     return std::vector<std::string>{"--nproc", std::to_string(world)};
   };
-  EXPECT_EQ(run_linear(nproc(3), DDP_FAULT_TRAIN_BIN, dir.path(), stop_at(changes[0].after_step,
-                                                                           false))
+  EXPECT_EQ(run_linear(nproc(first_world), DDP_FAULT_TRAIN_BIN, dir.path(),
+                       stop_at(changes[0].after_step, false))
                 .exit_code,
             143);
   for (size_t i = 0; i + 1 < changes.size(); ++i) {
@@ -199,6 +199,23 @@ std::vector<std::string> kill(int rank, const std::string& trigger, const std::s
 std::vector<std::string> operator+(std::vector<std::string> a, const std::vector<std::string>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
+}
+
+// Of 4 ranks in gloo's ring, the one opposite the lost rank has live peers only: it learns that
+// the step is over when they replace their group (its connections close), and goes on with them.
+TEST(Elastic, TheRankOppositeTheLostOneInTheRingGoesOnToo) {
+  const std::vector<std::string> batch = {"--global-batch-size", "60"};  // 15 or 20 per rank
+  TempDir elastic;
+  const ProcessResult r =
+      run_linear({"--nnodes", "1:1", "--nproc", "4"}, DDP_FAULT_TRAIN_BIN, elastic.path(),
+                 std::vector<std::string>{"--elastic"} + kill(0, "--fault-after-step", "3") + batch);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(mentions(r.output, "generation 1 of 3 worker(s): 1.0,2.0,3.0")) << r.output;
+  const std::vector<GoingOn> changes = generations_that_went_on(r.output);
+  ASSERT_EQ(changes.size(), 1u) << r.output;
+  TempDir checkpoints;
+  expect_same_weights(elastic.file("model.pt"),
+                      train_by_checkpoints(changes, checkpoints, batch, /*first_world=*/4));
 }
 
 // Two workers killed after the same step: the last one goes on alone, both rejoin.

@@ -253,7 +253,9 @@ int main(int argc, char** argv) {
                 dist.launch, dist.agent->id(), dist.options.rendezvous_timeout, state);
           }
         }
-        ddp::train::Trainer trainer(config, dist);
+        // Moved: under --elastic the trainer must hold the only reference to each generation's
+        // group, whose connections close when it is replaced (see Trainer's constructor).
+        ddp::train::Trainer trainer(config, std::move(dist));
         if (state) state->set_module(&trainer.module());
         return trainer.run();
       });
