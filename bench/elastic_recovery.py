@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Elastic training (--elastic under launcher --nnodes 1:1), measured two ways on the Fashion-MNIST
-MLP (gloo, one thread per rank, batch 32 per rank):
+MLP (gloo, one thread per rank, batch 32 per rank unless --batch):
 
 1. Recovery: one worker of a world of 3 or 4 is SIGKILLed after a step (the tests' ddp_fault_train,
    no restart); the time from the SIGKILL (the fault's log line) to the first step the smaller
@@ -31,9 +31,12 @@ def stamp(text):
     return datetime.datetime.strptime(text, "%Y-%m-%d %H:%M:%S.%f")
 
 
+BATCH = 32  # per rank; --batch sets it
+
+
 def mlp_args(out_dir, epochs, subset):
     return ["--config", os.path.join(ROOT, "configs", "fashion_mnist_mlp.yaml"),
-            "--train-subset", str(subset), "--batch-size", "32", "--epochs", str(epochs),
+            "--train-subset", str(subset), "--batch-size", str(BATCH), "--epochs", str(epochs),
             "--threads", "1", "--progress", "off", "--output-dir", out_dir]
 
 
@@ -50,7 +53,7 @@ def recovery(build, world, rank, step):
     """Seconds from the SIGKILL to the first committed step after it, and of it the re-forming."""
     with tempfile.TemporaryDirectory() as out:
         log = launch(build, ["--nnodes", "1:1", "--nproc", str(world)], "ddp_fault_train",
-                     mlp_args(out, 2, 32 * world * 20) +
+                     mlp_args(out, 2, BATCH * world * 20) +
                      ["--elastic", "--fault", "kill", "--fault-rank", str(rank),
                       "--fault-after-step", str(step)])
     kill = re.search(STAMP + r" .*fault: SIGKILL", log)
@@ -66,21 +69,32 @@ def samples_per_s(build, world, elastic, epochs):
     with tempfile.TemporaryDirectory() as out:
         opts = ["--nnodes", "1:1"] if elastic else []
         launch(build, opts + ["--nproc", str(world)], "ddp_train",
-               mlp_args(out, epochs, 32 * world * 60) + (["--elastic"] if elastic else []))
+               mlp_args(out, epochs, BATCH * world * 60) + (["--elastic"] if elastic else []))
         with open(os.path.join(out, "metrics.jsonl")) as f:
             lines = [json.loads(line) for line in f]
     return statistics.median(m["samples_per_s"] for m in lines[1:])
 
 
 def main():
+    global BATCH
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
     p.add_argument("--worlds", default="3,4")
     p.add_argument("--kills", type=int, default=5, help="kills per world size")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the cost")
     p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--only", choices=["recovery", "cost"], help="one of the two measurements")
+    p.add_argument("--batch", type=int, default=32, help="batch per rank")
     args = p.parse_args()
+    BATCH = args.batch
     worlds = [int(w) for w in args.worlds.split(",")]
+    if args.only != "cost":
+        recovery_table(args, worlds)
+    if args.only != "recovery":
+        cost_table(args, worlds)
+
+
+def recovery_table(args, worlds):
 
     print("| world | kills | SIGKILL to the first committed step: median (min-max) s | "
           "of it, re-forming: median s |")
@@ -95,6 +109,8 @@ def main():
               f"({min(totals):.3f}-{max(totals):.3f}) | "
               f"{statistics.median(r for _, r in runs):.3f} |")
 
+
+def cost_table(args, worlds):
     print()
     print("| world | plain samples/s | --elastic samples/s | ratio: median (min-max) |")
     print("|---|---|---|---|")

@@ -94,25 +94,22 @@ StepDecision ElasticAgent::vote(const Membership& m, int64_t round, bool ok) {
     return parse_decision(text_of(store_->compareSet(decision, {}, bytes_of(to_string(d)))));
   };
   if (!ok) return decide(StepDecision::kAbort);
-  if (store_->add(ElasticKeys::vote(m.generation, round), 1) == m.world_size()) {
-    // Every member voted in this round, so every member has read the last round's decision:
-    // its keys go (the store would otherwise grow by two keys a step for as long as the job runs).
-    if (round > 1) {
-      store_->deleteKey(ElasticKeys::vote(m.generation, round - 1));
-      store_->deleteKey(ElasticKeys::decision(m.generation, round - 1));
-    }
+  // One counter for all rounds: every member votes once a round, so round r is complete at
+  // r x members (a member that fails writes "abort" instead, and the generation ends).
+  if (store_->add(ElasticKeys::votes(m.generation), 1) == round * m.world_size()) {
     const bool grow = store_->check({ElasticKeys::grow(m.generation)});
-    return decide(grow ? StepDecision::kCommitAndGrow : StepDecision::kCommit);
+    const StepDecision d = decide(grow ? StepDecision::kCommitAndGrow : StepDecision::kCommit);
+    // Every member voted in this round, so every member has read the last round's decision: its
+    // key goes (the store would otherwise grow by one key a step for as long as the job runs).
+    if (round > 1) store_->deleteKey(ElasticKeys::decision(m.generation, round - 1));
+    return d;
   }
   // The last vote follows at once (the votes follow an all-reduce that every member left
-  // together): one wait, then the decision. The launcher's abort notice is looked for only
-  // while the decision is late.
+  // together): one get that waits. The launcher's abort notice is looked for only while the
+  // decision is late.
   while (true) {
-    try {
-      store_->wait({decision}, kAbortPoll);
-      return parse_decision(text_of(store_->get(decision)));
-    } catch (const std::exception&) {
-      // not decided yet
+    if (const auto d = static_cast<StoreClient&>(*store_).get_within(decision, kAbortPoll)) {
+      return parse_decision(text_of(*d));
     }
     if (store_->check({ElasticKeys::abort(m.generation)})) return decide(StepDecision::kAbort);
   }

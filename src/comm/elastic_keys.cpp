@@ -46,8 +46,8 @@ std::string ElasticKeys::generation(int64_t g) {
 std::string ElasticKeys::latest() {
   return "elastic/latest";
 }
-std::string ElasticKeys::vote(int64_t g, int64_t round) {
-  return fmt::format("elastic/gen/{}/vote/{}", g, round);
+std::string ElasticKeys::votes(int64_t g) {
+  return fmt::format("elastic/gen/{}/votes", g);
 }
 std::string ElasticKeys::decision(int64_t g, int64_t round) {
   return fmt::format("elastic/gen/{}/decide/{}", g, round);

@@ -79,6 +79,14 @@ std::vector<uint8_t> StoreClient::get(const std::string& key) {
   return string_to_bytes(reply.fields.at(0));
 }
 
+std::optional<std::vector<uint8_t>> StoreClient::get_within(const std::string& key,
+                                                            milliseconds timeout) {
+  const auto reply = request({StoreOp::kGet, {key, std::to_string(effective(timeout).count())}},
+                             with_margin(timeout));
+  if (reply.code == StoreOp::kTimeout) return std::nullopt;
+  return string_to_bytes(reply.fields.at(0));
+}
+
 int64_t StoreClient::add(const std::string& key, int64_t value) {
   const auto reply = request({StoreOp::kAdd, {key, std::to_string(value)}}, immediate(timeout_));
   return parse_integer(reply.fields.at(0));

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,9 @@ class StoreClient : public c10d::Store {
   std::vector<uint8_t> compareSet(const std::string& key, const std::vector<uint8_t>& expected,
                                   const std::vector<uint8_t>& desired) override;
   std::vector<uint8_t> get(const std::string& key) override;
+  // get(key) that waits `timeout` at most (one request): nullopt when the key is not set by then.
+  std::optional<std::vector<uint8_t>> get_within(const std::string& key,
+                                                 std::chrono::milliseconds timeout);
   int64_t add(const std::string& key, int64_t value) override;
   bool deleteKey(const std::string& key) override;
   bool check(const std::vector<std::string>& keys) override;

@@ -267,6 +267,9 @@ std::vector<ConfigKey> make_keys() {
       bool_key("checkpoint-on-signal", &C::checkpoint_on_signal,
                "on SIGTERM, every rank finishes its step, rank 0 writes a checkpoint, and the "
                "run exits with 143 (--resume auto continues from that step)"),
+      bool_key("record-samples", &C::record_samples,
+               "rank 0 writes the sample ids every rank trained in each committed step to "
+               "samples.jsonl in the output directory (one all_gather a step)"),
       float_key("bucket-cap-mb", DDP_OPTION(bucket_cap_mb), 0.0, true,
                 "DDP: MiB of gradients per all-reduce bucket (the first: first-bucket-mb)"),
       float_key("first-bucket-mb", DDP_OPTION(first_bucket_mb), 0.0, true,

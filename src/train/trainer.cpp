@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 #include <torch/version.h>
 
@@ -9,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <utility>
@@ -445,6 +447,7 @@ struct Trainer::EpochPass {
   // The sample ids this pass trains, in strides over the ranks (see Note [An epoch is a sequence
   // the ranks take in strides]): the epoch's whole sequence, or a resumed epoch's rest.
   torch::Tensor sequence;
+  torch::Tensor order;      // this rank's ids, in the order its loader takes them
   bool first = false;       // the run's first step: its shapes are logged
   bool pin_memory = false;  // pinned batches: copied to the GPU without blocking
   int64_t trained = 0;      // samples
@@ -503,6 +506,7 @@ bool Trainer::train_steps(EpochPass& pass, EpochMetrics& m) {
     ++step_;
     // Counted at once: a failure from here on (--elastic) goes on after this step.
     pass.count_step(reduced.first, reduced.second);
+    if (config_.record_samples) record_samples(pass);
 
     // Every check_params_every steps: are the ranks still training the same model?
     if (config_.check_params_every > 0 && step_ % config_.check_params_every == 0) {
@@ -638,8 +642,8 @@ Trainer::EpochPass Trainer::begin_epoch(int64_t epoch) {
   pass.start = Clock::now();
   const data::LoaderOptions options = loader_options(epoch, pass.first_step);
   pass.pin_memory = options.pin_memory;
-  pass.loader =
-      std::make_unique<data::BatchLoader>(workload_.train_set, order.narrow(0, 0, n), options);
+  pass.order = order.narrow(0, 0, n);
+  pass.loader = std::make_unique<data::BatchLoader>(workload_.train_set, pass.order, options);
   pass.first = epoch == start_epoch_;
   pass.progress.emplace(progress_style_, config_.progress_every, epoch + 1, config_.epochs,
                         pass.steps, dist_.world_size());
@@ -826,6 +830,36 @@ bool Trainer::commit_step(const EpochPass& pass, bool ok) {
   // Not after an epoch's last step (the next generation would enter an epoch with nothing left):
   // the launcher's notice stays, and the next step grows.
   return decision == comm::StepDecision::kCommitAndGrow && pass.step + 1 < pass.steps;
+}
+
+void Trainer::record_samples(const EpochPass& pass) {
+  // The pass's loader takes this rank's order from its start, a step's batches at a time.
+  const int64_t per_step = config_.batch_size * config_.grad_accum_steps;
+  const int64_t size = pass.order.size(0);
+  const int64_t begin = std::min((pass.step - pass.first_step - 1) * per_step, size);
+  const at::Tensor ids = pass.order.narrow(0, begin, std::min(per_step, size - begin)).contiguous();
+  const std::string mine(reinterpret_cast<const char*>(ids.data_ptr<int64_t>()),
+                         static_cast<size_t>(ids.numel()) * sizeof(int64_t));
+  const std::vector<std::string> all = comm::all_gather_bytes(*dist_.group, mine, dist_.device);
+  if (!dist_.is_main()) return;
+  nlohmann::ordered_json line;
+  line["epoch"] = pass.epoch + 1;
+  line["step"] = step_;
+  line["ids"] = nlohmann::ordered_json::array();
+  for (const std::string& bytes : all) {
+    std::vector<int64_t> rank_ids(bytes.size() / sizeof(int64_t));
+    std::memcpy(rank_ids.data(), bytes.data(), rank_ids.size() * sizeof(int64_t));
+    line["ids"].push_back(rank_ids);
+  }
+  const std::string path = (std::filesystem::path(config_.output_dir) / "samples.jsonl").string();
+  // A fresh run starts the file; a resumed run, or a new rank 0 after an elastic change, goes on.
+  if (!samples_file_) {
+    const bool fresh = step_ == 1 && dist_.launch.restart_count == 0;
+    samples_file_ = std::make_unique<std::ofstream>(
+        path, fresh ? std::ios::trunc : std::ios::app);
+  }
+  *samples_file_ << line.dump() << '\n' << std::flush;
+  if (!*samples_file_) throw Error(fmt::format("{}: cannot write the sample record", path));
 }
 
 Trainer::ElasticPosition Trainer::position_of(const EpochPass& pass) const {

@@ -8,6 +8,7 @@
 // agree_all_ok(), instead of leaving the others blocked in the next collective.
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/serialize.h>
 #include <torch/torch.h>
 
@@ -49,7 +50,8 @@ const std::vector<std::string> kFreeOnResume = {"epochs",
                                                 "batch-size",
                                                 "stall-warning",
                                                 "check-params-every",
-                                                "checkpoint-on-signal"};
+                                                "checkpoint-on-signal",
+                                                "record-samples"};
 
 // All ranks learn whether every rank succeeded: each rank that failed rethrows its own error,
 // the others throw an Error naming what failed elsewhere. A collective.
@@ -105,6 +107,18 @@ class Digest {
   uint64_t value_ = 0xcbf29ce484222325ULL;
 };
 
+// Adam's or AdamW's state (the same fields), when `s` is one of type `State`.
+template <class State>
+bool add_adam_state(Digest& d, const torch::optim::OptimizerParamState* s) {
+  const auto* adam = dynamic_cast<const State*>(s);
+  if (adam == nullptr) return false;
+  d.add_value(adam->step());
+  d.add(adam->exp_avg());
+  d.add(adam->exp_avg_sq());
+  d.add(adam->max_exp_avg_sq());
+  return true;
+}
+
 // The per-parameter state of the optimizers make_optimizer() builds, in parameter order.
 void add_optimizer_state(Digest& d, const torch::optim::Optimizer& optimizer,
                          const std::vector<torch::Tensor>& parameters) {
@@ -113,21 +127,13 @@ void add_optimizer_state(Digest& d, const torch::optim::Optimizer& optimizer,
     const auto it = state.find(compat::optimizer_state_key(optimizer, p));
     if (it == state.end()) {
       d.add("none", 4);
-    } else if (const auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(it->second.get())) {
+      continue;
+    }
+    const torch::optim::OptimizerParamState* s = it->second.get();
+    if (const auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(s)) {
       d.add(sgd->momentum_buffer());
-    } else if (const auto* adam =
-                   dynamic_cast<const torch::optim::AdamParamState*>(it->second.get())) {
-      d.add_value(adam->step());
-      d.add(adam->exp_avg());
-      d.add(adam->exp_avg_sq());
-      d.add(adam->max_exp_avg_sq());
-    } else if (const auto* adamw =
-                   dynamic_cast<const torch::optim::AdamWParamState*>(it->second.get())) {
-      d.add_value(adamw->step());
-      d.add(adamw->exp_avg());
-      d.add(adamw->exp_avg_sq());
-      d.add(adamw->max_exp_avg_sq());
-    } else {
+    } else if (!add_adam_state<torch::optim::AdamParamState>(d, s) &&
+               !add_adam_state<torch::optim::AdamWParamState>(d, s)) {
       throw Error("elastic: the state of this optimizer cannot be compared across ranks");
     }
   }

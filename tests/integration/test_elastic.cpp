@@ -7,8 +7,12 @@
 // was trained once (the checkpoints' rest of the epoch, checked against PyTorch's sampler in
 // CheckpointOnSignal.AMidEpochCheckpointResumesOnAnotherWorldSizeWithTheEpochsRest).
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cctype>
+#include <map>
+#include <sstream>
 #include <random>
 #include <regex>
 #include <string>
@@ -53,6 +57,7 @@ int count_of(const std::string& text, const std::string& part) {
 struct GoingOn {
   int world = 0;
   int after_step = 0;
+  int epoch = 0;  // 1-based: the epoch it went on in
 };
 
 // From the elastic run's log, each generation that went on, in order ("...; generation G: W
@@ -60,7 +65,7 @@ struct GoingOn {
 // it).
 std::vector<GoingOn> generations_that_went_on(const std::string& output) {
   const std::regex line("generation (\\d+): (\\d+) rank\\(s\\) \\([^)]*\\), batch \\d+ per rank, "
-                        "going on after step (\\d+) \\(");
+                        "going on after step (\\d+) \\(\\d+ of epoch (\\d+)\\)");
   std::vector<GoingOn> out;
   int last = 0;
   for (auto it = std::sregex_iterator(output.begin(), output.end(), line);
@@ -68,7 +73,7 @@ std::vector<GoingOn> generations_that_went_on(const std::string& output) {
     const int g = std::stoi((*it)[1]);
     if (g <= last) continue;
     last = g;
-    out.push_back({std::stoi((*it)[2]), std::stoi((*it)[3])});
+    out.push_back({std::stoi((*it)[2]), std::stoi((*it)[3]), std::stoi((*it)[4])});
   }
   return out;
 }
@@ -107,6 +112,42 @@ std::string train_by_checkpoints(const std::vector<GoingOn>& changes, const Temp
   return dir.file("model.pt");
 }
 
+// samples.jsonl (--record-samples) of a run whose generations went on as `changes`, on 100
+// samples: one line per committed step, steps 1, 2, ... in order (a dropped step has none); in
+// each epoch every sample trained, and no more twice than the padding allows (DistributedSampler
+// pads to a multiple of the world: 2 ids at world 3, and the rest of an interrupted epoch is padded
+// again for the new world, fewer than 3 more): no sample lost, none trained twice for a failure.
+void expect_each_sample_once_an_epoch(const std::string& jsonl,
+                                      const std::vector<GoingOn>& changes) {
+  std::map<int, std::vector<int>> seen;  // epoch -> how often each id was trained
+  std::istringstream lines(jsonl);
+  std::string line;
+  int64_t step = 0;
+  while (std::getline(lines, line)) {
+    const auto record = nlohmann::json::parse(line);
+    ASSERT_EQ(record.at("step").get<int64_t>(), ++step) << line;
+    auto& counts = seen[record.at("epoch").get<int>()];
+    counts.resize(100);
+    for (const auto& rank_ids : record.at("ids")) {
+      for (const auto& id : rank_ids) ++counts.at(id.get<size_t>());
+    }
+  }
+  EXPECT_EQ(step, kEpochs * 4);
+  ASSERT_EQ(seen.size(), static_cast<size_t>(kEpochs));
+  for (const auto& epoch_counts : seen) {
+    const int epoch = epoch_counts.first;  // (C++17's lambdas cannot capture a binding)
+    const std::vector<int>& counts = epoch_counts.second;
+    int extra = 0;
+    for (size_t id = 0; id < counts.size(); ++id) {
+      EXPECT_GE(counts[id], 1) << "epoch " << epoch << ": sample " << id << " never trained";
+      extra += std::max(0, counts[id] - 1);
+    }
+    const auto in_epoch = std::count_if(changes.begin(), changes.end(),
+                                        [&](const GoingOn& c) { return c.epoch == epoch; });
+    EXPECT_LE(extra, 2 + 2 * in_epoch) << "epoch " << epoch;
+  }
+}
+
 class KillAnElasticWorker : public ::testing::TestWithParam<int> {};
 
 TEST_P(KillAnElasticWorker, TheOthersGoOnTheRestartedOneJoinsAndTheResultIsTheCheckpointedOne) {
@@ -121,8 +162,8 @@ TEST_P(KillAnElasticWorker, TheOthersGoOnTheRestartedOneJoinsAndTheResultIsTheCh
   const ProcessResult r =
       run_linear({"--nnodes", "1:1", "--nproc", "3", "--max-restarts", "2"}, DDP_FAULT_TRAIN_BIN,
                  elastic.path(),
-                 {"--elastic", "--fault", "kill", "--fault-rank", std::to_string(rank),
-                  "--fault-after-step", std::to_string(step)});
+                 {"--elastic", "--record-samples", "--fault", "kill", "--fault-rank",
+                  std::to_string(rank), "--fault-after-step", std::to_string(step)});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   // The lost worker is named; it alone was restarted (the survivors kept their processes), and
   // it joined: the generations were 3, then 2, then 3 workers.
@@ -149,6 +190,9 @@ TEST_P(KillAnElasticWorker, TheOthersGoOnTheRestartedOneJoinsAndTheResultIsTheCh
   EXPECT_TRUE(mentions(r.output, "elastic: the 3 rank(s) hold bitwise the same state before step " +
                                      std::to_string(changes[1].after_step + 1)))
       << r.output;
+
+  expect_each_sample_once_an_epoch(ddp::testing::read_file(elastic.file("samples.jsonl")),
+                                   changes);
 
   TempDir checkpoints;
   expect_same_weights(elastic.file("model.pt"), train_by_checkpoints(changes, checkpoints, {}));

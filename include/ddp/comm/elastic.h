@@ -63,7 +63,7 @@ class ElasticAgent {
   LaunchInfo launch_;
   std::string id_;
   std::chrono::milliseconds timeout_;
-  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::Store> store_;  // a StoreClient (store_client.h)
 };
 
 }  // namespace ddp::comm

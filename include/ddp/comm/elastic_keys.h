@@ -7,8 +7,8 @@
 // generation g as the key elastic/gen/<g> (the member ids, comma-separated, in rank order) and
 // then elastic/latest = g. A generation is a new gloo group over its own store prefix, never a
 // repaired one. The members of g vote after every step's gradients are reduced and before the
-// optimizer applies them (round r: add to elastic/gen/<g>/vote/<r>); the one whose vote completes
-// the count writes the decision, and a member that failed, or one that finds
+// optimizer applies them (round r: add 1 to elastic/gen/<g>/votes, which round r completes at
+// r x members); the one whose vote completes the count writes the decision, and a member that failed, or one that finds
 // elastic/gen/<g>/abort (the launcher's notice of a member's death, naming it: "rank 1 of
 // generation 0, worker 1.0 (local rank 1, pid 42, host h): signal SIGKILL (9)"), writes "abort": the decision
 // key is written by compare-and-set, so whoever writes first decides for all. A step is applied by
@@ -35,7 +35,7 @@ StepDecision parse_decision(const std::string& text);  // throws Error for anyth
 struct ElasticKeys {
   static std::string generation(int64_t g);  // elastic/gen/<g>
   static std::string latest();               // elastic/latest
-  static std::string vote(int64_t g, int64_t round);
+  static std::string votes(int64_t g);  // the generation's count of votes, all rounds
   static std::string decision(int64_t g, int64_t round);
   static std::string abort(int64_t g);
   static std::string reform(int64_t g);

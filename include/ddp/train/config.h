@@ -93,6 +93,7 @@ struct Config {
   double stall_warning = 60.0;        // seconds a collective waits before a warning (0: none)
   int64_t check_params_every = 0;     // steps between cross-rank parameter checksums (0: never)
   bool checkpoint_on_signal = false;  // SIGTERM: finish the step, checkpoint, exit 143
+  bool record_samples = false;        // rank 0 writes every committed step's sample ids
   // DistributedDataParallel, with PyTorch's names and defaults (the keys bucket-cap-mb,
   // first-bucket-mb, broadcast-buffers, find-unused-parameters, gradient-as-bucket-view).
   DistributedDataParallelOptions ddp;

@@ -6,6 +6,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <chrono>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -158,6 +159,9 @@ class Trainer {
   // reduced); throws MembershipChange when the step is dropped. Returns whether the group grows
   // after the step.
   bool commit_step(const EpochPass& pass, bool ok);
+  // --record-samples: every rank's sample ids of the step just committed, to samples.jsonl
+  // (rank 0 writes; a collective).
+  void record_samples(const EpochPass& pass);
   // The position of `pass` (its committed steps) for the next generation.
   ElasticPosition position_of(const EpochPass& pass) const;
   // After a MembershipChange: the next generation's group, DDP on it, and rank 0's state;
@@ -230,6 +234,7 @@ class Trainer {
   // time is known), and the changes not yet in metrics.jsonl.
   std::optional<std::pair<MembershipRecord, std::chrono::steady_clock::time_point>> recovering_;
   std::vector<MembershipRecord> membership_records_;
+  std::unique_ptr<std::ofstream> samples_file_;  // --record-samples, rank 0
 };
 
 }  // namespace ddp::train
