@@ -15,9 +15,9 @@
 // (default 0). Each --fault starts another fault: several ranks can fail at once, or one after
 // another.
 //
-// --fault-pace S: every rank of the first run waits S seconds where each step's forward begins,
-// in every generation (so that a restarted worker has the time to start before a small group
-// ends the job).
+// --fault-pace S: every rank of the first run waits S seconds where each step's forward begins
+// while its group is smaller than the first generation (so that a restarted worker has the time
+// to start before a small group ends the job).
 //
 // Under --elastic each generation's group is wrapped too (FaultyAgent), and R is the worker's
 // rank in the first generation. There, two more phases begin: "elastic: forming generation G"
@@ -100,10 +100,12 @@ class Faults {
       : faults_(faults.begin(), faults.end()), pace_(pace) {}
   void set_module(torch::nn::Module* module) { module_ = module; }
 
-  // Where `phase` begins on this worker (its rank `rank` now).
-  void at_phase(const std::string& phase, int rank) {
+  // Where `phase` begins on this worker (its rank `rank` now, of `world`).
+  void at_phase(const std::string& phase, int rank, int world) {
+    if (first_world_ == 0) first_world_ = world;
     const std::string forward = ": forward";
-    if (pace_ > 0 && phase.rfind("step ", 0) == 0 && phase.size() > forward.size() &&
+    if (pace_ > 0 && world < first_world_ && phase.rfind("step ", 0) == 0 &&
+        phase.size() > forward.size() &&
         phase.compare(phase.size() - forward.size(), forward.size(), forward) == 0) {
       std::this_thread::sleep_for(std::chrono::duration<double>(pace_));
     }
@@ -159,6 +161,7 @@ class Faults {
 
   std::vector<State> faults_;
   double pace_ = 0;
+  int first_world_ = 0;
   torch::nn::Module* module_ = nullptr;
 };
 
@@ -176,7 +179,7 @@ class FaultyGroup : public ddp::comm::ProcessGroup {
 
   void set_phase(std::string phase) override {
     ProcessGroup::set_phase(phase);
-    faults_->at_phase(phase, rank());
+    faults_->at_phase(phase, rank(), world_size());
   }
 
  protected:
@@ -217,7 +220,8 @@ class FaultyAgent : public ddp::comm::ElasticAgent {
 
   std::unique_ptr<ddp::comm::ProcessGroup> make_group(
       const ddp::comm::Membership& m, const ddp::comm::ProcessGroupOptions& options) override {
-    faults_->at_phase(fmt::format("elastic: forming generation {}", m.generation), m.rank);
+    faults_->at_phase(fmt::format("elastic: forming generation {}", m.generation), m.rank,
+                      m.world_size());
     return std::make_unique<FaultyGroup>(ElasticAgent::make_group(m, options), faults_);
   }
 
