@@ -134,14 +134,14 @@ Config prepared(Config config) {
     throw InputError("key 'nesterov': needs optimizer sgd with a momentum > 0");
   }
   // Join matches collectives step by step; these add their own to some steps (fp16: the
-  // GradScaler's inf check), or (accumulation) give ranks still training different numbers of
-  // micro-batches in their last step.
+  // GradScaler's inf check; the sample record's gather), or (accumulation) give ranks still
+  // training different numbers of micro-batches in their last step.
   if (config.uneven &&
       (config.drop_last || config.checkpoint_on_signal || config.check_params_every > 0 ||
-       config.grad_accum_steps > 1 || config.amp == Amp::kFp16)) {
+       config.grad_accum_steps > 1 || config.amp == Amp::kFp16 || config.record_samples)) {
     throw InputError(
         "key 'uneven': cannot be combined with drop-last, checkpoint-on-signal, "
-        "check-params-every, grad-accum-steps or amp fp16");
+        "check-params-every, grad-accum-steps, amp fp16 or record-samples");
   }
   // The GradScaler unscales the gradients of the optimizer it steps, and --zero's steps a shard.
   if (config.amp == Amp::kFp16 && config.zero) {

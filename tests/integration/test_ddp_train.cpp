@@ -233,10 +233,13 @@ TEST(DdpTrain, UnevenSharesTrainUnderJoinWithoutPaddingOrDropping) {
   EXPECT_NE(r.output.find("key 'uneven': cannot be combined with drop-last"), std::string::npos)
       << r.output;
   for (const auto& option : std::vector<std::vector<std::string>>{
-           {"--uneven", "--grad-accum-steps", "2"}, {"--uneven", "--amp", "fp16"}}) {
+           {"--uneven", "--grad-accum-steps", "2"},
+           {"--uneven", "--amp", "fp16"},
+           {"--uneven", "--record-samples"}}) {
     r = ddp::testing::run_process(job(refused.path(), 10, option), {}, std::chrono::seconds(60));
     EXPECT_EQ(r.exit_code, 2) << r.output;
-    EXPECT_NE(r.output.find("check-params-every, grad-accum-steps or amp fp16"), std::string::npos)
+    EXPECT_NE(r.output.find("check-params-every, grad-accum-steps, amp fp16 or record-samples"),
+              std::string::npos)
         << r.output;
   }
   r = ddp::testing::run_process(job(refused.path(), 10, {"--zero", "--amp", "fp16"}), {},
