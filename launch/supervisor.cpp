@@ -311,10 +311,10 @@ class Supervisor {
       w.noted = true;
       if (exit_code_of(w.status) == 0) continue;
       failed_status = w.status;
-      const bool member = arbiter.lose(
-          w.elastic_id, fmt::format("worker {} (local rank {}, pid {}, host {}): {}", w.elastic_id,
-                                    w.local_rank, w.pid, net::host_name(),
-                                    describe_status(w.status)));
+      const bool member =
+          arbiter.lose(w.elastic_id, fmt::format("worker {} (local rank {}, pid {}, host {}): {}",
+                                                 w.elastic_id, w.local_rank, w.pid,
+                                                 net::host_name(), describe_status(w.status)));
       note(fmt::format(
           "elastic: worker {} (local rank {}, pid {}) lost: {}{}", w.elastic_id, w.local_rank,
           w.pid, describe_status(w.status),

@@ -51,9 +51,10 @@ Membership ElasticAgent::next_membership(int64_t after) {
       store_->wait({key}, std::max(left, std::chrono::milliseconds(1)));
     } catch (const std::exception&) {
       // Not a CommError: no later generation can be had either.
-      throw Error(fmt::format("worker {}: the launcher published no generation after {} within "
-                              "{} ms",
-                              id_, after, timeout_.count()));
+      throw Error(
+          fmt::format("worker {}: the launcher published no generation after {} within "
+                      "{} ms",
+                      id_, after, timeout_.count()));
     }
     Membership m;
     m.generation = g;

@@ -2,9 +2,9 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 #include <torch/version.h>
+#include <nlohmann/json.hpp>
 
 #include <signal.h>
 #include <unistd.h>
@@ -821,9 +821,10 @@ bool Trainer::commit_step(const EpochPass& pass, bool ok) {
   if (recovering_) {
     auto& [record, seen] = *recovering_;
     record.recovery_seconds = seconds_since(seen);
-    log::info("elastic: step {} committed by generation {} of {} rank(s), {:.3f} s after the "
-              "change was seen",
-              step_ + 1, record.generation, record.world_after, record.recovery_seconds);
+    log::info(
+        "elastic: step {} committed by generation {} of {} rank(s), {:.3f} s after the "
+        "change was seen",
+        step_ + 1, record.generation, record.world_after, record.recovery_seconds);
     membership_records_.push_back(std::move(record));
     recovering_.reset();
   }
@@ -855,8 +856,7 @@ void Trainer::record_samples(const EpochPass& pass) {
   // A fresh run starts the file; a resumed run, or a new rank 0 after an elastic change, goes on.
   if (!samples_file_) {
     const bool fresh = step_ == 1 && dist_.launch.restart_count == 0;
-    samples_file_ = std::make_unique<std::ofstream>(
-        path, fresh ? std::ios::trunc : std::ios::app);
+    samples_file_ = std::make_unique<std::ofstream>(path, fresh ? std::ios::trunc : std::ios::app);
   }
   *samples_file_ << line.dump() << '\n' << std::flush;
   if (!*samples_file_) throw Error(fmt::format("{}: cannot write the sample record", path));
@@ -884,8 +884,7 @@ void Trainer::reform(const MembershipChange& change) {
       if (failed + 1 == kMaxFailedGenerations) throw;
       const std::string lost = dist_.agent->lost_in(dist_.membership.generation);
       log::warn("elastic: generation {} failed as it formed ({}){}; joining the next",
-                dist_.membership.generation, e.what(),
-                lost.empty() ? "" : " (lost: " + lost + ")");
+                dist_.membership.generation, e.what(), lost.empty() ? "" : " (lost: " + lost + ")");
     }
   }
   schedule_ = lr_schedule_of(config_, dist_.world_size());

@@ -12,9 +12,9 @@
 #include <algorithm>
 #include <cctype>
 #include <map>
-#include <sstream>
 #include <random>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -64,8 +64,9 @@ struct GoingOn {
 // rank(s) (...), batch B per rank, going on after step S (..."), each once (every member may log
 // it).
 std::vector<GoingOn> generations_that_went_on(const std::string& output) {
-  const std::regex line("generation (\\d+): (\\d+) rank\\(s\\) \\([^)]*\\), batch \\d+ per rank, "
-                        "going on after step (\\d+) \\(\\d+ of epoch (\\d+)\\)");
+  const std::regex line(
+      "generation (\\d+): (\\d+) rank\\(s\\) \\([^)]*\\), batch \\d+ per rank, "
+      "going on after step (\\d+) \\(\\d+ of epoch (\\d+)\\)");
   std::vector<GoingOn> out;
   int last = 0;
   for (auto it = std::sregex_iterator(output.begin(), output.end(), line);
@@ -191,8 +192,7 @@ TEST_P(KillAnElasticWorker, TheOthersGoOnTheRestartedOneJoinsAndTheResultIsTheCh
                                      std::to_string(changes[1].after_step + 1)))
       << r.output;
 
-  expect_each_sample_once_an_epoch(ddp::testing::read_file(elastic.file("samples.jsonl")),
-                                   changes);
+  expect_each_sample_once_an_epoch(ddp::testing::read_file(elastic.file("samples.jsonl")), changes);
 
   TempDir checkpoints;
   expect_same_weights(elastic.file("model.pt"), train_by_checkpoints(changes, checkpoints, {}));
@@ -250,9 +250,10 @@ std::vector<std::string> operator+(std::vector<std::string> a, const std::vector
 TEST(Elastic, TheRankOppositeTheLostOneInTheRingGoesOnToo) {
   const std::vector<std::string> batch = {"--global-batch-size", "60"};  // 15 or 20 per rank
   TempDir elastic;
+  const std::vector<std::string> args =
+      std::vector<std::string>{"--elastic"} + kill(0, "--fault-after-step", "3") + batch;
   const ProcessResult r =
-      run_linear({"--nnodes", "1:1", "--nproc", "4"}, DDP_FAULT_TRAIN_BIN, elastic.path(),
-                 std::vector<std::string>{"--elastic"} + kill(0, "--fault-after-step", "3") + batch);
+      run_linear({"--nnodes", "1:1", "--nproc", "4"}, DDP_FAULT_TRAIN_BIN, elastic.path(), args);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(mentions(r.output, "generation 1 of 3 worker(s): 1.0,2.0,3.0")) << r.output;
   const std::vector<GoingOn> changes = generations_that_went_on(r.output);
@@ -264,8 +265,8 @@ TEST(Elastic, TheRankOppositeTheLostOneInTheRingGoesOnToo) {
 
 // Two workers killed after the same step: the last one goes on alone, both rejoin.
 TEST(Elastic, TwoWorkersLostAtOnceLeaveTheThirdAloneAndBothRejoin) {
-  const std::string output = expect_survived(
-      kill(1, "--fault-after-step", "5") + kill(2, "--fault-after-step", "5"), 2);
+  const std::string output =
+      expect_survived(kill(1, "--fault-after-step", "5") + kill(2, "--fault-after-step", "5"), 2);
   EXPECT_TRUE(mentions(output, "of 1 worker(s): 0.0")) << output;
 }
 
@@ -305,8 +306,8 @@ class LostAtAPlace : public ::testing::TestWithParam<Place> {};
 TEST_P(LostAtAPlace, TheOthersGoOn) {
   const Place& p = GetParam();
   auto fault = kill(p.rank, "--fault-at", p.phase);
-  if (p.after_step > 0) fault = fault + std::vector<std::string>{"--fault-after-step",
-                                                                 std::to_string(p.after_step)};
+  if (p.after_step > 0)
+    fault = fault + std::vector<std::string>{"--fault-after-step", std::to_string(p.after_step)};
   expect_survived(fault, 1, p.options);
 }
 

@@ -11,9 +11,9 @@
 // "fault: waiting ..."). The trigger: --fault-after-step N, the first phase after optimizer step
 // N (its --checkpoint-on-signal or parameter check, the next step's forward, or the epoch's end),
 // or --fault-at PHASE, where the phase labelled PHASE begins ("step 3: backward"), before any of
-// its collectives; both: the first PHASE after step N ("backward: bucket 0"). Only in the job's first run (a launcher's restart runs clean) and on rank R
-// (default 0). Each --fault starts another fault: several ranks can fail at once, or one after
-// another.
+// its collectives; both: the first PHASE after step N ("backward: bucket 0"). Only in the job's
+// first run (a launcher's restart runs clean) and on rank R (default 0). Each --fault starts
+// another fault: several ranks can fail at once, or one after another.
 //
 // --fault-pace S: every rank of the first run waits S seconds where each step's forward begins
 // while its group is smaller than the first generation (so that a restarted worker has the time
@@ -85,8 +85,7 @@ std::vector<Fault> take_fault_options(std::vector<char*>& args, double& pace) {
   for (const Fault& fault : faults) {
     const auto& a = fault.action;
     if (a != "kill" && a != "sigterm" && a != "perturb" && a.rfind("delay:", 0) != 0) {
-      throw ddp::InputError("--fault: expected kill, sigterm, perturb or delay:S, got '" + a +
-                            "'");
+      throw ddp::InputError("--fault: expected kill, sigterm, perturb or delay:S, got '" + a + "'");
     }
   }
   args = rest;
@@ -253,8 +252,8 @@ int main(int argc, char** argv) {
           state = std::make_shared<Faults>(mine, pace);
           dist.group = std::make_shared<FaultyGroup>(dist.group, state);
           if (dist.agent) {
-            dist.agent = std::make_shared<FaultyAgent>(
-                dist.launch, dist.agent->id(), dist.options.rendezvous_timeout, state);
+            dist.agent = std::make_shared<FaultyAgent>(dist.launch, dist.agent->id(),
+                                                       dist.options.rendezvous_timeout, state);
           }
         }
         // Moved: under --elastic the trainer must hold the only reference to each generation's

@@ -8,10 +8,11 @@
 // then elastic/latest = g. A generation is a new gloo group over its own store prefix, never a
 // repaired one. The members of g vote after every step's gradients are reduced and before the
 // optimizer applies them (round r: add 1 to elastic/gen/<g>/votes, which round r completes at
-// r x members); the one whose vote completes the count writes the decision, and a member that failed, or one that finds
-// elastic/gen/<g>/abort (the launcher's notice of a member's death, naming it: "rank 1 of
-// generation 0, worker 1.0 (local rank 1, pid 42, host h): signal SIGKILL (9)"), writes "abort": the decision
-// key is written by compare-and-set, so whoever writes first decides for all. A step is applied by
+// r x members); the one whose vote completes the count writes the decision, and a member that
+// failed, or one that finds elastic/gen/<g>/abort (the launcher's notice of a member's death,
+// naming it: "rank 1 of generation 0, worker 1.0 (local rank 1, pid 42, host h): signal SIGKILL
+// (9)"), writes "abort": the decision key is written by compare-and-set, so whoever writes first
+// decides for all. A step is applied by
 // every member or by none. After an abort, or a decision to grow (a joiner announced
 // elastic/ready/<id>, and the launcher set elastic/gen/<g>/grow), the members ask for the next
 // generation (elastic/gen/<g>/reform) and the launcher publishes it: the living members, in their

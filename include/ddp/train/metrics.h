@@ -21,10 +21,10 @@ struct Scores {
 // --elastic: a change of the group's members, in the metrics of the epoch where the first step
 // after it was committed.
 struct MembershipRecord {
-  int64_t after_step = 0;         // the last step committed before the change
-  std::string why;                // "step 6 dropped", "a worker joins", ...
-  std::string lost;               // the launcher's notice of the member lost ("" for none)
-  int64_t generation = 0;         // the new generation
+  int64_t after_step = 0;  // the last step committed before the change
+  std::string why;         // "step 6 dropped", "a worker joins", ...
+  std::string lost;        // the launcher's notice of the member lost ("" for none)
+  int64_t generation = 0;  // the new generation
   int64_t world_before = 0;
   int64_t world_after = 0;
   double recovery_seconds = 0.0;  // from the change seen to the first step committed after it
