@@ -10,7 +10,9 @@
 #                                      does this while Debian 12 builds)
 #
 # For CI's time the sanitizer and fuzzing stages, which Debian 12 runs, are off here by default:
-# DDP_TRIXIE_SANITIZE=1 and DDP_TRIXIE_FUZZ_SECONDS=N turn them on. The workflow lint runs on the
+# DDP_TRIXIE_SANITIZE=1 and DDP_TRIXIE_FUZZ_SECONDS=N turn them on. So is the README's doc test
+# (Docs.*, a minute: it checks the README's text, the same file on both platforms, by commands
+# whose every feature the other tests run here too): DDP_TRIXIE_DOCS=1 runs it. The workflow lint runs on the
 # host only (DDP_INSTALL_NPM=0 here: see scripts/install-deps.sh).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -28,6 +30,8 @@ if [[ "${1:-}" == --prepare ]]; then
 fi
 echo "test-trixie: scripts/test.sh on $(sed -n 's/^PRETTY_NAME="\(.*\)"$/\1/p' "$chroot_dir/etc/os-release"), \
 commit $(git -C "$root" rev-parse --short HEAD)"
+ctest_args=("$@")
+[[ "${DDP_TRIXIE_DOCS:-0}" != 0 ]] || ctest_args+=(-E '^Docs\.')
 debian_root_run "$chroot_dir" "cd /work/ddp && DDP_INSTALL_NPM=0 \
   DDP_SANITIZE_TESTS=${DDP_TRIXIE_SANITIZE:-0} DDP_FUZZ_SECONDS=${DDP_TRIXIE_FUZZ_SECONDS:-0} \
-  scripts/test.sh $(printf '%q ' "$@")"
+  scripts/test.sh $(printf '%q ' "${ctest_args[@]}")"

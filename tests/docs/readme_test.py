@@ -9,7 +9,9 @@ one-host Slurm cluster (tests/scripts/slurm_cluster.sh, started for the block an
 it whatever happens), submitted from the source root with `sbatch --wait OPTIONS script ARGS`.
 OPTIONS adapt only the counts (nodes, tasks) to this host: they override the script's #SBATCH
 lines (the node has 4 fake GPUs, a GRES without devices, so --gpus-per-node=4 stands); ARGS
-reach the script as "$@" (epochs, samples). The job must exit 0 and its output show
+reach the script as "$@" (epochs, samples; the MLP for the ResNet-18, whose evaluation of the
+test set alone takes 40 s on two CPU ranks: the job's plumbing is what is tested). The job must
+exit 0 and its output show
 that training finished (ddp_train's final "done: ..., test accuracy" line). Anything else
 runs as written, except that `build/` means the build directory being tested. Exit 1 when a
 block fails or the reference and --help disagree.

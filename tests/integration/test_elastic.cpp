@@ -200,16 +200,24 @@ TEST_P(KillAnElasticWorker, TheOthersGoOnTheRestartedOneJoinsAndTheResultIsTheCh
 
 INSTANTIATE_TEST_SUITE_P(FiveSeeds, KillAnElasticWorker, ::testing::Values(1, 2, 3, 4, 5));
 
+// How a test proves that nothing was applied twice or half: its weights equal bitwise those of
+// the same training by checkpoints (three to four more launches), or, for a failure where no step
+// is in flight (an epoch's evaluation or checkpoint, or the group's re-forming, all after a
+// step's commit), each epoch's samples trained once (--record-samples) and the heal's digest.
+enum class Proof { kReplay, kSamples };
+
 // An elastic run of 3 workers (up to 2 restarts) with the faults `faults` and the options
 // `extra`, which loses `lost` workers: it ends with exit 0, every lost worker restarted once and
-// taken back (the last generation has 3 ranks), every epoch's metrics written once, and its
-// weights equal bitwise those of the same training by checkpoints. Returns its output.
+// taken back (the last generation has 3 ranks), every epoch's metrics written once, and `proof`
+// holds. Returns its output.
 std::string expect_survived(const std::vector<std::string>& faults, int lost,
-                            const std::vector<std::string>& extra = {}) {
+                            const std::vector<std::string>& extra = {},
+                            Proof proof = Proof::kReplay) {
   TempDir elastic;
   // 15 ms a step while the group is smaller: a group of one would otherwise end the job before a
   // restarted worker has started (about 1 s).
   std::vector<std::string> args = {"--elastic", "--fault-pace", "0.015"};
+  if (proof == Proof::kSamples) args.push_back("--record-samples");
   args.insert(args.end(), faults.begin(), faults.end());
   args.insert(args.end(), extra.begin(), extra.end());
   const ProcessResult r = run_linear({"--nnodes", "1:1", "--nproc", "3", "--max-restarts", "2"},
@@ -231,6 +239,13 @@ std::string expect_survived(const std::vector<std::string>& faults, int lost,
     return r.output;
   }
   EXPECT_EQ(changes.back().world, 3) << r.output;
+  if (proof == Proof::kSamples) {
+    EXPECT_TRUE(mentions(r.output, "elastic: the 3 rank(s) hold bitwise the same state before"))
+        << r.output;
+    expect_each_sample_once_an_epoch(ddp::testing::read_file(elastic.file("samples.jsonl")),
+                                     changes);
+    return r.output;
+  }
   TempDir checkpoints;
   expect_same_weights(elastic.file("model.pt"), train_by_checkpoints(changes, checkpoints, extra));
   return r.output;
@@ -276,8 +291,8 @@ TEST(Elastic, TwoWorkersLostAtOnceLeaveTheThirdAloneAndBothRejoin) {
 class LostWhileTheGroupReforms : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(LostWhileTheGroupReforms, TheGenerationIsGivenUpForTheNext) {
-  const std::string output =
-      expect_survived(kill(1, "--fault-after-step", "5") + kill(2, "--fault-at", GetParam()), 2);
+  const std::string output = expect_survived(
+      kill(1, "--fault-after-step", "5") + kill(2, "--fault-at", GetParam()), 2, {}, Proof::kSamples);
   EXPECT_TRUE(mentions(output, "elastic: generation 1 failed as it formed")) << output;
 }
 
@@ -295,6 +310,7 @@ struct Place {
   int rank;
   int after_step;                    // the first `phase` after this step (0: the first of all)
   std::vector<std::string> options;  // that make the phase happen
+  Proof proof;
 };
 
 void PrintTo(const Place& p, std::ostream* out) {
@@ -308,15 +324,16 @@ TEST_P(LostAtAPlace, TheOthersGoOn) {
   auto fault = kill(p.rank, "--fault-at", p.phase);
   if (p.after_step > 0)
     fault = fault + std::vector<std::string>{"--fault-after-step", std::to_string(p.after_step)};
-  expect_survived(fault, 1, p.options);
+  expect_survived(fault, 1, p.options, p.proof);
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Elastic, LostAtAPlace,
-    ::testing::Values(Place{"backward: bucket 0", 1, 4, {}},
-                      Place{"step 6: parameter check", 2, 0, {"--check-params-every", "1"}},
-                      Place{"epoch 2: evaluation", 0, 0, {"--eval-every", "1"}},
-                      Place{"epoch 2: checkpoint", 1, 0, {"--save-every", "1"}}),
+    ::testing::Values(
+        Place{"backward: bucket 0", 1, 4, {}, Proof::kReplay},
+        Place{"step 6: parameter check", 2, 0, {"--check-params-every", "1"}, Proof::kReplay},
+        Place{"epoch 2: evaluation", 0, 0, {"--eval-every", "1"}, Proof::kSamples},
+        Place{"epoch 2: checkpoint", 1, 0, {"--save-every", "1"}, Proof::kSamples}),
     [](const ::testing::TestParamInfo<Place>& info) {
       std::string name = info.param.phase;
       for (char& c : name) {
