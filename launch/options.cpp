@@ -78,7 +78,7 @@ void parse_nnodes(Parsed& p, const std::string& v) {
   const int low = parse_int(v.substr(0, colon), 1, 1 << 16);
   const int high = parse_int(v.substr(colon + 1), 1, 1 << 16);
   if (low > high) throw BadValue{"MIN:MAX with MIN at most MAX"};
-  if (high > 1) throw BadValue{"1:1 (elastic training runs on one node for now)"};
+  p.options.min_nnodes = low;
   p.options.nnodes = high;
   p.options.elastic = true;
 }
@@ -105,7 +105,7 @@ const std::vector<Option>& options() {
        }},
       {"nnodes", "", "N|MIN:MAX",
        "nodes in the job (one launcher each); MIN:MAX: elastic (a failed worker is restarted "
-       "alone and joins the running group; one node for now)",
+       "alone and joins the running group; the job goes on while MIN nodes are in it)",
        parse_nnodes},
       {"node-rank", "", "N", "this node's rank, 0 .. nnodes-1",
        [](Parsed& p, const std::string& v) { p.options.node_rank = parse_int(v, 0, 1 << 16); }},
@@ -124,6 +124,10 @@ const std::vector<Option>& options() {
        [](Parsed& p, const std::string& v) {
          p.options.monitor_interval = parse_seconds(v, true);
        }},
+      {"node-timeout", "", "SECONDS",
+       "elastic, several nodes: a node not heard from for this long is out of the group, its "
+       "workers with it, until it is back (default 15)",
+       [](Parsed& p, const std::string& v) { p.options.node_timeout = parse_seconds(v, true); }},
       {"grace-period", "", "SECONDS",
        "between SIGTERM and SIGKILL when stopping workers (default 5)",
        [](Parsed& p, const std::string& v) { p.options.grace_period = parse_seconds(v, false); }},

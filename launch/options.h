@@ -12,10 +12,12 @@ namespace ddp::launch {
 struct LaunchOptions {
   int nproc = 1;  // processes on this node (--nproc auto is resolved by parse_launch_args)
   int nnodes = 1;
-  // --nnodes MIN:MAX (torchrun's syntax): elastic. The launcher serves the job's store itself,
-  // restarts a failed worker alone (counted against --max-restarts) and the others go on without
-  // stopping (comm/elastic.h). One node for now.
+  // --nnodes MIN:MAX (torchrun's syntax): elastic. Node 0's launcher serves the job's store
+  // itself; each launcher restarts a failed worker alone (counted against --max-restarts) and the
+  // others go on without stopping (comm/elastic.h); the job goes on while MIN nodes are in it.
   bool elastic = false;
+  int min_nnodes = 1;
+  double node_timeout = 15.0;  // elastic, several nodes: seconds without a node's heartbeat
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 0;  // 0: a free port when the job is on this host, else 29500

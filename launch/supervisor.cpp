@@ -16,9 +16,11 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <optional>
 
+#include "arbiter.h"
 #include "ddp/comm/diagnose.h"
 #include "ddp/comm/elastic_keys.h"
 #include "ddp/common/error.h"
@@ -30,8 +32,9 @@
 namespace ddp::launch {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 constexpr size_t kTailLines = 20;  // of a failed worker's output, in the summary
+// Elastic, a node other than node 0: how long it waits for node 0, to register or to join again.
+constexpr auto kRejoinWithin = std::chrono::minutes(5);
 
 // Set by the signal handlers; the self-pipe wakes the poll() of the main loop.
 volatile sig_atomic_t g_stop_signal = 0;
@@ -250,172 +253,246 @@ class Supervisor {
     return w;
   }
 
-  // Elastic (Note [Elastic membership] in ddp/comm/elastic.h): this launcher serves the store and
-  // arbitrates the generations; a failed worker is restarted alone and the others go on.
+  // Elastic (Note [Elastic membership] and Note [Elastic nodes] in ddp/comm/elastic_keys.h):
+  // node 0's launcher serves the store and arbitrates the generations; every launcher restarts a
+  // failed worker alone, and the others go on.
   int run_elastic() {
-    const int port = o_.master_port != 0 ? o_.master_port : free_port();
+    if (o_.node_rank > 0) return run_elastic_node();
+    const int port = o_.master_port != 0 ? o_.master_port : o_.nnodes == 1 ? free_port() : 29500;
     port_ = port;
-    comm::StoreServer server(o_.master_addr, port, o_.job_token);
-    comm::StoreConnection store(o_.master_addr, port, o_.job_token, std::chrono::seconds(30));
-    note(fmt::format("elastic: starting {} worker(s) of {} (store {}:{}, up to {} restart(s))",
-                     o_.nproc, program_, o_.master_addr, port, o_.max_restarts));
+    // On one node the store listens where its workers look for it; on several, on every
+    // interface (the others reach it at --master-addr, which names this host).
+    const std::string listen = o_.nnodes == 1 ? o_.master_addr : "";
+    comm::StoreServer server(listen, port, o_.job_token);
+    comm::StoreConnection store(o_.nnodes == 1 ? o_.master_addr : "127.0.0.1", port, o_.job_token,
+                                std::chrono::seconds(30));
+    note(fmt::format(
+        "elastic: node 0 of {}:{}: starting {} worker(s) of {} (store {}:{}, up to {} "
+        "restart(s))",
+        o_.min_nnodes, o_.nnodes, o_.nproc, program_, o_.master_addr, port, o_.max_restarts));
     workers_.clear();
-    std::vector<std::string> members;
+    std::vector<std::string> ids;
     for (int local = 0; local < o_.nproc; ++local) {
-      workers_.push_back(spawn_elastic(local, 0));
-      members.push_back(workers_.back().elastic_id);
+      workers_.push_back(spawn_elastic(local, 0, false));
+      ids.push_back(workers_.back().elastic_id);
     }
-    Arbiter arbiter{store, members, {}, {}, 0, std::nullopt};
-    arbiter.publish();
-    const int interval_ms = std::max(1, static_cast<int>(o_.monitor_interval * 1000));
-    int restarts = 0;
-    int failed_status = 0;
+    Arbiter arbiter(store, {o_.min_nnodes, o_.nnodes, node_timeout()}, ids, note);
     while (true) {
-      pump(std::min(interval_ms, 20));
-      if (g_stop_signal != 0) {
-        const int sig = g_stop_signal;
-        note(fmt::format("got SIG{}: stopping the workers", sigabbrev_np(sig)));
-        stop_group(sig);
+      pump(20);
+      if (const int sig = stop_signal(); sig != 0) {
+        arbiter.announce_end("failed: node 0's launcher was stopped", std::chrono::seconds(2));
         return 128 + sig;
       }
       reap();
-      replace_lost_workers(arbiter, restarts, failed_status);
-      if (std::none_of(workers_.begin(), workers_.end(),
-                       [](const Worker& w) { return w.running; })) {
-        drain(Clock::now() + std::chrono::seconds(1));
-        if (!arbiter.members.empty()) return 0;
-        note("elastic: no worker of the job is left, and no restart: the job failed");
-        return std::max(1, exit_code_of(failed_status));
-      }
-      if (members_finished(arbiter.members)) {  // the training is over: joiners are too late
-        note("elastic: the group finished; stopping the worker(s) still waiting to join");
-        stop_group(SIGTERM);
-        return 0;
-      }
-      if (arbiter.members.empty() && arbiter.joining.empty()) {
-        note("elastic: no worker of the job is left, and no restart: stopping");
-        stop_group(SIGTERM);
-        return std::max(1, exit_code_of(failed_status));
+      for (Worker* w : newly_ended()) {
+        if (exit_code_of(w->status) == 0) {
+          arbiter.done(w->elastic_id);
+          continue;
+        }
+        failed_status_ = w->status;
+        const bool member = arbiter.lose(w->elastic_id, loss_of(*w));
+        note_lost(*w, member ? fmt::format("; generation {} of {} worker(s): {}",
+                                           arbiter.generation(), arbiter.members().size(),
+                                           comm::format_members(arbiter.members()))
+                             : "");
+        if (const auto id = restart(*w)) arbiter.join(*id);  // w is invalid from here
       }
       arbiter.poll();
+      if (const auto code = elastic_end(arbiter)) return *code;
     }
   }
 
-  // Each worker that ended with an error since the last call: out of the group (the arbiter
-  // publishes the next generation), and restarted to join it while restarts are left.
-  template <class Arbiter>
-  void replace_lost_workers(Arbiter& arbiter, int& restarts, int& failed_status) {
-    for (size_t i = 0; i < workers_.size(); ++i) {
-      Worker& w = workers_[i];
-      if (w.running || w.noted) continue;
-      w.noted = true;
-      if (exit_code_of(w.status) == 0) continue;
-      failed_status = w.status;
-      const bool member =
-          arbiter.lose(w.elastic_id, fmt::format("worker {} (local rank {}, pid {}, host {}): {}",
-                                                 w.elastic_id, w.local_rank, w.pid,
-                                                 net::host_name(), describe_status(w.status)));
-      note(fmt::format(
-          "elastic: worker {} (local rank {}, pid {}) lost: {}{}", w.elastic_id, w.local_rank,
-          w.pid, describe_status(w.status),
-          member ? fmt::format("; generation {} of {} worker(s): {}", arbiter.generation,
-                               arbiter.members.size(), comm::format_members(arbiter.members))
-                 : ""));
-      if (restarts >= o_.max_restarts) continue;
-      ++restarts;
-      const int incarnation = std::stoi(w.elastic_id.substr(w.elastic_id.find('.') + 1)) + 1;
-      const int local = w.local_rank;
-      workers_.push_back(spawn_elastic(local, incarnation));  // w is invalid from here
-      arbiter.joining.push_back(workers_.back().elastic_id);
-      note(fmt::format("elastic: restart {} of {}: worker {} (pid {}) joins when ready", restarts,
-                       o_.max_restarts, workers_.back().elastic_id, workers_.back().pid));
+  // The job's end, when the arbiter knows it: every member finished (0), or too few are left.
+  std::optional<int> elastic_end(Arbiter& arbiter) {
+    if (arbiter.finished()) {  // the training is over: joiners are too late
+      if (any_running()) {
+        note("elastic: the group finished; stopping the worker(s) still waiting to join");
+        stop_group(SIGTERM);
+      }
+      drain(Clock::now() + std::chrono::seconds(1));
+      arbiter.announce_end("done", node_timeout());
+      return 0;
+    }
+    std::string why = arbiter.below_min();
+    if (why.empty() && arbiter.nobody_left()) why = "no worker of the job is left, and no restart";
+    if (!why.empty()) {
+      note(fmt::format("elastic: {}: {}", why, any_running() ? "stopping" : "the job failed"));
+      stop_group(SIGTERM);
+      arbiter.announce_end("failed: " + why, node_timeout());
+      return std::max(1, exit_code_of(failed_status_));
+    }
+    return std::nullopt;
+  }
+
+  void note_lost(const Worker& w, const std::string& then) {
+    note(fmt::format("elastic: worker {} (local rank {}, pid {}) lost: {}{}", w.elastic_id,
+                     w.local_rank, w.pid, describe_status(w.status), then));
+  }
+
+  // A node other than node 0: registers its workers with node 0's arbiter, starts them, reports
+  // their ends and restarts (Note [Elastic nodes]). While node 0 cannot be reached for the node
+  // timeout, the arbiter has dropped this node: its workers are stopped, and started again to join
+  // the group once node 0 can be reached.
+  int run_elastic_node() {
+    port_ = o_.master_port != 0 ? o_.master_port : 29500;
+    check_resolvable(o_.master_addr);
+    NodeLink link(o_.master_addr, port_, o_.job_token, o_.node_rank, node_timeout(), note);
+    std::vector<std::string> ids;
+    for (int local = 0; local < o_.nproc; ++local) {
+      ids.push_back(elastic_worker_id(true, o_.node_rank, local, 0));
+    }
+    note(fmt::format("elastic: node {} of {}:{}: registering {} worker(s) with node 0 at {}:{}",
+                     o_.node_rank, o_.min_nnodes, o_.nnodes, o_.nproc, o_.master_addr, port_));
+    const auto admitted = link.register_node(ids, kRejoinWithin, [] { return g_stop_signal != 0; });
+    if (!admitted) return 128 + stop_signal();
+    workers_.clear();
+    for (int local = 0; local < o_.nproc; ++local) {
+      workers_.push_back(spawn_elastic(local, 0, *admitted));
+    }
+    while (true) {
+      pump(std::max(1, static_cast<int>(o_.monitor_interval * 1000)));
+      if (const int sig = stop_signal(); sig != 0) return 128 + sig;
+      reap();
+      for (Worker* w : newly_ended()) {
+        if (exit_code_of(w->status) == 0) {
+          link.report({comm::NodeEvent::Kind::kDone, o_.node_rank, w->elastic_id, ""});
+          continue;
+        }
+        failed_status_ = w->status;
+        link.report({comm::NodeEvent::Kind::kLost, o_.node_rank, w->elastic_id, loss_of(*w)});
+        note_lost(*w, "");
+        if (link.cut_off()) {
+          to_restart_.push_back(w->local_rank);
+        } else if (const auto id = restart(*w)) {
+          link.report({comm::NodeEvent::Kind::kJoin, o_.node_rank, *id, ""});
+        }
+      }
+      if (const auto end = link.tick()) {
+        if (any_running()) stop_group(SIGTERM);
+        note(fmt::format("elastic: node 0 says the job ended: {}", *end));
+        return *end == "done" ? 0 : std::max(1, exit_code_of(failed_status_));
+      }
+      if (const auto code = follow_the_link(link)) return *code;
+      // Workers that all finished wait for node 0's word that the job did (tick() above); one
+      // that failed, with no restart left, ends this node's part.
+      if (!any_running() && to_restart_.empty() && link.all_sent() &&
+          (!all_finished() || link.cut_off())) {
+        note(all_finished() ? "elastic: this node's workers finished, and node 0 cannot be reached"
+                            : "elastic: no worker of this node is left, and no restart");
+        return std::max(1, exit_code_of(failed_status_));
+      }
     }
   }
 
-  // The generations: who is a member, who waits to join (Note [Elastic membership]).
-  struct Arbiter {
-    comm::StoreConnection& store;
-    std::vector<std::string> members;
-    std::vector<std::string> joining;  // restarted, not yet a member
-    std::vector<std::string> ready;    // of those, the ones that announced they are ready
-    int64_t generation = 0;
-    // When a member's request for the next generation was first seen: it is granted 100 ms later,
-    // so that a member whose death made the others ask is reaped first and left out (its sockets
-    // close as it dies, a moment before it can be reaped).
-    std::optional<Clock::time_point> reform_seen;
-    static constexpr auto kReformDelay = std::chrono::milliseconds(100);
+  // A node cut off from node 0 for the node timeout is out of the group: its workers are stopped,
+  // and started again to join once node 0 can be reached. Returns this node's exit code when it
+  // cannot join again.
+  std::optional<int> follow_the_link(NodeLink& link) {
+    if (link.cut_off() && any_running()) {
+      note(
+          fmt::format("elastic: node {} is out of the group: stopping its worker(s), which join "
+                      "again when node 0 can be reached",
+                      o_.node_rank));
+      for (const Worker& w : workers_) {
+        if (w.running) to_restart_.push_back(w.local_rank);
+      }
+      stop_group(SIGKILL);
+      for (Worker* w : newly_ended()) (void)w;  // out by this node's own doing: no news
+      if (restarts_ + static_cast<int>(to_restart_.size()) > o_.max_restarts) {
+        note("elastic: too few restarts left to join again: this node's part of the job ended");
+        return 1;
+      }
+    }
+    if (link.cut_off() && link.silent() > kRejoinWithin) {
+      note(fmt::format("elastic: node 0 not reached for {} s: this node's part of the job ended",
+                       std::chrono::duration_cast<std::chrono::seconds>(link.silent()).count()));
+      return 1;
+    }
+    if (!link.cut_off()) {
+      for (int local : to_restart_) {
+        if (const auto id = restart_local(local)) {
+          link.report({comm::NodeEvent::Kind::kJoin, o_.node_rank, *id, ""});
+        }
+      }
+      to_restart_.clear();
+    }
+    return std::nullopt;
+  }
 
-    static constexpr std::chrono::seconds kReply{30};
-    static void remove(std::vector<std::string>& ids, const std::string& id) {
-      ids.erase(std::remove(ids.begin(), ids.end(), id), ids.end());
-    }
-    void set(const std::string& key, const std::string& value) {
-      store.request({comm::StoreOp::kSet, {key, value}}, kReply);
-    }
-    bool has(const std::string& key) {
-      return store.request({comm::StoreOp::kCheck, {key}}, kReply).fields.at(0) == "1";
-    }
-    void publish() {
-      set(comm::ElasticKeys::generation(generation), comm::format_members(members));
-      set(comm::ElasticKeys::latest(), std::to_string(generation));
-    }
-    // A worker ended (`what`: who, and how): when it was a member, the step in flight is aborted
-    // (the abort key says who was lost) and the next generation published at once. Returns
-    // whether it was a member.
-    bool lose(const std::string& id, const std::string& what) {
-      remove(joining, id);
-      remove(ready, id);
-      const auto it = std::find(members.begin(), members.end(), id);
-      if (it == members.end()) return false;
-      set(comm::ElasticKeys::abort(generation),
-          fmt::format("rank {} of generation {}, {}", it - members.begin(), generation, what));
-      remove(members, id);
-      ++generation;
-      reform_seen.reset();
-      publish();
-      return true;
-    }
-    // The members' requests, the joiners' readiness.
-    void poll() {
-      for (const auto& id : joining) {
-        if (std::find(ready.begin(), ready.end(), id) != ready.end()) continue;
-        if (!has(comm::ElasticKeys::ready(id))) continue;
-        ready.push_back(id);
-        set(comm::ElasticKeys::grow(generation), id);
-      }
-      if (!reform_seen) {
-        if (!has(comm::ElasticKeys::reform(generation))) return;
-        reform_seen = Clock::now();
-      }
-      if (Clock::now() - *reform_seen < kReformDelay) return;
-      reform_seen.reset();
-      for (const auto& id : ready) {
-        members.push_back(id);
-        remove(joining, id);
-      }
-      ready.clear();
-      ++generation;
-      publish();
-      note(fmt::format("elastic: generation {} of {} worker(s): {}", generation, members.size(),
-                       comm::format_members(members)));
-    }
-  };
+  Clock::duration node_timeout() const {
+    return std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double>(o_.node_timeout));
+  }
 
-  // Whether every member has ended with exit code 0.
-  bool members_finished(const std::vector<std::string>& members) const {
-    if (members.empty()) return false;
-    return std::all_of(members.begin(), members.end(), [&](const std::string& id) {
-      return std::any_of(workers_.begin(), workers_.end(), [&](const Worker& w) {
-        return w.elastic_id == id && !w.running && exit_code_of(w.status) == 0;
-      });
+  // The signal that told the launcher to stop (0: none); its workers are stopped by then.
+  int stop_signal() {
+    const int sig = g_stop_signal;
+    if (sig != 0) {
+      note(fmt::format("got SIG{}: stopping the workers", sigabbrev_np(sig)));
+      stop_group(sig);
+    }
+    return sig;
+  }
+
+  // Whether the newest worker of every local rank ended with exit 0.
+  bool all_finished() const {
+    std::map<int, const Worker*> newest;
+    for (const Worker& w : workers_) newest[w.local_rank] = &w;
+    return std::all_of(newest.begin(), newest.end(), [](const auto& local_worker) {
+      return !local_worker.second->running && exit_code_of(local_worker.second->status) == 0;
     });
   }
 
-  Worker spawn_elastic(int local_rank, int incarnation) {
+  bool any_running() const {
+    return std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; });
+  }
+
+  // The workers that ended since the last call (pointers into workers_, valid until it grows).
+  std::vector<Worker*> newly_ended() {
+    std::vector<Worker*> ended;
+    for (Worker& w : workers_) {
+      if (w.running || w.noted) continue;
+      w.noted = true;
+      ended.push_back(&w);
+    }
+    return ended;
+  }
+
+  // A lost worker as the arbiter's notice names it.
+  std::string loss_of(const Worker& w) const {
+    return fmt::format("worker {} (local rank {}, pid {}, host {}): {}", w.elastic_id, w.local_rank,
+                       w.pid, net::host_name(), describe_status(w.status));
+  }
+
+  // `w` again, to join the group, while restarts are left: the new worker's id (w is invalid from
+  // here, as workers_ grows).
+  std::optional<std::string> restart(const Worker& w) {
+    return restart_local(w.local_rank, incarnation_of_worker(w.elastic_id) + 1);
+  }
+
+  std::optional<std::string> restart_local(int local, int incarnation = -1) {
+    if (restarts_ >= o_.max_restarts) return std::nullopt;
+    ++restarts_;
+    if (incarnation < 0) {  // the next after the newest of this local rank
+      for (const Worker& w : workers_) {
+        if (w.local_rank == local) {
+          incarnation = std::max(incarnation, incarnation_of_worker(w.elastic_id) + 1);
+        }
+      }
+    }
+    workers_.push_back(spawn_elastic(local, incarnation, true));
+    const Worker& joiner = workers_.back();
+    note(fmt::format("elastic: restart {} of {}: worker {} (pid {}) joins when ready", restarts_,
+                     o_.max_restarts, joiner.elastic_id, joiner.pid));
+    return joiner.elastic_id;
+  }
+
+  Worker spawn_elastic(int local_rank, int incarnation, bool join) {
     auto env = inherited_;
     for (auto& [k, v] : worker_env(o_, local_rank, port_, incarnation, inherited_)) env[k] = v;
-    const std::string id = fmt::format("{}.{}", local_rank, incarnation);
+    const std::string id = elastic_worker_id(o_.nnodes > 1, o_.node_rank, local_rank, incarnation);
     env["DDP_ELASTIC_ID"] = id;
+    if (join) env["DDP_ELASTIC_JOIN"] = "1";
     Worker w = spawn(local_rank, env);
     w.elastic_id = id;
     return w;
@@ -651,6 +728,11 @@ class Supervisor {
   std::map<std::string, std::string> inherited_;  // the launcher's environment
   std::vector<Worker> workers_;
   int port_ = 0;  // the rendezvous port of the current group
+  // Elastic: the restarts so far, the status of the last worker that failed, and the local ranks
+  // to start again once this node can reach node 0 (a node other than node 0).
+  int restarts_ = 0;
+  int failed_status_ = 0;
+  std::vector<int> to_restart_;
   static inline int wake_read_fd_ = -1;
 };
 

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <iterator>
 #include <sstream>
 
 #include "ddp/common/error.h"
@@ -63,6 +65,48 @@ std::string ElasticKeys::grow(int64_t g) {
 }
 std::string ElasticKeys::ready(const std::string& id) {
   return "elastic/ready/" + id;
+}
+std::string ElasticKeys::events() {
+  return "elastic/events";
+}
+std::string ElasticKeys::event(int64_t k) {
+  return fmt::format("elastic/event/{}", k);
+}
+std::string ElasticKeys::admitted(int node) {
+  return fmt::format("elastic/node/{}/admitted", node);
+}
+std::string ElasticKeys::beat(int node) {
+  return fmt::format("elastic/node/{}/beat", node);
+}
+std::string ElasticKeys::bye(int node) {
+  return fmt::format("elastic/node/{}/bye", node);
+}
+std::string ElasticKeys::finished() {
+  return "elastic/finished";
+}
+
+namespace {
+constexpr const char* kEventWords[] = {"node", "join", "lost", "done"};
+}  // namespace
+
+std::string format_event(const NodeEvent& e) {
+  std::string text = fmt::format("{} {} {}", kEventWords[static_cast<int>(e.kind)], e.node, e.ids);
+  if (e.kind == NodeEvent::Kind::kLost) text += " " + e.what;
+  return text;
+}
+
+NodeEvent parse_event(const std::string& text) {
+  std::istringstream in(text);
+  std::string word;
+  NodeEvent e;
+  if (!(in >> word >> e.node >> e.ids) || e.node < 0) {
+    throw Error(fmt::format("elastic: malformed event '{}'", text));
+  }
+  const auto* found = std::find(std::begin(kEventWords), std::end(kEventWords), word);
+  if (found == std::end(kEventWords)) throw Error(fmt::format("elastic: unknown event '{}'", text));
+  e.kind = static_cast<NodeEvent::Kind>(found - std::begin(kEventWords));
+  std::getline(in >> std::ws, e.what);
+  return e;
 }
 
 }  // namespace ddp::comm

@@ -117,7 +117,9 @@ Distributed init_distributed(const Config& config, const comm::Env& env) {
     }
     d.agent =
         std::make_shared<comm::ElasticAgent>(d.launch, id->second, d.options.rendezvous_timeout);
-    if (d.launch.restart_count > 0) d.agent->announce_ready();  // a restarted worker joins
+    const auto join = env.find("DDP_ELASTIC_JOIN");
+    d.joining = join != env.end() && join->second == "1";
+    if (d.joining) d.agent->announce_ready();
     join_next_generation(d);
   } else {
     d.group = comm::create_process_group(backend, d.launch, d.options, d.device.is_cuda());

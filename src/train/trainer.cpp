@@ -221,8 +221,8 @@ Trainer::Trainer(Config config, Distributed dist)
       progress_style(config_.progress, ::isatty(STDOUT_FILENO) != 0,
                      dist_.launch.launcher == comm::Launcher::kMpirun, dist_.is_main());
   // A group the launcher (or torchrun) restarted continues from its last checkpoint; an elastic
-  // worker that was restarted takes the running group's state instead (heal()).
-  const bool joiner = dist_.agent && dist_.launch.restart_count != 0;
+  // worker that joins a running group takes its state instead (heal()).
+  const bool joiner = dist_.agent && dist_.joining;
   if (config_.resume.empty() && dist_.launch.restart_count != 0 && !joiner) {
     log::info("restart {} of the job: resuming from the newest checkpoint in '{}'",
               dist_.launch.restart_count, config_.output_dir);
@@ -492,9 +492,11 @@ bool Trainer::train_steps(EpochPass& pass, EpochMetrics& m) {
 
     // Forward and backward of each micro-batch; the last backward reduces their gradients.
     std::pair<torch::Tensor, int64_t> reduced;
+    std::vector<std::string> ids;  // --record-samples: every rank's, gathered before the vote
     bool ok = true;
     try {
       reduced = step_gradients(pass, *batches);
+      if (config_.record_samples) ids = gather_sample_ids(pass);
     } catch (const comm::CommError& e) {
       if (!dist_.agent) throw;
       log::warn("elastic: step {} failed: {}", step_ + 1, e.what());
@@ -506,7 +508,7 @@ bool Trainer::train_steps(EpochPass& pass, EpochMetrics& m) {
     ++step_;
     // Counted at once: a failure from here on (--elastic) goes on after this step.
     pass.count_step(reduced.first, reduced.second);
-    if (config_.record_samples) record_samples(pass);
+    if (config_.record_samples) record_samples(pass, ids);
 
     // Every check_params_every steps: are the ranks still training the same model?
     if (config_.check_params_every > 0 && step_ % config_.check_params_every == 0) {
@@ -833,15 +835,20 @@ bool Trainer::commit_step(const EpochPass& pass, bool ok) {
   return decision == comm::StepDecision::kCommitAndGrow && pass.step + 1 < pass.steps;
 }
 
-void Trainer::record_samples(const EpochPass& pass) {
+// Of the step in flight (not counted yet), before its vote: with --elastic a failure of this
+// gather drops the step, so that every committed step has its record.
+std::vector<std::string> Trainer::gather_sample_ids(const EpochPass& pass) {
   // The pass's loader takes this rank's order from its start, a step's batches at a time.
   const int64_t per_step = config_.batch_size * config_.grad_accum_steps;
   const int64_t size = pass.order.size(0);
-  const int64_t begin = std::min((pass.step - pass.first_step - 1) * per_step, size);
+  const int64_t begin = std::min((pass.step - pass.first_step) * per_step, size);
   const at::Tensor ids = pass.order.narrow(0, begin, std::min(per_step, size - begin)).contiguous();
   const std::string mine(reinterpret_cast<const char*>(ids.data_ptr<int64_t>()),
                          static_cast<size_t>(ids.numel()) * sizeof(int64_t));
-  const std::vector<std::string> all = comm::all_gather_bytes(*dist_.group, mine, dist_.device);
+  return comm::all_gather_bytes(*dist_.group, mine, dist_.device);
+}
+
+void Trainer::record_samples(const EpochPass& pass, const std::vector<std::string>& all) {
   if (!dist_.is_main()) return;
   nlohmann::ordered_json line;
   line["epoch"] = pass.epoch + 1;
@@ -855,7 +862,7 @@ void Trainer::record_samples(const EpochPass& pass) {
   const std::string path = (std::filesystem::path(config_.output_dir) / "samples.jsonl").string();
   // A fresh run starts the file; a resumed run, or a new rank 0 after an elastic change, goes on.
   if (!samples_file_) {
-    const bool fresh = step_ == 1 && dist_.launch.restart_count == 0;
+    const bool fresh = step_ == 1 && dist_.launch.restart_count == 0 && !dist_.joining;
     samples_file_ = std::make_unique<std::ofstream>(path, fresh ? std::ios::trunc : std::ios::app);
   }
   *samples_file_ << line.dump() << '\n' << std::flush;

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "elastic_log.h"
 #include "run_files.h"
 #include "subprocess.h"
 #include "train_args.h"
@@ -25,7 +26,10 @@
 namespace {
 
 using ddp::testing::config;
+using ddp::testing::expect_each_sample_once_an_epoch;
 using ddp::testing::expect_same_weights;
+using ddp::testing::generations_that_went_on;
+using ddp::testing::GoingOn;
 using ddp::testing::ProcessResult;
 using ddp::testing::TempDir;
 using std::chrono::seconds;
@@ -51,32 +55,6 @@ int count_of(const std::string& text, const std::string& part) {
   int n = 0;
   for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
   return n;
-}
-
-// A generation that went on: its world size and the last committed step it started after.
-struct GoingOn {
-  int world = 0;
-  int after_step = 0;
-  int epoch = 0;  // 1-based: the epoch it went on in
-};
-
-// From the elastic run's log, each generation that went on, in order ("...; generation G: W
-// rank(s) (...), batch B per rank, going on after step S (..."), each once (every member may log
-// it).
-std::vector<GoingOn> generations_that_went_on(const std::string& output) {
-  const std::regex line(
-      "generation (\\d+): (\\d+) rank\\(s\\) \\([^)]*\\), batch \\d+ per rank, "
-      "going on after step (\\d+) \\(\\d+ of epoch (\\d+)\\)");
-  std::vector<GoingOn> out;
-  int last = 0;
-  for (auto it = std::sregex_iterator(output.begin(), output.end(), line);
-       it != std::sregex_iterator(); ++it) {
-    const int g = std::stoi((*it)[1]);
-    if (g <= last) continue;
-    last = g;
-    out.push_back({std::stoi((*it)[2]), std::stoi((*it)[3]), std::stoi((*it)[4])});
-  }
-  return out;
 }
 
 // The same training by checkpoints: `first_world` ranks (plain launches, no --elastic) stopped by
@@ -111,42 +89,6 @@ std::string train_by_checkpoints(const std::vector<GoingOn>& changes, const Temp
   const ProcessResult r = run_linear(nproc(changes.back().world), DDP_TRAIN_BIN, dir.path(), last);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   return dir.file("model.pt");
-}
-
-// samples.jsonl (--record-samples) of a run whose generations went on as `changes`, on 100
-// samples: one line per committed step, steps 1, 2, ... in order (a dropped step has none); in
-// each epoch every sample trained, and no more twice than the padding allows (DistributedSampler
-// pads to a multiple of the world: 2 ids at world 3, and the rest of an interrupted epoch is padded
-// again for the new world, fewer than 3 more): no sample lost, none trained twice for a failure.
-void expect_each_sample_once_an_epoch(const std::string& jsonl,
-                                      const std::vector<GoingOn>& changes) {
-  std::map<int, std::vector<int>> seen;  // epoch -> how often each id was trained
-  std::istringstream lines(jsonl);
-  std::string line;
-  int64_t step = 0;
-  while (std::getline(lines, line)) {
-    const auto record = nlohmann::json::parse(line);
-    ASSERT_EQ(record.at("step").get<int64_t>(), ++step) << line;
-    auto& counts = seen[record.at("epoch").get<int>()];
-    counts.resize(100);
-    for (const auto& rank_ids : record.at("ids")) {
-      for (const auto& id : rank_ids) ++counts.at(id.get<size_t>());
-    }
-  }
-  EXPECT_EQ(step, kEpochs * 4);
-  ASSERT_EQ(seen.size(), static_cast<size_t>(kEpochs));
-  for (const auto& epoch_counts : seen) {
-    const int epoch = epoch_counts.first;  // (C++17's lambdas cannot capture a binding)
-    const std::vector<int>& counts = epoch_counts.second;
-    int extra = 0;
-    for (size_t id = 0; id < counts.size(); ++id) {
-      EXPECT_GE(counts[id], 1) << "epoch " << epoch << ": sample " << id << " never trained";
-      extra += std::max(0, counts[id] - 1);
-    }
-    const auto in_epoch = std::count_if(changes.begin(), changes.end(),
-                                        [&](const GoingOn& c) { return c.epoch == epoch; });
-    EXPECT_LE(extra, 2 + 2 * in_epoch) << "epoch " << epoch;
-  }
 }
 
 class KillAnElasticWorker : public ::testing::TestWithParam<int> {};
@@ -192,7 +134,8 @@ TEST_P(KillAnElasticWorker, TheOthersGoOnTheRestartedOneJoinsAndTheResultIsTheCh
                                      std::to_string(changes[1].after_step + 1)))
       << r.output;
 
-  expect_each_sample_once_an_epoch(ddp::testing::read_file(elastic.file("samples.jsonl")), changes);
+  expect_each_sample_once_an_epoch(ddp::testing::read_file(elastic.file("samples.jsonl")), changes,
+                                   kEpochs, 4, 2, 3);
 
   TempDir checkpoints;
   expect_same_weights(elastic.file("model.pt"), train_by_checkpoints(changes, checkpoints, {}));
@@ -243,7 +186,7 @@ std::string expect_survived(const std::vector<std::string>& faults, int lost,
     EXPECT_TRUE(mentions(r.output, "elastic: the 3 rank(s) hold bitwise the same state before"))
         << r.output;
     expect_each_sample_once_an_epoch(ddp::testing::read_file(elastic.file("samples.jsonl")),
-                                     changes);
+                                     changes, kEpochs, 4, 2, 3);
     return r.output;
   }
   TempDir checkpoints;
@@ -291,8 +234,9 @@ TEST(Elastic, TwoWorkersLostAtOnceLeaveTheThirdAloneAndBothRejoin) {
 class LostWhileTheGroupReforms : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(LostWhileTheGroupReforms, TheGenerationIsGivenUpForTheNext) {
-  const std::string output = expect_survived(
-      kill(1, "--fault-after-step", "5") + kill(2, "--fault-at", GetParam()), 2, {}, Proof::kSamples);
+  const std::string output =
+      expect_survived(kill(1, "--fault-after-step", "5") + kill(2, "--fault-at", GetParam()), 2, {},
+                      Proof::kSamples);
   EXPECT_TRUE(mentions(output, "elastic: generation 1 failed as it formed")) << output;
 }
 

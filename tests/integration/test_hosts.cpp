@@ -1,6 +1,7 @@
 // Several hosts on this machine, played by network namespaces on a bridge (tests/support/netns.h):
 // two launchers as two nodes, and mpirun across the two, train as 4 ranks on one host do; gloo
-// finds the interface that reaches the master by itself; a link that goes down ends every rank.
+// finds the interface that reaches the master by itself; a link that goes down ends every rank,
+// unless the job is elastic: then the other host goes on and the host's ranks rejoin.
 // Needs root and iproute2, as CI has.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -10,6 +11,7 @@
 #include <memory>
 #include <thread>
 
+#include "elastic_log.h"
 #include "netns.h"
 #include "ranks.h"
 #include "run_files.h"
@@ -18,12 +20,12 @@
 
 namespace {
 
-using ddp::testing::config;
-using ddp::testing::launch;
-using ddp::testing::mlp_args;
 using ddp::testing::Child;
+using ddp::testing::config;
 using ddp::testing::expect_same_weights;
+using ddp::testing::launch;
 using ddp::testing::launcher_worker_pid;
+using ddp::testing::mlp_args;
 using ddp::testing::NetnsHosts;
 using ddp::testing::ProcessResult;
 using ddp::testing::TempDir;
@@ -34,9 +36,9 @@ using Clock = std::chrono::steady_clock;
 std::vector<std::string> node_launcher(const NetnsHosts& hosts, int node, int port,
                                        const std::vector<std::string>& args,
                                        std::vector<std::string> options = {}) {
-  options.insert(options.end(), {"--nnodes", "2", "--node-rank", std::to_string(node), "--nproc",
-                                 "2", "--master-addr", NetnsHosts::address(0), "--master-port",
-                                 std::to_string(port)});
+  options.insert(options.end(),
+                 {"--nnodes", "2", "--node-rank", std::to_string(node), "--nproc", "2",
+                  "--master-addr", NetnsHosts::address(0), "--master-port", std::to_string(port)});
   return hosts.in_host(node, launch(options, args));
 }
 
@@ -239,11 +241,11 @@ TEST(Hosts, WithARestartAndTheLinkBackTheJobEndsAsAnUninterruptedRun) {
   ASSERT_TRUE(node0.wait_for_output("checkpoint after epoch 1: ", Clock::now() + seconds(120)))
       << node0.output();
   hosts.set_link(1, false);
-  ASSERT_TRUE(node0.wait_for_output("restarting the workers (1 of 1 restarts)",
-                                    Clock::now() + seconds(60)))
+  ASSERT_TRUE(
+      node0.wait_for_output("restarting the workers (1 of 1 restarts)", Clock::now() + seconds(60)))
       << node0.output();
-  ASSERT_TRUE(node1.wait_for_output("restarting the workers (1 of 1 restarts)",
-                                    Clock::now() + seconds(60)))
+  ASSERT_TRUE(
+      node1.wait_for_output("restarting the workers (1 of 1 restarts)", Clock::now() + seconds(60)))
       << node1.output();
   hosts.set_link(1, true);
   const ProcessResult r0 = node0.wait_until(Clock::now() + seconds(180));
@@ -257,6 +259,119 @@ TEST(Hosts, WithARestartAndTheLinkBackTheJobEndsAsAnUninterruptedRun) {
       launch({"--nproc", "4"}, mlp_args(whole.path(), 10)), {}, seconds(180));
   ASSERT_EQ(uninterrupted.exit_code, 0) << uninterrupted.output;
   expect_same_weights(shared.file("model.pt"), whole.file("model.pt"));
+}
+
+// Elastic across two hosts (--nnodes 1:2, 2 workers each). Node 1 comes late: node 0 starts the
+// job alone when the last call (the node timeout, 2 s) is over, and node 1's workers join the
+// running group, healed from node 0's ranks. Then host 1's cable is pulled: node 0's ranks see
+// their step time out (the comm timeout, 3 s) and go on as a group of 2, as node 1 was out of the
+// job after 2 s without a heartbeat; node 1's launcher, cut off as long, stops its workers. When
+// the cable is back it starts them again (2 restarts), they join again, and the job ends on both
+// nodes with exit 0: node 0's workers were never restarted, and every epoch trained each sample
+// once.
+TEST(Hosts, ElasticALateNodeJoinsAndALinkPulledLeavesTheOtherHostTrainingUntilItRejoins) {
+  ASSERT_TRUE(can_make_hosts()) << "needs root and iproute2 (ip netns); CI runs as root";
+  NetnsHosts hosts(2);
+  TempDir out;  // node 0's: rank 0 is there all along
+  TempDir out1;
+  const int port = ddp::testing::free_port();
+  constexpr int kEpochs = 150;  // of 2 steps: 100 samples, 60 a step (15 or 30 per rank)
+  // 50 ms a step while the group is smaller than 4 ranks: node 1's workers must have started
+  // before it ends (the pace comes from ddp_fault_train, the tests' ddp_train).
+  auto node = [&](int i, const TempDir& dir) {
+    return hosts.in_host(
+        i, launch({"--nnodes", "1:2", "--node-rank", std::to_string(i), "--nproc", "2",
+                   "--master-addr", NetnsHosts::address(0), "--master-port", std::to_string(port),
+                   "--max-restarts", "2", "--node-timeout", "2"},
+                  {"--config", config("random_linear.yaml"), "--epochs", std::to_string(kEpochs),
+                   "--global-batch-size", "60", "--output-dir", dir.path(), "--elastic",
+                   "--record-samples", "--comm-timeout", "3", "--fault-pace", "0.05"},
+                  DDP_FAULT_TRAIN_BIN));
+  };
+  Child node0(node(0, out), kJobEnv);
+  ASSERT_TRUE(node0.wait_for_output("elastic: generation 0 of 2 worker(s) on 1 node(s)",
+                                    Clock::now() + seconds(20)))
+      << node0.output();
+  Child node1(node(1, out1), kJobEnv);
+  ASSERT_TRUE(node0.wait_for_output("generation 1: 4 rank(s) (", Clock::now() + seconds(30)))
+      << node0.output() << node1.output();
+  // Once the group of 4 has committed a step.
+  ASSERT_TRUE(
+      node0.wait_for_output("committed by generation 1 of 4 rank(s)", Clock::now() + seconds(30)));
+  hosts.set_link(1, false);
+  ASSERT_TRUE(node0.wait_for_output("generation 2: 2 rank(s) (", Clock::now() + seconds(20)))
+      << node0.output() << node1.output();
+  ASSERT_TRUE(node1.wait_for_output("is out of the group: stopping its worker(s)",
+                                    Clock::now() + seconds(10)))
+      << node1.output();
+  hosts.set_link(1, true);
+  const ProcessResult r0 = node0.wait_until(Clock::now() + seconds(120));
+  const ProcessResult r1 = node1.wait_until(Clock::now() + seconds(20));
+  ASSERT_EQ(r0.exit_code, 0) << r0.output << r1.output;
+  ASSERT_EQ(r1.exit_code, 0) << r1.output << r0.output;
+  EXPECT_NE(r0.output.find("elastic: node 1 is in the job with worker(s) 1.0.0,1.1.0, which join "
+                           "the running group"),
+            std::string::npos)
+      << r0.output;
+  EXPECT_NE(r0.output.find("elastic: node 1: not heard from for "), std::string::npos) << r0.output;
+  EXPECT_NE(r0.output.find("generation 2 of 2 worker(s): 0.0.0,0.1.0"), std::string::npos)
+      << r0.output;
+  EXPECT_EQ(r0.output.find("[launcher] elastic: restart "), std::string::npos) << r0.output;
+  EXPECT_NE(r1.output.find("elastic: restart 2 of 2: worker 1."), std::string::npos) << r1.output;
+  EXPECT_NE(r1.output.find("elastic: node 0 says the job ended: done"), std::string::npos)
+      << r1.output;
+  // 2 ranks, then 4, 2 and 4 again; each time the joined ranks held their peers' state bitwise.
+  const auto changes = ddp::testing::generations_that_went_on(r0.output);
+  ASSERT_EQ(changes.size(), 3u) << r0.output;
+  EXPECT_EQ(changes[0].world, 4);
+  EXPECT_EQ(changes[1].world, 2);
+  EXPECT_EQ(changes[2].world, 4);
+  for (const auto& joined_at : {changes[0], changes[2]}) {
+    EXPECT_NE(r0.output.find("elastic: the 4 rank(s) hold bitwise the same state before step " +
+                             std::to_string(joined_at.after_step + 1)),
+              std::string::npos)
+        << r0.output;
+  }
+  ddp::testing::expect_each_sample_once_an_epoch(ddp::testing::read_file(out.file("samples.jsonl")),
+                                                 changes, kEpochs, 2, 0, 4);
+  EXPECT_TRUE(hosts.pids(0).empty());
+  EXPECT_TRUE(hosts.pids(1).empty());
+}
+
+// Below MIN nodes (--nnodes 2:2, no restarts): host 1's cable pulled, node 0's launcher ends the
+// job non-zero, naming why, within the node and comm timeouts, and the checkpoint of the last
+// whole epoch loads; node 1's launcher, with no restart to join again, ends too.
+TEST(Hosts, ElasticBelowMinNodesTheJobEndsWithAClearMessage) {
+  ASSERT_TRUE(can_make_hosts()) << "needs root and iproute2 (ip netns); CI runs as root";
+  NetnsHosts hosts(2);
+  TempDir out, out1;
+  const int port = ddp::testing::free_port();
+  auto node = [&](int i, const TempDir& dir) {
+    return hosts.in_host(i, launch({"--nnodes", "2:2", "--node-rank", std::to_string(i), "--nproc",
+                                    "2", "--master-addr", NetnsHosts::address(0), "--master-port",
+                                    std::to_string(port), "--node-timeout", "2"},
+                                   {"--config", config("random_linear.yaml"), "--epochs", "100000",
+                                    "--global-batch-size", "60", "--output-dir", dir.path(),
+                                    "--elastic", "--comm-timeout", "3"}));
+  };
+  Child node0(node(0, out), kJobEnv);
+  Child node1(node(1, out1), kJobEnv);
+  ASSERT_TRUE(node0.wait_for_output("checkpoint after epoch 5: ", Clock::now() + seconds(60)))
+      << node0.output();
+  hosts.set_link(1, false);
+  const ProcessResult r0 = node0.wait_until(Clock::now() + seconds(20));
+  const ProcessResult r1 = node1.wait_until(Clock::now() + seconds(10));
+  EXPECT_FALSE(r0.timed_out) << r0.output;
+  EXPECT_NE(r0.exit_code, 0) << r0.output;
+  EXPECT_NE(r0.output.find("elastic: 1 node(s) left in the job, fewer than the 2 of --nnodes 2:2"),
+            std::string::npos)
+      << r0.output;
+  EXPECT_FALSE(r1.timed_out) << r1.output;
+  EXPECT_NE(r1.exit_code, 0) << r1.output;
+  EXPECT_NE(r1.output.find("too few restarts left to join again"), std::string::npos) << r1.output;
+  EXPECT_NO_THROW(ddp::train::read_pt_file(out.file("checkpoint.pt")));
+  EXPECT_TRUE(hosts.pids(0).empty());
+  EXPECT_TRUE(hosts.pids(1).empty());
 }
 
 }  // namespace

@@ -16,8 +16,9 @@
 // another fault: several ranks can fail at once, or one after another.
 //
 // --fault-pace S: every rank of the first run waits S seconds where each step's forward begins
-// while its group is smaller than the first generation (so that a restarted worker has the time
-// to start before a small group ends the job).
+// while its group is smaller than the job at full size (the launcher's WORLD_SIZE: --nnodes MAX x
+// --nproc), so that a restarted worker, or a node that comes late, has the time to start before a
+// small group ends the job.
 //
 // Under --elastic each generation's group is wrapped too (FaultyAgent), and R is the worker's
 // rank in the first generation. There, two more phases begin: "elastic: forming generation G"
@@ -95,15 +96,14 @@ std::vector<Fault> take_fault_options(std::vector<char*>& args, double& pace) {
 // The faults of this worker, across the generations of its group: each acts once.
 class Faults {
  public:
-  Faults(const std::vector<Fault>& faults, double pace)
-      : faults_(faults.begin(), faults.end()), pace_(pace) {}
+  Faults(const std::vector<Fault>& faults, double pace, int full_world)
+      : faults_(faults.begin(), faults.end()), pace_(pace), full_world_(full_world) {}
   void set_module(torch::nn::Module* module) { module_ = module; }
 
   // Where `phase` begins on this worker (its rank `rank` now, of `world`).
   void at_phase(const std::string& phase, int rank, int world) {
-    if (first_world_ == 0) first_world_ = world;
     const std::string forward = ": forward";
-    if (pace_ > 0 && world < first_world_ && phase.rfind("step ", 0) == 0 &&
+    if (pace_ > 0 && world < full_world_ && phase.rfind("step ", 0) == 0 &&
         phase.size() > forward.size() &&
         phase.compare(phase.size() - forward.size(), forward.size(), forward) == 0) {
       std::this_thread::sleep_for(std::chrono::duration<double>(pace_));
@@ -160,7 +160,7 @@ class Faults {
 
   std::vector<State> faults_;
   double pace_ = 0;
-  int first_world_ = 0;
+  int full_world_ = 0;
   torch::nn::Module* module_ = nullptr;
 };
 
@@ -249,7 +249,8 @@ int main(int argc, char** argv) {
         }
         std::shared_ptr<Faults> state;
         if (!mine.empty() || (pace > 0 && dist.launch.restart_count == 0)) {
-          state = std::make_shared<Faults>(mine, pace);
+          const char* full = std::getenv("WORLD_SIZE");
+          state = std::make_shared<Faults>(mine, pace, full ? std::atoi(full) : dist.world_size());
           dist.group = std::make_shared<FaultyGroup>(dist.group, state);
           if (dist.agent) {
             dist.agent = std::make_shared<FaultyAgent>(dist.launch, dist.agent->id(),

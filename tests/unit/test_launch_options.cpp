@@ -240,15 +240,23 @@ TEST(LaunchOptions, ProgramsAreFoundInPathOnlyWhenExecutable) {
   EXPECT_FALSE(ddp::launch::find_program("/usr/bin", ""));  // a directory
 }
 
-// --nnodes MIN:MAX is elastic (one node for now); N is not.
-TEST(LaunchOptions, NnodesMinMaxIsElasticOnOneNode) {
+// --nnodes MIN:MAX is elastic; N is not.
+TEST(LaunchOptions, NnodesMinMaxIsElastic) {
   EXPECT_FALSE(parse({"--nnodes", "1", "prog"}).elastic);
   const LaunchOptions elastic = parse({"--nnodes", "1:1", "--nproc", "3", "prog"});
   EXPECT_TRUE(elastic.elastic);
   EXPECT_EQ(elastic.nnodes, 1);
+  const LaunchOptions nodes =
+      parse({"--nnodes", "2:4", "--node-rank", "3", "--node-timeout", "2.5", "prog"});
+  EXPECT_TRUE(nodes.elastic);
+  EXPECT_EQ(nodes.min_nnodes, 2);
+  EXPECT_EQ(nodes.nnodes, 4);
+  EXPECT_EQ(nodes.node_timeout, 2.5);
   EXPECT_NE(error_of({"--nnodes", "2:1", "prog"}).find("MIN:MAX with MIN at most MAX"),
             std::string::npos);
-  EXPECT_NE(error_of({"--nnodes", "1:4", "prog"}).find("elastic training runs on one node"),
+  EXPECT_NE(error_of({"--nnodes", "1:2", "--node-rank", "2", "prog"}).find("is not below"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--node-timeout", "0", "prog"}).find("a number of seconds > 0"),
             std::string::npos);
 }
 
@@ -264,6 +272,28 @@ TEST(ElasticKeys, MembersAndDecisionsReadBackAsWritten) {
   }
   EXPECT_THROW(ddp::comm::parse_decision("maybe"), ddp::Error);
   EXPECT_EQ(ddp::comm::ElasticKeys::decision(3, 17), "elastic/gen/3/decide/17");
+}
+
+// The events of the nodes' launchers (Note [Elastic nodes]), both ways.
+TEST(ElasticKeys, NodeEventsReadBackAsWritten) {
+  using ddp::comm::NodeEvent;
+  using Kind = NodeEvent::Kind;
+  for (const NodeEvent& e :
+       {NodeEvent{Kind::kNode, 1, "1.0.0,1.1.0", ""}, NodeEvent{Kind::kJoin, 2, "2.0.1", ""},
+        NodeEvent{Kind::kLost, 1, "1.1.0", "worker 1.1.0 (pid 7): signal x"},
+        NodeEvent{Kind::kDone, 0, "0.0.0", ""}}) {
+    const std::string text = ddp::comm::format_event(e);
+    const NodeEvent back = ddp::comm::parse_event(text);
+    EXPECT_EQ(back.kind, e.kind) << text;
+    EXPECT_EQ(back.node, e.node) << text;
+    EXPECT_EQ(back.ids, e.ids) << text;
+    EXPECT_EQ(back.what, e.what) << text;
+  }
+  EXPECT_EQ(ddp::comm::format_event({Kind::kLost, 1, "1.0.0", "signal SIGKILL (9)"}),
+            "lost 1 1.0.0 signal SIGKILL (9)");
+  EXPECT_THROW(ddp::comm::parse_event("gone 1 1.0.0"), ddp::Error);
+  EXPECT_THROW(ddp::comm::parse_event("join -1 1.0.0"), ddp::Error);
+  EXPECT_THROW(ddp::comm::parse_event("join 1"), ddp::Error);
 }
 
 }  // namespace

@@ -17,6 +17,20 @@
 // elastic/ready/<id>, and the launcher set elastic/gen/<g>/grow), the members ask for the next
 // generation (elastic/gen/<g>/reform) and the launcher publishes it: the living members, in their
 // order, then the ready joiners.
+//
+// Note [Elastic nodes]
+// With several nodes (--nnodes MIN:MAX, MAX > 1) node 0's launcher serves the store and is the
+// arbiter; each other launcher reports to it through the store and beats: elastic/node/<n>/beat,
+// a counter it adds to every monitor interval. A node registers by an event (below) naming its
+// workers and starts them once the arbiter's answer elastic/node/<n>/admitted says whether they
+// are in the first generation ("initial") or join a running group ("join"). Events are a log: a
+// launcher adds 1 to elastic/events and writes its event under the number it got,
+// elastic/event/<k>; the arbiter reads them in order: "node <n> <ids>", "join <n> <id>" (a
+// restarted worker), "lost <n> <id> <what>", "done <n> <id>" (exit 0). A node whose beat stands
+// still for --node-timeout is lost with all its workers (its launcher, which could not beat
+// either, kills them: they are out of the group), and joins again when its link is back: its
+// beats resume and its restarted workers join. The job ends when every member is done: the
+// arbiter writes elastic/finished, and each launcher, having read it, writes elastic/node/<n>/bye.
 
 #include <cstdint>
 #include <string>
@@ -36,12 +50,30 @@ StepDecision parse_decision(const std::string& text);  // throws Error for anyth
 struct ElasticKeys {
   static std::string generation(int64_t g);  // elastic/gen/<g>
   static std::string latest();               // elastic/latest
-  static std::string votes(int64_t g);  // the generation's count of votes, all rounds
+  static std::string votes(int64_t g);       // the generation's count of votes, all rounds
   static std::string decision(int64_t g, int64_t round);
   static std::string abort(int64_t g);
   static std::string reform(int64_t g);
   static std::string grow(int64_t g);
   static std::string ready(const std::string& id);
+  // Several nodes (Note [Elastic nodes]).
+  static std::string events();          // the count of events
+  static std::string event(int64_t k);  // the k-th, from 1
+  static std::string admitted(int node);
+  static std::string beat(int node);
+  static std::string bye(int node);
+  static std::string finished();
 };
+
+// An event of a node's launcher (Note [Elastic nodes]), and its text. Pure functions.
+struct NodeEvent {
+  enum class Kind { kNode, kJoin, kLost, kDone };
+  Kind kind = Kind::kNode;
+  int node = 0;
+  std::string ids;   // kNode: the node's worker ids, comma-separated; else one id
+  std::string what;  // kLost: who and how
+};
+std::string format_event(const NodeEvent& event);
+NodeEvent parse_event(const std::string& text);  // throws Error for anything else
 
 }  // namespace ddp::comm

@@ -21,6 +21,9 @@ struct Distributed {
   // --elastic: the link to the launcher's arbiter, and this worker's current generation.
   std::shared_ptr<comm::ElasticAgent> agent;
   comm::Membership membership;
+  // --elastic: this worker joins a running group (DDP_ELASTIC_JOIN=1: the launcher restarted it,
+  // or its node came after the group formed) and takes its state from a live peer.
+  bool joining = false;
 
   int rank() const { return group->rank(); }
   int world_size() const { return group->world_size(); }

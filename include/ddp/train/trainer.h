@@ -159,9 +159,10 @@ class Trainer {
   // reduced); throws MembershipChange when the step is dropped. Returns whether the group grows
   // after the step.
   bool commit_step(const EpochPass& pass, bool ok);
-  // --record-samples: every rank's sample ids of the step just committed, to samples.jsonl
-  // (rank 0 writes; a collective).
-  void record_samples(const EpochPass& pass);
+  // --record-samples: every rank's sample ids of the step in flight (a collective), and rank 0's
+  // line of samples.jsonl once the step is committed.
+  std::vector<std::string> gather_sample_ids(const EpochPass& pass);
+  void record_samples(const EpochPass& pass, const std::vector<std::string>& all);
   // The position of `pass` (its committed steps) for the next generation.
   ElasticPosition position_of(const EpochPass& pass) const;
   // After a MembershipChange: the next generation's group, DDP on it, and rank 0's state;

@@ -1,0 +1,80 @@
+#pragma once
+// What an elastic run's log and records say (--elastic, comm/elastic.h): the generations that went
+// on, and whether each epoch trained every sample once.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace ddp::testing {
+
+// A generation that went on: its world size and the last committed step it started after.
+struct GoingOn {
+  int world = 0;
+  int after_step = 0;
+  int epoch = 0;  // 1-based: the epoch it went on in
+};
+
+// From the elastic run's log, each generation that went on, in order ("...; generation G: W
+// rank(s) (...), batch B per rank, going on after step S (..."), each once (every member may log
+// it).
+inline std::vector<GoingOn> generations_that_went_on(const std::string& output) {
+  const std::regex line(
+      "generation (\\d+): (\\d+) rank\\(s\\) \\([^)]*\\), batch \\d+ per rank, "
+      "going on after step (\\d+) \\(\\d+ of epoch (\\d+)\\)");
+  std::vector<GoingOn> out;
+  int last = 0;
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), line);
+       it != std::sregex_iterator(); ++it) {
+    const int g = std::stoi((*it)[1]);
+    if (g <= last) continue;
+    last = g;
+    out.push_back({std::stoi((*it)[2]), std::stoi((*it)[3]), std::stoi((*it)[4])});
+  }
+  return out;
+}
+
+// samples.jsonl (--record-samples) of a run of `epochs` epochs of `steps` steps on 100 samples
+// whose generations went on as `changes`: one line per committed step, steps 1, 2, ... in order (a
+// dropped step has none); in each epoch every sample trained, and no more twice than the padding
+// allows (DistributedSampler pads to a multiple of the world: `padding` ids at the first world, and
+// the rest of an interrupted epoch is padded again for the new world, fewer than `max_world` more):
+// no sample lost, none trained twice for a failure.
+inline void expect_each_sample_once_an_epoch(const std::string& jsonl,
+                                             const std::vector<GoingOn>& changes, int epochs,
+                                             int steps, int padding, int max_world) {
+  std::map<int, std::vector<int>> seen;  // epoch -> how often each id was trained
+  std::istringstream lines(jsonl);
+  std::string line;
+  int64_t step = 0;
+  while (std::getline(lines, line)) {
+    const auto record = nlohmann::json::parse(line);
+    ASSERT_EQ(record.at("step").get<int64_t>(), ++step) << line;
+    auto& counts = seen[record.at("epoch").get<int>()];
+    counts.resize(100);
+    for (const auto& rank_ids : record.at("ids")) {
+      for (const auto& id : rank_ids) ++counts.at(id.get<size_t>());
+    }
+  }
+  EXPECT_EQ(step, epochs * steps);
+  ASSERT_EQ(seen.size(), static_cast<size_t>(epochs));
+  for (const auto& epoch_counts : seen) {
+    const int epoch = epoch_counts.first;  // (C++17's lambdas cannot capture a binding)
+    const std::vector<int>& counts = epoch_counts.second;
+    int extra = 0;
+    for (size_t id = 0; id < counts.size(); ++id) {
+      EXPECT_GE(counts[id], 1) << "epoch " << epoch << ": sample " << id << " never trained";
+      extra += std::max(0, counts[id] - 1);
+    }
+    const auto in_epoch = std::count_if(changes.begin(), changes.end(),
+                                        [&](const GoingOn& c) { return c.epoch == epoch; });
+    EXPECT_LE(extra, padding + (max_world - 1) * in_epoch) << "epoch " << epoch;
+  }
+}
+
+}  // namespace ddp::testing
