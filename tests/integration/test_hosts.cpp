@@ -155,6 +155,10 @@ TEST(Hosts, MpirunAcrossTwoNamespacesTrainsWithTheMpiBackend) {
   expect_same_weights(across.file("model.pt"), one_host.file("model.pt"));
 }
 
+// The comm timeout of the link tests: long enough for any healthy collective of the MLP on a
+// loaded 2-core machine (they take milliseconds), short for CI, which waits for it (it was 20 s).
+constexpr int kLinkTestCommTimeout = 8;
+
 // A network that fails under a running job: host 1's cable pulled after epoch 1's checkpoint.
 // Nothing is sent back (no reset, no ICMP): every rank only sees its collective time out.
 TEST(Hosts, ALinkDownEndsEveryRankWithinTheCommTimeout) {
@@ -164,7 +168,8 @@ TEST(Hosts, ALinkDownEndsEveryRankWithinTheCommTimeout) {
   const int port = ddp::testing::free_port();
   auto args = [](const TempDir& out) {
     auto a = mlp_args(out.path(), 200);
-    a.insert(a.end(), {"--comm-timeout", "20", "--save-every", "1"});
+    a.insert(a.end(),
+             {"--comm-timeout", std::to_string(kLinkTestCommTimeout), "--save-every", "1"});
     return a;
   };
   Child node0(node_launcher(hosts, 0, port, args(out0)), kJobEnv);
@@ -178,7 +183,7 @@ TEST(Hosts, ALinkDownEndsEveryRankWithinTheCommTimeout) {
   }
   hosts.set_link(1, false);
   const auto down = Clock::now();
-  const auto deadline = down + seconds(20 + 15);
+  const auto deadline = down + seconds(kLinkTestCommTimeout + 15);
 
   // When each rank ends (the launchers reap them), measured from the link going down.
   std::vector<double> ended(4, -1.0);
@@ -198,7 +203,7 @@ TEST(Hosts, ALinkDownEndsEveryRankWithinTheCommTimeout) {
       std::printf("[ hosts    ] rank %d: ended %.1f s after the link went down\n", rank,
                   ended[rank]);
     }
-    EXPECT_GE(ended[rank], 0.0) << "rank " << rank << " still runs 35 s after the link went down";
+    EXPECT_GE(ended[rank], 0.0) << "rank " << rank << " still runs at the deadline";
   }
   const ProcessResult r0 = node0.wait_until(std::max(deadline, Clock::now() + seconds(5)));
   const ProcessResult r1 = node1.wait_until(std::max(deadline, Clock::now() + seconds(5)));
@@ -209,7 +214,10 @@ TEST(Hosts, ALinkDownEndsEveryRankWithinTheCommTimeout) {
   EXPECT_NE(r0.exit_code, 0) << r0.output;
   EXPECT_NE(r1.exit_code, 0) << r1.output;
   // Node 0 can tell that its collectives timed out; node 1, that node 0 cannot be reached.
-  EXPECT_NE(r0.output.find("timed out after 20 s on backend gloo"), std::string::npos) << r0.output;
+  EXPECT_NE(r0.output.find("timed out after " + std::to_string(kLinkTestCommTimeout) +
+                           " s on backend gloo"),
+            std::string::npos)
+      << r0.output;
   EXPECT_NE(r0.output.find("failed first"), std::string::npos) << r0.output;
   EXPECT_NE(r1.output.find("node 0 (--master-addr " + NetnsHosts::address(0) + ":" +
                            std::to_string(port) + ") cannot be reached from node 1: "),
@@ -235,7 +243,7 @@ TEST(Hosts, WithARestartAndTheLinkBackTheJobEndsAsAnUninterruptedRun) {
   TempDir shared, whole;
   const int port = ddp::testing::free_port();
   auto args = mlp_args(shared.path(), 10);
-  args.insert(args.end(), {"--comm-timeout", "20"});
+  args.insert(args.end(), {"--comm-timeout", std::to_string(kLinkTestCommTimeout)});
   auto node = [&](int i) { return node_launcher(hosts, i, port, args, {"--max-restarts", "1"}); };
   Child node0(node(0), kJobEnv), node1(node(1), kJobEnv);
   ASSERT_TRUE(node0.wait_for_output("checkpoint after epoch 1: ", Clock::now() + seconds(120)))
