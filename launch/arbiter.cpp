@@ -116,10 +116,14 @@ bool Arbiter::finished() const {
                      [&](const std::string& id) { return done_.count(id) != 0; });
 }
 
+int Arbiter::nodes_in() const {
+  return 1 + static_cast<int>(std::count_if(nodes_.begin(), nodes_.end(),
+                                            [](const auto& n) { return n.second.in; }));
+}
+
 std::string Arbiter::below_min() const {
   if (!formed_) return "";
-  const int in = 1 + static_cast<int>(std::count_if(nodes_.begin(), nodes_.end(),
-                                                    [](const auto& n) { return n.second.in; }));
+  const int in = nodes_in();
   if (in >= settings_.min_nodes) return "";
   return fmt::format("{} node(s) left in the job, fewer than the {} of --nnodes {}:{}", in,
                      settings_.min_nodes, settings_.min_nodes, settings_.max_nodes);
@@ -129,8 +133,7 @@ void Arbiter::poll() {
   read_events();
   check_beats();
   if (!formed_) {
-    const int in = 1 + static_cast<int>(std::count_if(nodes_.begin(), nodes_.end(),
-                                                      [](const auto& n) { return n.second.in; }));
+    const int in = nodes_in();
     if (!first_generation_due(in, settings_.min_nodes, settings_.max_nodes, Clock::now() - started_,
                               settings_.node_timeout)) {
       return;

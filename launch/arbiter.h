@@ -73,6 +73,7 @@ class Arbiter {
     int64_t beat = -1;
     Clock::time_point heard;
   };
+  int nodes_in() const;  // node 0 and the other nodes in the job
   void set(const std::string& key, const std::string& value);
   bool has(const std::string& key);
   int64_t add(const std::string& key, int64_t delta);

@@ -397,7 +397,7 @@ class Supervisor {
         if (w.running) to_restart_.push_back(w.local_rank);
       }
       stop_group(SIGKILL);
-      for (Worker* w : newly_ended()) (void)w;  // out by this node's own doing: no news
+      newly_ended();  // marks them dealt with: out by this node's own doing, no news
       if (restarts_ + static_cast<int>(to_restart_.size()) > o_.max_restarts) {
         note("elastic: too few restarts left to join again: this node's part of the job ended");
         return 1;
