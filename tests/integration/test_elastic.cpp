@@ -135,7 +135,7 @@ TEST_P(KillAnElasticWorker, TheOthersGoOnTheRestartedOneJoinsAndTheResultIsTheCh
       << r.output;
 
   expect_each_sample_once_an_epoch(ddp::testing::read_file(elastic.file("samples.jsonl")), changes,
-                                   kEpochs, 4, 2, 3);
+                                   kEpochs, 4, /*first_world=*/3, 3);
 
   TempDir checkpoints;
   expect_same_weights(elastic.file("model.pt"), train_by_checkpoints(changes, checkpoints, {}));
@@ -186,7 +186,7 @@ std::string expect_survived(const std::vector<std::string>& faults, int lost,
     EXPECT_TRUE(mentions(r.output, "elastic: the 3 rank(s) hold bitwise the same state before"))
         << r.output;
     expect_each_sample_once_an_epoch(ddp::testing::read_file(elastic.file("samples.jsonl")),
-                                     changes, kEpochs, 4, 2, 3);
+                                     changes, kEpochs, 4, /*first_world=*/3, 3);
     return r.output;
   }
   TempDir checkpoints;
