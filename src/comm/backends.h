@@ -18,6 +18,9 @@ namespace ddp::comm {
 // Rank 0's bytes, on every rank: rank 0 passes its value, the others pass anything (ignored).
 // Built by the factory on the TCP store or on MPI; used to share the NCCL unique id.
 using BroadcastBytes = std::function<std::string(const std::string& root_value)>;
+// Through `key` of `store`: rank 0 sets it, every rank gets it (a get waits until it is set).
+BroadcastBytes store_broadcast_bytes(c10::intrusive_ptr<c10d::Store> store, int rank,
+                                     std::string key);
 
 std::unique_ptr<ProcessGroup> make_local_process_group(const ProcessGroupOptions& options);
 
@@ -40,10 +43,14 @@ std::string mpi_broadcast_bytes(const std::string& root_value);
 
 #ifdef DDP_HAVE_NCCL
 // Tensors on cuda:launch.local_rank (after CUDA_VISIBLE_DEVICES). `exchange` shares the
-// ncclUniqueId created by rank 0.
+// ncclUniqueId created by rank 0. An elastic generation's group passes `lost_notice` (whether the
+// launcher lost one of its members), which a thread of the group asks every 50 ms: once true, the
+// communicator is aborted, so that no member stays in a collective, or in NCCL's init (which is
+// then nonblocking, from NCCL 2.14 on), with a dead one.
 std::unique_ptr<ProcessGroup> make_nccl_process_group(const LaunchInfo& launch,
                                                       const ProcessGroupOptions& options,
-                                                      const BroadcastBytes& exchange);
+                                                      const BroadcastBytes& exchange,
+                                                      std::function<bool()> lost_notice = {});
 // The visible devices, from the CUDA runtime (in the same TU: it includes the CUDA headers).
 std::vector<CudaDevice> cuda_runtime_devices();
 #endif

@@ -69,7 +69,8 @@ Membership ElasticAgent::next_membership(int64_t after) {
 }
 
 std::unique_ptr<ProcessGroup> ElasticAgent::make_group(const Membership& m,
-                                                       const ProcessGroupOptions& options) {
+                                                       const ProcessGroupOptions& options,
+                                                       const std::string& backend) {
   // A connection of the group's own, whose waits end when the launcher aborts the generation: a
   // member that dies while the others connect to it (or take the state from it) leaves no one
   // waiting for the rendezvous timeout.
@@ -81,12 +82,21 @@ std::unique_ptr<ProcessGroup> ElasticAgent::make_group(const Membership& m,
   LaunchInfo launch = launch_;
   launch.rank = m.rank;
   launch.world_size = m.world_size();
-#ifdef DDP_HAVE_GLOO
-  return make_gloo_process_group_on(prefixed, launch, options);
-#else
-  (void)options;
-  throw InputError("elastic training needs the gloo backend, which this build lacks");
+#ifdef DDP_HAVE_NCCL
+  if (backend == "nccl") {
+    // NCCL learns of a dead member from nobody (its collectives would wait for the timeout): the
+    // group aborts its communicator on the launcher's notice, asked on this connection.
+    const std::string notice = ElasticKeys::abort(m.generation);
+    return make_nccl_process_group(launch, options,
+                                   store_broadcast_bytes(prefixed, m.rank, "nccl_unique_id"),
+                                   [store, notice] { return store->check({notice}); });
+  }
 #endif
+#ifdef DDP_HAVE_GLOO
+  if (backend == "gloo") return make_gloo_process_group_on(prefixed, launch, options);
+#endif
+  (void)options;
+  throw InputError("elastic training needs the gloo or nccl backend; this build lacks " + backend);
 }
 
 StepDecision ElasticAgent::vote(const Membership& m, int64_t round, bool ok) {

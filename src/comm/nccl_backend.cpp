@@ -33,9 +33,11 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -55,6 +57,9 @@
 #endif
 #if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 13, 0)
 #define DDP_NCCL_HAS_LAST_ERROR 1  // ncclGetLastError arrived in NCCL 2.13
+#endif
+#if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0)
+#define DDP_NCCL_HAS_NONBLOCKING 1  // ncclConfig_t (blocking = 0) and ncclInProgress: NCCL 2.14
 #endif
 
 namespace ddp::comm {
@@ -77,6 +82,13 @@ std::string error_head(const char* file, int line, const CollectiveInfo& info) {
   throw CommError(info, what);
 }
 
+bool nccl_accepted(ncclResult_t result) {
+#ifdef DDP_NCCL_HAS_NONBLOCKING
+  if (result == ncclInProgress) return true;
+#endif
+  return result == ncclSuccess;
+}
+
 [[noreturn]] void throw_cuda_error(const char* file, int line, const char* expr, cudaError_t err,
                                    const CollectiveInfo& info) {
   throw CommError(info, error_head(file, line, info) + expr + " failed: " + cudaGetErrorName(err) +
@@ -89,10 +101,12 @@ std::string error_head(const char* file, int line, const CollectiveInfo& info) {
 // One check macro per foreign library (docs/design.md). Both take the CollectiveInfo of the
 // operation in progress, so the CommError they throw names the rank, the collective and its
 // sequence number besides file, line, the failed call and the library's own error string.
+// ncclInProgress is no failure: a nonblocking communicator's call (an elastic group's) answers it
+// while NCCL still connects; enqueue() then waits for the communicator's state to settle.
 #define DDP_NCCL_CHECK(expr, info)                                                        \
   do {                                                                                    \
     const ncclResult_t ddp_nccl_result_ = (expr);                                         \
-    if (ddp_nccl_result_ != ncclSuccess)                                                  \
+    if (!::ddp::comm::nccl_accepted(ddp_nccl_result_))                                    \
       ::ddp::comm::throw_nccl_error(__FILE__, __LINE__, #expr, ddp_nccl_result_, (info)); \
   } while (0)
 
@@ -118,6 +132,9 @@ constexpr bool kNcclHasAvg = false;  // kAvg is a sum followed by our own divisi
 // blocks the host (and now + max would overflow).
 bool has_deadline(std::chrono::milliseconds timeout) {
   return timeout.count() > 0 && timeout != std::chrono::milliseconds::max();
+}
+Clock::time_point deadline_after(std::chrono::milliseconds timeout) {
+  return has_deadline(timeout) ? Clock::now() + timeout : Clock::time_point::max();
 }
 
 // The answer of cudaEventQuery: true when done, false when not yet. A "not ready" answer is not an
@@ -151,8 +168,9 @@ class CudaEvent {
 // The communicator, shared by the group and its pending Work so that neither outlives it.
 class NcclComm {
  public:
-  NcclComm(ncclComm_t comm, cudaStream_t stream, std::chrono::milliseconds timeout)
-      : comm_(comm), stream_(stream), timeout_(timeout) {}
+  NcclComm(ncclComm_t comm, cudaStream_t stream, std::chrono::milliseconds timeout,
+           bool nonblocking)
+      : comm_(comm), stream_(stream), timeout_(timeout), nonblocking_(nonblocking) {}
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
 
@@ -160,8 +178,14 @@ class NcclComm {
   // gone (we are often destroyed while unwinding from such a failure). Give the communication
   // stream the group's timeout to drain, then destroy; if it does not drain, abort instead.
   // A destructor cannot report errors: the return codes are deliberately ignored.
+  // A nonblocking (elastic) communicator is aborted: its generation is over, and a destroy would
+  // have to be polled to its end.
   ~NcclComm() {
     if (aborted_) return;
+    if (nonblocking_) {
+      (void)ncclCommAbort(comm_);
+      return;
+    }
     const bool bounded = has_deadline(timeout_);
     const auto deadline = bounded ? Clock::now() + timeout_ : Clock::time_point::max();
     cudaError_t answer = cudaStreamQuery(stream_);
@@ -179,26 +203,109 @@ class NcclComm {
 
   ncclComm_t get() const { return comm_; }
   bool aborted() const { return aborted_; }
+  bool nonblocking() const { return nonblocking_; }
 
   // Aborts every pending collective of the communicator (releasing peers stuck in them with an
-  // error) and frees it; the group is unusable afterwards.
+  // error) and frees it; the group is unusable afterwards. Called from any thread (an elastic
+  // group's abort watcher), hence the lock shared with async_error().
   void abort() {
+    const std::lock_guard<std::mutex> lock(mutex_);
     if (!aborted_.exchange(true)) (void)ncclCommAbort(comm_);
+  }
+
+  // ncclCommGetAsyncError, never on a communicator another thread has aborted (and so freed).
+  // An aborted one answers ncclSuccess: the caller looks at aborted() itself.
+  ncclResult_t async_error(const CollectiveInfo& info) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    ncclResult_t error = ncclSuccess;
+    if (!aborted_) DDP_NCCL_CHECK(ncclCommGetAsyncError(comm_, &error), info);
+    return error;
   }
 
  private:
   ncclComm_t comm_;
   cudaStream_t stream_;
   std::chrono::milliseconds timeout_;
+  bool nonblocking_;
+  std::mutex mutex_;
   std::atomic<bool> aborted_{false};
 };
 
 [[noreturn]] void throw_aborted(const CollectiveInfo& info) {
   throw CommError(info, "rank " + std::to_string(info.rank) + ": " + info.op + " #" +
                             std::to_string(info.seq) +
-                            ": the NCCL communicator was aborted after an earlier failure or "
-                            "timeout; create a new process group");
+                            ": the NCCL communicator was aborted (after an earlier failure or "
+                            "timeout, or the elastic launcher's notice that a member was lost); "
+                            "create a new process group");
 }
+
+// Waits until a nonblocking communicator's last call (its init, or a collective NCCL is still
+// connecting for) has settled: returns when its state is ncclSuccess; aborts it and throws on an
+// error, at `deadline`, or when another thread aborted it (an elastic group's watcher).
+void settle(NcclComm& comm, const CollectiveInfo& info, Clock::time_point deadline,
+            const std::string& timeout_message) {
+  for (;;) {
+    if (comm.aborted()) throw_aborted(info);
+    const ncclResult_t state = comm.async_error(info);
+    if (state == ncclSuccess) return;
+#ifdef DDP_NCCL_HAS_NONBLOCKING
+    const bool in_progress = state == ncclInProgress;
+#else
+    const bool in_progress = false;
+#endif
+    if (!in_progress) {
+      comm.abort();
+      throw_nccl_error(__FILE__, __LINE__, "ncclCommGetAsyncError", state, info);
+    }
+    if (Clock::now() >= deadline) {
+      comm.abort();
+      throw CommError(info, timeout_message);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+// An elastic group's watcher: asks `notice` every 50 ms and, once it answers true (the launcher
+// lost a member of the generation), aborts the communicator, so that the members' collectives
+// (and init) stuck on the lost one return with CommError at once instead of at the timeout. A
+// `notice` that throws (the launcher's store is gone) ends the watch: the step's vote reports it.
+class AbortWatcher {
+ public:
+  AbortWatcher(std::function<bool()> notice, std::shared_ptr<NcclComm> comm)
+      : thread_([this, notice = std::move(notice), comm = std::move(comm)] {
+          std::unique_lock<std::mutex> lock(mutex_);
+          while (!cv_.wait_for(lock, std::chrono::milliseconds(50), [this] { return stop_; })) {
+            lock.unlock();  // a store round trip: the destructor need not wait for it
+            bool lost = false;
+            try {
+              lost = notice();
+            } catch (const std::exception&) {
+              return;
+            }
+            if (lost) {
+              comm->abort();
+              return;
+            }
+            lock.lock();
+          }
+        }) {}
+  AbortWatcher(const AbortWatcher&) = delete;
+  AbortWatcher& operator=(const AbortWatcher&) = delete;
+  ~AbortWatcher() {
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;  // last: started once the members above exist
+};
 
 // A collective queued on the communication stream; its done event was recorded after it.
 class NcclWork : public Work {
@@ -210,7 +317,7 @@ class NcclWork : public Work {
         info_(std::move(info)),
         timeout_message_(std::move(timeout_message)),
         bounded_(has_deadline(timeout)),
-        deadline_(bounded_ ? Clock::now() + timeout : Clock::time_point::max()),
+        deadline_(deadline_after(timeout)),
         done_(info_) {}
 
   cudaEvent_t done_event() const { return done_.get(); }
@@ -244,9 +351,11 @@ class NcclWork : public Work {
   // at the deadline, aborts the communicator, which also frees the peers stuck in it, and throws.
   void wait_on_host() {
     for (;;) {
-      if (event_done(done_.get(), info_)) return;
-      ncclResult_t async_error = ncclSuccess;
-      DDP_NCCL_CHECK(ncclCommGetAsyncError(comm_->get(), &async_error), info_);
+      // An abort lets NCCL's kernels end, and the done event with them: their result is void.
+      const bool done = event_done(done_.get(), info_);
+      if (comm_->aborted()) throw_aborted(info_);
+      if (done) return;
+      const ncclResult_t async_error = comm_->async_error(info_);
       if (async_error != ncclSuccess) {
         comm_->abort();
         throw_nccl_error(__FILE__, __LINE__, "the collective (ncclCommGetAsyncError)", async_error,
@@ -358,31 +467,54 @@ ncclUniqueId world_unique_id(int rank, const BroadcastBytes& exchange, const Col
 
 class NcclProcessGroup : public ProcessGroup {
  public:
-  // The world group: rank 0's id reaches every rank through `exchange`.
+  // The world group: rank 0's id reaches every rank through `exchange`. With `lost_notice` (an
+  // elastic generation's), a watcher aborts the communicator once it answers true, and where
+  // NCCL allows the communicator is nonblocking, so that even its init can be aborted.
   NcclProcessGroup(const LaunchInfo& launch, const ProcessGroupOptions& options,
-                   const BroadcastBytes& exchange)
-      : NcclProcessGroup(launch.rank, launch.world_size, options, checked_device(launch), [&] {
-          return world_unique_id(launch.rank, exchange, init_info(launch.rank, launch.world_size));
-        }) {}
+                   const BroadcastBytes& exchange, std::function<bool()> lost_notice)
+      : NcclProcessGroup(
+            launch.rank, launch.world_size, options, checked_device(launch),
+            [&] {
+              return world_unique_id(launch.rank, exchange,
+                                     init_info(launch.rank, launch.world_size));
+            },
+            std::move(lost_notice)) {}
 
   // A communicator of `size` ranks on `device`, joined with the id `unique_id` returns (called
   // once the device is current: the world's exchange, or a subgroup's id from its parent).
   NcclProcessGroup(int rank, int size, const ProcessGroupOptions& options, c10::DeviceIndex device,
-                   const std::function<ncclUniqueId()>& unique_id)
+                   const std::function<ncclUniqueId()>& unique_id,
+                   std::function<bool()> lost_notice = {})
       : ProcessGroup(rank, size, options),
         device_(device),
         comm_stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device_)) {
     const CollectiveInfo info = init_info(rank, size);
     c10::cuda::CUDAGuard guard(device_);
     const ncclUniqueId id = unique_id();
+    ncclComm_t comm = nullptr;
+#ifdef DDP_NCCL_HAS_NONBLOCKING
+    if (lost_notice) {
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.blocking = 0;
+      DDP_NCCL_CHECK(ncclCommInitRankConfig(&comm, size, id, rank, &config), info);
+      comm_ = std::make_shared<NcclComm>(comm, comm_stream_.stream(), options.timeout, true);
+      watcher_ = std::make_unique<AbortWatcher>(std::move(lost_notice), comm_);
+      settle(*comm_, info, deadline_after(options.rendezvous_timeout),
+             "rank " + std::to_string(rank) + ": " + info.op + ": not all " + std::to_string(size) +
+                 " ranks joined within the rendezvous timeout");
+      return;
+    }
+#endif
     // Blocks until all `size` ranks have joined. NCCL's blocking init has no timeout of its
     // own; the id's exchange (bounded by options.timeout) is where a missing rank shows up.
-    ncclComm_t comm = nullptr;
     DDP_NCCL_CHECK(ncclCommInitRank(&comm, size, id, rank), info);
-    comm_ = std::make_shared<NcclComm>(comm, comm_stream_.stream(), options.timeout);
+    comm_ = std::make_shared<NcclComm>(comm, comm_stream_.stream(), options.timeout, false);
+    if (lost_notice) watcher_ = std::make_unique<AbortWatcher>(std::move(lost_notice), comm_);
   }
 
-  std::string backend_name() const override { return "nccl"; }
+  std::string backend_name() const override {
+    return "nccl";
+  }
 
  protected:
   WorkPtr do_all_reduce(at::Tensor& tensor, ReduceOp op, const CollectiveInfo& info) override {
@@ -563,6 +695,9 @@ class NcclProcessGroup : public ProcessGroup {
     DDP_CUDA_CHECK(cudaStreamWaitEvent(comm, inputs_ready.get(), 0), info);
     // 2. The collective itself, on the communication stream.
     launch(comm);
+    if (comm_->nonblocking()) {
+      settle(*comm_, info, deadline_after(options().timeout), timeout_message(info));
+    }
     // 3. The caller may drop the tensors before the collective ran: keep their memory from
     //    being reused by another stream until the communication stream has passed this point.
     for (const at::Tensor& tensor : tensors) {
@@ -576,14 +711,16 @@ class NcclProcessGroup : public ProcessGroup {
   c10::DeviceIndex device_;
   c10::cuda::CUDAStream comm_stream_;
   std::shared_ptr<NcclComm> comm_;
+  std::unique_ptr<AbortWatcher> watcher_;  // an elastic group's; stopped before comm_ goes
 };
 
 }  // namespace
 
 std::unique_ptr<ProcessGroup> make_nccl_process_group(const LaunchInfo& launch,
                                                       const ProcessGroupOptions& options,
-                                                      const BroadcastBytes& exchange) {
-  return std::make_unique<NcclProcessGroup>(launch, options, exchange);
+                                                      const BroadcastBytes& exchange,
+                                                      std::function<bool()> lost_notice) {
+  return std::make_unique<NcclProcessGroup>(launch, options, exchange, std::move(lost_notice));
 }
 
 std::vector<CudaDevice> cuda_runtime_devices() {

@@ -310,19 +310,23 @@ BroadcastBytes nccl_id_exchange(const LaunchInfo& launch, const ProcessGroupOpti
   if (nccl_over_mpi(launch)) exchange = mpi_broadcast_bytes;
 #endif
   if (needs_store("nccl", launch)) {
-    auto store = connect_store(launch, options.rendezvous_timeout);
-    exchange = [store, rank = launch.rank](const std::string& root_value) {
-      const std::string key = "ddp/nccl_unique_id";
-      if (rank == 0) store->set(key, std::vector<uint8_t>(root_value.begin(), root_value.end()));
-      const auto bytes = store->get(key);
-      return std::string(bytes.begin(), bytes.end());
-    };
+    exchange = store_broadcast_bytes(connect_store(launch, options.rendezvous_timeout), launch.rank,
+                                     "ddp/nccl_unique_id");
   }
   return exchange;
 }
 #endif
 
 }  // namespace
+
+BroadcastBytes store_broadcast_bytes(c10::intrusive_ptr<c10d::Store> store, int rank,
+                                     std::string key) {
+  return [store = std::move(store), rank, key = std::move(key)](const std::string& root_value) {
+    if (rank == 0) store->set(key, std::vector<uint8_t>(root_value.begin(), root_value.end()));
+    const auto bytes = store->get(key);
+    return std::string(bytes.begin(), bytes.end());
+  };
+}
 
 std::unique_ptr<ProcessGroup> create_process_group(const std::string& backend,
                                                    const LaunchInfo& launch,

@@ -38,6 +38,11 @@ std::vector<RankTopology> gather_topology(comm::ProcessGroup& group, const torch
   return out;
 }
 
+// --elastic's backend: the one of the device's tensors that survives a lost rank (not mpi).
+std::string elastic_backend(const torch::Device& device) {
+  return device.is_cuda() ? "nccl" : "gloo";
+}
+
 }  // namespace
 
 int threads_per_rank(int configured, bool omp_num_threads_set, int default_threads,
@@ -92,7 +97,7 @@ void join_next_generation(Distributed& d) {
   d.membership = d.agent->next_membership(d.membership.generation);
   d.launch.rank = d.membership.rank;
   d.launch.world_size = d.membership.world_size();
-  d.group = d.agent->make_group(d.membership, d.options);
+  d.group = d.agent->make_group(d.membership, d.options, elastic_backend(d.device));
 }
 
 Distributed init_distributed(const Config& config, const comm::Env& env) {
@@ -100,20 +105,22 @@ Distributed init_distributed(const Config& config, const comm::Env& env) {
   d.launch = comm::detect_launch(env);
   const int gpus = torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
   d.device = resolve_device(config.device, gpus, d.launch.local_rank);
-  // --elastic: gloo even for one rank (the group may grow).
+  // --elastic: gloo or nccl even for one rank (the group may grow).
   const std::string backend = config.backend != "auto" ? config.backend
-                              : config.elastic && !d.device.is_cuda()
-                                  ? "gloo"
+                              : config.elastic
+                                  ? elastic_backend(d.device)
                                   : comm::default_backend(d.launch, d.device.is_cuda());
   if (!d.launch.rendezvous_origin.empty()) log::info("rendezvous: {}", d.launch.rendezvous_origin);
   d.options.timeout = to_ms(config.comm_timeout);
   d.options.rendezvous_timeout = to_ms(config.rendezvous_timeout);
   if (config.elastic) {
     const auto id = env.find("DDP_ELASTIC_ID");
-    if (id == env.end() || d.launch.launcher != comm::Launcher::kEnv || backend != "gloo") {
+    if (id == env.end() || d.launch.launcher != comm::Launcher::kEnv ||
+        backend != elastic_backend(d.device)) {
       throw InputError(
-          "key 'elastic': start ddp_train under launcher --nnodes MIN:MAX, on gloo (the launcher "
-          "serves the job's store and restarts a lost worker; Open MPI cannot survive one)");
+          "key 'elastic': start ddp_train under launcher --nnodes MIN:MAX, on gloo (CPU) or nccl "
+          "(CUDA) (the launcher serves the job's store and restarts a lost worker; Open MPI "
+          "cannot survive one)");
     }
     d.agent =
         std::make_shared<comm::ElasticAgent>(d.launch, id->second, d.options.rendezvous_timeout);

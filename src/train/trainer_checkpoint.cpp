@@ -447,8 +447,10 @@ void Trainer::heal() {
   // Every member now holds rank 0's parameters, buffers, optimizer and GradScaler state, RNG
   // state and step, bitwise: checked before the generation's first step (a collective).
   const auto digest = static_cast<int64_t>(state_digest());
-  at::Tensor all = torch::empty({dist_.world_size()}, torch::kLong);
-  dist_.group->all_gather(all, torch::tensor({digest}, torch::kLong))->wait();
+  const auto on_device = torch::TensorOptions(torch::kLong).device(dist_.device);
+  at::Tensor all = torch::empty({dist_.world_size()}, on_device);
+  dist_.group->all_gather(all, torch::tensor({digest}, on_device))->wait();
+  all = all.cpu();
   const at::Tensor differ = all.ne(all[0]).nonzero().view({-1});
   if (differ.numel() > 0) {
     throw Error(fmt::format(

@@ -1,7 +1,8 @@
 // Two ranks on two GPUs, one each (cuda:LOCAL_RANK), as real processes: the nccl backend's
 // collectives at world size 2 against closed forms, DistributedDataParallel against one GPU with
 // the doubled batch, and ddp_train's Fashion-MNIST MLP under the launcher (against one GPU with
-// the doubled batch) and under mpirun (against the launcher). NCCL refuses two ranks on one GPU, so
+// the doubled batch) and under mpirun (against the launcher), and --elastic on nccl (a rank killed,
+// restarted and healed while the other goes on). NCCL refuses two ranks on one GPU, so
 // each test skips, saying why, where fewer than two GPUs are visible or the nccl backend is not
 // built; the mpirun test also where configuring found no mpirun.
 #include <fmt/format.h>
@@ -127,6 +128,35 @@ TEST(TwoGpus, LauncherTrainsOnBothGpusAsOneGpuWithTheDoubledBatch) {
   }
   // A test image on the edge between two classes may flip with the rounding: 20 of 10,000.
   EXPECT_NEAR(metrics_field(m2, "test_accuracy"), metrics_field(m1, "test_accuracy"), 2e-3);
+}
+
+// --elastic on nccl: launcher --nnodes 1:1 --nproc 2 --max-restarts 1, rank 1 killed after step 5
+// of 16. Rank 0 goes on alone (its communicator aborted on the launcher's notice if a collective
+// waited for the dead rank), the restarted worker joins on cuda:1, is healed over a new
+// communicator and holds rank 0's state bitwise; the job ends with exit 0.
+TEST(TwoGpus, ElasticOnNcclALostRankIsRestartedAndJoinsWhileTheOtherGoesOn) {
+  SKIP_WITHOUT_TWO_GPUS();
+  TempDir out;
+  std::vector<std::string> argv = {DDP_LAUNCHER_BIN, "--nnodes", "1:1", "--nproc", "2",
+                                   "--max-restarts", "1"};
+  auto job = gpu_job(out.path(), 64);  // 512 samples: 4 steps an epoch at 2 x 64
+  job.front() = DDP_FAULT_TRAIN_BIN;
+  *(std::find(job.begin(), job.end(), "--epochs") + 1) = "4";
+  job.insert(job.end(), {"--elastic", "--record-samples", "--fault", "kill", "--fault-rank", "1",
+                         "--fault-after-step", "5"});
+  argv.insert(argv.end(), job.begin(), job.end());
+  const auto r = ddp::testing::run_process(argv, {}, seconds(240));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("signal SIGKILL"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[launcher] elastic: restart "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("elastic: the 2 rank(s) hold bitwise the same state"), std::string::npos)
+      << r.output;
+  // Every committed step recorded once, in order, through the last (the batch per rank is kept:
+  // 8 steps at 1 rank for the 512 samples of an epoch, 4 at 2).
+  const std::string samples = ddp::testing::read_file(out.path() + "/samples.jsonl");
+  int64_t lines = 0;
+  for (const char c : samples) lines += c == '\n' ? 1 : 0;
+  EXPECT_GE(lines, 16) << samples;
 }
 
 // The two weights files hold the same keys, in order, and tensors equal to `tolerance` of the

@@ -217,11 +217,12 @@ class FaultyAgent : public ddp::comm::ElasticAgent {
               std::chrono::milliseconds timeout, std::shared_ptr<Faults> faults)
       : ElasticAgent(launch, std::move(id), timeout), faults_(std::move(faults)) {}
 
-  std::unique_ptr<ddp::comm::ProcessGroup> make_group(
-      const ddp::comm::Membership& m, const ddp::comm::ProcessGroupOptions& options) override {
+  std::unique_ptr<ddp::comm::ProcessGroup> make_group(const ddp::comm::Membership& m,
+                                                      const ddp::comm::ProcessGroupOptions& options,
+                                                      const std::string& backend) override {
     faults_->at_phase(fmt::format("elastic: forming generation {}", m.generation), m.rank,
                       m.world_size());
-    return std::make_unique<FaultyGroup>(ElasticAgent::make_group(m, options), faults_);
+    return std::make_unique<FaultyGroup>(ElasticAgent::make_group(m, options, backend), faults_);
   }
 
  private:

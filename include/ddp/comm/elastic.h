@@ -42,12 +42,14 @@ class ElasticAgent {
   // Blocks until the launcher has published a generation newer than `after` that includes this
   // worker (a worker left out of one waits for the next). Throws Error after `timeout`.
   Membership next_membership(int64_t after);
-  // The gloo group of `m`: connected over the prefix elastic/gen/<g>/group of the store. Throws
-  // CommError when a member does not connect, or at once when the launcher aborts `m` (a member
-  // died). Virtual so that a program can decorate each generation's group (as the tests' fault
-  // injector does).
+  // The group of `m` on `backend` (gloo, or nccl for CUDA tensors): connected over the prefix
+  // elastic/gen/<g>/group of the store. Throws CommError when a member does not connect, or at
+  // once when the launcher aborts `m` (a member died); an nccl group also aborts its
+  // communicator then, releasing collectives in flight. Virtual so that a program can decorate
+  // each generation's group (as the tests' fault injector does).
   virtual std::unique_ptr<ProcessGroup> make_group(const Membership& m,
-                                                   const ProcessGroupOptions& options);
+                                                   const ProcessGroupOptions& options,
+                                                   const std::string& backend);
   // This member's vote on round `round` of generation `m` (`ok`: its step went well); returns the
   // decision every member of `m` gets (Note [Elastic membership]).
   StepDecision vote(const Membership& m, int64_t round, bool ok);
