@@ -138,7 +138,10 @@ bool DistributedDataParallelImpl::buffers_due() {
 void DistributedDataParallelImpl::pre_forward() {
   const bool broadcast = buffers_due();
   const int root = joining_ ? join_notify(broadcast) : 0;
-  if (broadcast) broadcast_coalesced(*group_, module_->buffers(), root);
+  if (broadcast) {
+    group_->set_phase("forward: buffers");  // for the flight recorder
+    broadcast_coalesced(*group_, module_->buffers(), root);
+  }
 }
 
 // Join's notice: [one per rank: 1 if it trains, then whether the backward reduces, whether this

@@ -286,6 +286,63 @@ INSTANTIATE_TEST_SUITE_P(
       return name + "_rank" + std::to_string(info.param.rank);
     });
 
+// The forward's broadcast of buffers, which the Linear demo has none of: the Informer (its
+// BatchNorm's running statistics) on 100 windows of the synthetic series, rank 1 killed where the
+// broadcast in step 2's forward begins. The others fail in that broadcast, drop the step, go on,
+// and take the restarted worker back; every epoch's samples trained once (no step applied half).
+TEST(Elastic, LostAtTheForwardsBufferBroadcastTheOthersGoOn) {
+  constexpr int kInformerEpochs = 3;  // of 4 steps (100 windows, 10 per rank)
+  TempDir out;
+  const ProcessResult r = ddp::testing::run_process({DDP_LAUNCHER_BIN,
+                                                     "--nnodes",
+                                                     "1:1",
+                                                     "--nproc",
+                                                     "3",
+                                                     "--max-restarts",
+                                                     "1",
+                                                     DDP_FAULT_TRAIN_BIN,
+                                                     "--config",
+                                                     config("informer_csv.yaml"),
+                                                     "--train-subset",
+                                                     "100",
+                                                     "--batch-size",
+                                                     "10",
+                                                     "--epochs",
+                                                     std::to_string(kInformerEpochs),
+                                                     "--threads",
+                                                     "1",
+                                                     "--progress",
+                                                     "off",
+                                                     "--output-dir",
+                                                     out.path(),
+                                                     "--elastic",
+                                                     "--record-samples",
+                                                     "--fault-pace",
+                                                     "0.015",
+                                                     "--fault",
+                                                     "kill",
+                                                     "--fault-rank",
+                                                     "1",
+                                                     "--fault-at",
+                                                     "forward: buffers",
+                                                     "--fault-after-step",
+                                                     "2"},
+                                                    {}, seconds(120));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(count_of(r.output, "lost: signal SIGKILL (9)"), 1) << r.output;
+  EXPECT_EQ(count_of(r.output, "[launcher] elastic: restart "), 1) << r.output;
+  EXPECT_TRUE(mentions(r.output, "fault: SIGKILL on entering 'forward: buffers'")) << r.output;
+  EXPECT_TRUE(mentions(r.output, "elastic: step 2 failed")) << r.output;
+  EXPECT_TRUE(mentions(r.output, "elastic: the 3 rank(s) hold bitwise the same state before"))
+      << r.output;
+  const std::vector<GoingOn> changes = generations_that_went_on(r.output);
+  ASSERT_FALSE(changes.empty()) << r.output;
+  EXPECT_EQ(changes.front().after_step, 1) << r.output;
+  EXPECT_EQ(changes.back().world, 3) << r.output;
+  expect_each_sample_once_an_epoch(ddp::testing::read_file(out.file("samples.jsonl")), changes,
+                                   kInformerEpochs, 4, /*first_world=*/3, 3);
+}
+
 // Without a restart the two survivors finish the job; a worker killed with no one left to finish
 // it ends the job non-zero.
 TEST(Elastic, WithoutRestartsTheSurvivorsFinishAndWithNoneLeftTheJobFails) {
