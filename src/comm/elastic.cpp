@@ -38,7 +38,13 @@ ElasticAgent::ElasticAgent(const LaunchInfo& launch, std::string id,
       store_(c10::make_intrusive<StoreClient>(launch.master_addr, launch.master_port,
                                               launch.job_token, timeout)) {}
 
-ElasticAgent::~ElasticAgent() = default;
+ElasticAgent::~ElasticAgent() {
+  try {
+    abandon_vote();
+  } catch (const std::exception&) {
+    // The store is gone with the launcher: nobody waits for this vote any more.
+  }
+}
 
 Membership ElasticAgent::next_membership(int64_t after) {
   const auto deadline = Clock::now() + timeout_;
@@ -124,6 +130,29 @@ StepDecision ElasticAgent::vote(const Membership& m, int64_t round, bool ok) {
     }
     if (store_->check({ElasticKeys::abort(m.generation)})) return decide(StepDecision::kAbort);
   }
+}
+
+void ElasticAgent::vote_in_background(const Membership& m, int64_t round) {
+  background_generation_ = m.generation;
+  background_round_ = round;
+  background_ = std::async(std::launch::async, [this, m, round] { return vote(m, round, true); });
+}
+
+std::optional<StepDecision> ElasticAgent::take_vote() {
+  if (!background_.valid()) return std::nullopt;
+  return background_.get();  // rethrows the vote's error (the store lost)
+}
+
+void ElasticAgent::abandon_vote() {
+  if (!background_.valid()) return;
+  const std::string decision = ElasticKeys::decision(background_generation_, background_round_);
+  try {
+    store_->compareSet(decision, {}, bytes_of(to_string(StepDecision::kAbort)));
+  } catch (const std::exception&) {
+    // Decided or not, the vote below ends: its own store calls fail the same way.
+  }
+  background_.wait();
+  background_ = {};
 }
 
 std::string ElasticAgent::lost_in(int64_t g) {

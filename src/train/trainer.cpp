@@ -502,7 +502,8 @@ bool Trainer::train_steps(EpochPass& pass, EpochMetrics& m) {
       log::warn("elastic: step {} failed: {}", step_ + 1, e.what());
       ok = false;
     }
-    // --elastic: every member applies the step, or none (a dropped step throws).
+    // --elastic: a member applies only a step whose gradients every member reduced (a dropped
+    // step throws).
     const bool grow = dist_.agent && commit_step(pass, ok);
     optimizer_step();  // on the reduced gradients, the same on every rank
     ++step_;
@@ -519,8 +520,12 @@ bool Trainer::train_steps(EpochPass& pass, EpochMetrics& m) {
       position_ = position_of(pass);
       throw MembershipChange{"a worker joins"};
     }
-    if (stop_after_step(pass)) return false;  // --checkpoint-on-signal
+    if (stop_after_step(pass)) {  // --checkpoint-on-signal
+      if (dist_.agent) settle_vote(pass);
+      return false;
+    }
   }
+  if (dist_.agent) settle_vote(pass);  // before the epoch's collectives and its checkpoint
   if (config_.uneven) {
     model_->finish_join();
     step_ += pass.steps - pass.step;  // the steps this rank joined: the same count everywhere
@@ -815,24 +820,41 @@ Scores Trainer::evaluate(const data::TensorDataset& set) {
 }
 
 bool Trainer::commit_step(const EpochPass& pass, bool ok) {
-  const comm::StepDecision decision = dist_.agent->vote(dist_.membership, ++vote_round_, ok);
-  if (decision == comm::StepDecision::kAbort) {
+  if (!ok) {
+    dist_.agent->abandon_vote();
+    dist_.agent->vote(dist_.membership, ++vote_round_, false);  // "abort", for every member
     position_ = position_of(pass);
     throw MembershipChange{fmt::format("step {} dropped", step_ + 1)};
   }
+  // Note [A step's vote travels during the next step]: the last step's decision, then this
+  // step's vote, which the next step's computation hides.
+  settle_vote(pass);
+  dist_.agent->vote_in_background(dist_.membership, ++vote_round_);
+  // Not after an epoch's last step (the next generation would enter an epoch with nothing left):
+  // the next epoch's first step grows.
+  if (!grow_due_ || pass.step + 1 >= pass.steps) return false;
+  grow_due_ = false;
+  return true;
+}
+
+void Trainer::settle_vote(const EpochPass& pass) {
+  const std::optional<comm::StepDecision> decision = dist_.agent->take_vote();
+  if (!decision) return;  // none in flight
+  if (*decision == comm::StepDecision::kAbort) {
+    position_ = position_of(pass);
+    throw MembershipChange{fmt::format("a member failed after step {}", step_)};
+  }
+  if (*decision == comm::StepDecision::kCommitAndGrow) grow_due_ = true;
   if (recovering_) {
     auto& [record, seen] = *recovering_;
     record.recovery_seconds = seconds_since(seen);
     log::info(
         "elastic: step {} committed by generation {} of {} rank(s), {:.3f} s after the "
         "change was seen",
-        step_ + 1, record.generation, record.world_after, record.recovery_seconds);
+        step_, record.generation, record.world_after, record.recovery_seconds);
     membership_records_.push_back(std::move(record));
     recovering_.reset();
   }
-  // Not after an epoch's last step (the next generation would enter an epoch with nothing left):
-  // the launcher's notice stays, and the next step grows.
-  return decision == comm::StepDecision::kCommitAndGrow && pass.step + 1 < pass.steps;
 }
 
 // Of the step in flight (not counted yet), before its vote: with --elastic a failure of this
@@ -849,7 +871,6 @@ std::vector<std::string> Trainer::gather_sample_ids(const EpochPass& pass) {
 }
 
 void Trainer::record_samples(const EpochPass& pass, const std::vector<std::string>& all) {
-  if (!dist_.is_main()) return;
   nlohmann::ordered_json line;
   line["epoch"] = pass.epoch + 1;
   line["step"] = step_;
@@ -859,6 +880,11 @@ void Trainer::record_samples(const EpochPass& pass, const std::vector<std::strin
     std::memcpy(rank_ids.data(), bytes.data(), rank_ids.size() * sizeof(int64_t));
     line["ids"].push_back(rank_ids);
   }
+  if (dist_.agent) {
+    recent_samples_.emplace_back(step_, line.dump());
+    if (recent_samples_.size() > 3) recent_samples_.pop_front();
+  }
+  if (!dist_.is_main()) return;
   const std::string path = (std::filesystem::path(config_.output_dir) / "samples.jsonl").string();
   // A fresh run starts the file; a resumed run, or a new rank 0 after an elastic change, goes on.
   if (!samples_file_) {
@@ -869,6 +895,36 @@ void Trainer::record_samples(const EpochPass& pass, const std::vector<std::strin
   if (!*samples_file_) throw Error(fmt::format("{}: cannot write the sample record", path));
 }
 
+void Trainer::complete_samples_record() {
+  // Every member now holds rank 0's step: lines of later steps (applied by a member whose
+  // reduction completed where rank 0's did not) are not the group's.
+  while (!recent_samples_.empty() && recent_samples_.back().first > step_) {
+    recent_samples_.pop_back();
+  }
+  if (!config_.record_samples || !dist_.is_main()) return;
+  const std::string path = (std::filesystem::path(config_.output_dir) / "samples.jsonl").string();
+  samples_file_.reset();
+  std::string kept;
+  int64_t last = 0;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    int64_t step = 0;
+    try {
+      step = nlohmann::json::parse(line).at("step").get<int64_t>();
+    } catch (const nlohmann::json::exception&) {
+      break;  // torn: the last line of a rank 0 killed while writing it
+    }
+    if (step > step_) break;
+    kept += line + '\n';
+    last = step;
+  }
+  for (const auto& [step, text] : recent_samples_) {
+    if (step > last) kept += text + '\n';
+  }
+  write_file_atomically(path, kept);
+}
+
 Trainer::ElasticPosition Trainer::position_of(const EpochPass& pass) const {
   return {pass.epoch, pass.step, untrained_samples(pass), dist_.world_size()};
 }
@@ -876,6 +932,8 @@ Trainer::ElasticPosition Trainer::position_of(const EpochPass& pass) const {
 void Trainer::reform(const MembershipChange& change) {
   constexpr int kMaxFailedGenerations = 5;
   const auto start = Clock::now();
+  dist_.agent->abandon_vote();  // the last step's: no member of this generation waits for it now
+  grow_due_ = false;
   const int64_t generation = dist_.membership.generation;
   const int64_t world = dist_.world_size();
   const Timeline::Scope span(timeline_.get(), "elastic: re-forming the group", "elastic", step_);

@@ -443,6 +443,7 @@ void Trainer::heal() {
   const Checkpoint c = checkpoint_from(parse_pt(bytes, origin), origin);
   config_.batch_size = c.batch_size;
   apply(c, origin);
+  complete_samples_record();
 
   // Every member now holds rank 0's parameters, buffers, optimizer and GradScaler state, RNG
   // state and step, bitwise: checked before the generation's first step (a collective).

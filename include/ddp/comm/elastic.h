@@ -9,7 +9,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <future>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,7 +38,7 @@ class ElasticAgent {
  public:
   // Connects to the launcher's store (MASTER_ADDR:MASTER_PORT, DDP_JOB_TOKEN) as a client.
   ElasticAgent(const LaunchInfo& launch, std::string id, std::chrono::milliseconds timeout);
-  virtual ~ElasticAgent();
+  virtual ~ElasticAgent();  // abandons the vote in flight
 
   const std::string& id() const { return id_; }
   // Blocks until the launcher has published a generation newer than `after` that includes this
@@ -53,6 +55,16 @@ class ElasticAgent {
   // This member's vote on round `round` of generation `m` (`ok`: its step went well); returns the
   // decision every member of `m` gets (Note [Elastic membership]).
   StepDecision vote(const Membership& m, int64_t round, bool ok);
+  // An "ok" vote on round `round`, cast on a thread of its own while the caller goes on (the
+  // trainer's next step computes meanwhile: Note [A step's vote travels during the next step]).
+  // At most one is in flight: take_vote() first.
+  void vote_in_background(const Membership& m, int64_t round);
+  // The decision of the vote in flight (waiting for it), or nullopt when none is.
+  std::optional<StepDecision> take_vote();
+  // A member leaving its generation: the round in flight, if still undecided, is decided "abort"
+  // (a member that will never vote on it must not keep the others' votes waiting), and its vote
+  // is taken and dropped.
+  void abandon_vote();
   // The launcher's notice that generation `g` lost a member (who, and how), or "" when it has
   // none (the generation ended for a joiner, or for a failure no death caused).
   std::string lost_in(int64_t g);
@@ -66,6 +78,10 @@ class ElasticAgent {
   std::string id_;
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<c10d::Store> store_;  // a StoreClient (store_client.h)
+  // The vote in flight: its generation and round, and its decision to come.
+  int64_t background_generation_ = -1;
+  int64_t background_round_ = 0;
+  std::future<StepDecision> background_;
 };
 
 }  // namespace ddp::comm

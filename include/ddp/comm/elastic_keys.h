@@ -12,11 +12,26 @@
 // failed, or one that finds elastic/gen/<g>/abort (the launcher's notice of a member's death,
 // naming it: "rank 1 of generation 0, worker 1.0 (local rank 1, pid 42, host h): signal SIGKILL
 // (9)"), writes "abort": the decision key is written by compare-and-set, so whoever writes first
-// decides for all. A step is applied by
-// every member or by none. After an abort, or a decision to grow (a joiner announced
+// decides for all (when each member takes the decision: Note [A step's vote travels during the
+// next step]). After an abort, or a decision to grow (a joiner announced
 // elastic/ready/<id>, and the launcher set elastic/gen/<g>/grow), the members ask for the next
 // generation (elastic/gen/<g>/reform) and the launcher publishes it: the living members, in their
 // order, then the ready joiners.
+//
+// Note [A step's vote travels during the next step]
+// A member votes on step s once its gradients are reduced, but does not wait for the decision: it
+// applies the step, and takes the decision when step s+1's gradients are reduced (or at the
+// epoch's end, before its collectives). Waiting put about three store round trips on every step
+// (10-13 % of a 9 ms step, 3 ranks on 2 cores); now the vote runs on a thread of its own beside
+// the next step's forward and backward. It is safe because a reduction that completed on a
+// member holds every member's gradients: no member applies a step that not all contributed to.
+// After a failure the members may differ by that one step (one's reduction completed, another's
+// did not), and every member of the next generation takes rank 0's state (the heal), so all go on
+// from rank 0's last step, which its log names. The decision says when to re-form: "abort" (a
+// member failed in step s, or left) ends the generation within step s+1; "grow" re-forms it after
+// step s+1 (every member reads the same decision at the same step). A member that leaves its
+// generation first decides its open round "abort", so that no vote waits for one that will
+// never come.
 //
 // Note [Elastic nodes]
 // With several nodes (--nnodes MIN:MAX, MAX > 1) node 0's launcher serves the store and is the

@@ -6,6 +6,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <chrono>
+#include <deque>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -155,14 +156,22 @@ class Trainer {
   // --check-params-every: compares checksums of the parameters across ranks (a collective);
   // throws Error naming the first parameter that differs and the ranks where it does.
   void check_parameters();
-  // --elastic. This member's vote after a step's gradients (`ok`: they were
-  // reduced); throws MembershipChange when the step is dropped. Returns whether the group grows
-  // after the step.
+  // --elastic. After a step's gradients (`ok`: they were reduced): takes the last step's
+  // decision, and casts this step's vote in the background (Note [A step's vote travels during
+  // the next step]); throws MembershipChange when the step is dropped. Returns whether the group
+  // grows after the step.
   bool commit_step(const EpochPass& pass, bool ok);
+  // Takes the decision on the last step, if its vote is in flight: "abort" throws
+  // MembershipChange, "grow" makes grow_due_. The first commit after a change logs its recovery
+  // time.
+  void settle_vote(const EpochPass& pass);
   // --record-samples: every rank's sample ids of the step in flight (a collective), and rank 0's
   // line of samples.jsonl once the step is committed.
   std::vector<std::string> gather_sample_ids(const EpochPass& pass);
   void record_samples(const EpochPass& pass, const std::vector<std::string>& all);
+  // --elastic --record-samples, after a heal on rank 0: samples.jsonl holds steps 1 to step_,
+  // each once (a lost rank 0 may have written one step more than the group kept, or fewer).
+  void complete_samples_record();
   // The position of `pass` (its committed steps) for the next generation.
   ElasticPosition position_of(const EpochPass& pass) const;
   // After a MembershipChange: the next generation's group, DDP on it, and rank 0's state;
@@ -231,11 +240,15 @@ class Trainer {
   torch::Tensor start_epoch_samples_;  // and the ids of it still to train (undefined: none)
   ElasticPosition position_;           // --elastic: at the last membership change
   int64_t vote_round_ = 0;             // --elastic: steps voted on in this generation
+  bool grow_due_ = false;              // --elastic: a decision said "grow", not yet done
   // --elastic: the last change until the first step after it is committed (then its recovery
   // time is known), and the changes not yet in metrics.jsonl.
   std::optional<std::pair<MembershipRecord, std::chrono::steady_clock::time_point>> recovering_;
   std::vector<MembershipRecord> membership_records_;
   std::unique_ptr<std::ofstream> samples_file_;  // --record-samples, rank 0
+  // --record-samples: the lines of the last steps this rank applied (every rank keeps them: a
+  // new rank 0 completes the record from its own, complete_samples_record).
+  std::deque<std::pair<int64_t, std::string>> recent_samples_;
 };
 
 }  // namespace ddp::train
