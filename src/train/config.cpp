@@ -467,10 +467,10 @@ void validate(const Config& config) {
     if (refused != nullptr) {
       throw InputError(fmt::format("key 'elastic': cannot be combined with {}", refused));
     }
-    if (config.backend != "auto" && config.backend != "gloo") {
+    if (config.backend != "auto" && config.backend != "gloo" && config.backend != "nccl") {
       throw InputError(fmt::format(
           "key 'elastic': backend '{}' cannot survive a lost rank (Open MPI ends every rank with "
-          "it); use gloo under launcher --nnodes MIN:MAX",
+          "it); use gloo (or nccl on GPUs) under launcher --nnodes MIN:MAX",
           config.backend));
     }
   }

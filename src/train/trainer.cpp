@@ -552,7 +552,9 @@ std::pair<torch::Tensor, int64_t> Trainer::step_gradients(EpochPass& pass,
 }
 
 void Trainer::optimizer_step() {
-  const Phase phase(*dist_.group, "", timeline_.get(), "optimizer step", "compute", step_ + 1);
+  // Its collectives (the GradScaler's inf check, ZeRO's broadcasts) under a label of their own.
+  const Phase phase(*dist_.group, fmt::format("step {}: optimizer", step_ + 1), timeline_.get(),
+                    "optimizer step", "compute", step_ + 1);
   // --amp fp16: the true gradients first, and whether any rank has an inf or NaN in them.
   if (scaler_) scaler_->unscale_(*optimizer_);
   if (config_.clip_grad_norm > 0) {
@@ -970,10 +972,12 @@ void Trainer::reform(const MembershipChange& change) {
 void Trainer::form_next_generation() {
   dist_.agent->request_next_generation(dist_.membership);
   // The old generation's group goes with the DDP wrapper (whose reducer holds it and whose hooks
-  // it removes) and the watchdog; the model, the optimizer and the data stay.
+  // it removes), the watchdog and the GradScaler; the model, the optimizer and the data stay.
   watchdog_.reset();
   model_ = DistributedDataParallel(nullptr);
+  if (scaler_) scaler_->set_group(nullptr);  // its inf check's collective, on the next group
   join_next_generation(dist_);
+  if (scaler_) scaler_->set_group(dist_.group);
   log::init(dist_.rank(), config_.log_level);  // rank 0 may be another worker now
   vote_round_ = 0;
   watchdog_ = start_watchdog(config_, dist_, comm::current_env());

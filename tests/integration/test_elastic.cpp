@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "ddp/core/autocast.h"
 #include "elastic_log.h"
 #include "run_files.h"
 #include "subprocess.h"
@@ -341,6 +342,26 @@ TEST(Elastic, LostAtTheForwardsBufferBroadcastTheOthersGoOn) {
   EXPECT_EQ(changes.back().world, 3) << r.output;
   expect_each_sample_once_an_epoch(ddp::testing::read_file(out.file("samples.jsonl")), changes,
                                    kInformerEpochs, 4, /*first_world=*/3, 3);
+}
+
+// The optimizer's collectives: under --elastic the GradScaler's inf check (--amp fp16; ZeRO is
+// refused), where LibTorch runs fp16 autocast on the CPU (2.x). Rank 1 killed where step 5's
+// optimizer begins, after its vote: the others fail in the inf check, apply nothing, go on after
+// step 4 with the scaler on the new group, and end bitwise where the checkpointed training does.
+// Where fp16 autocast cannot run on the CPU (1.13) the job stops at start-up naming the key.
+TEST(Elastic, LostAtTheOptimizersInfCheckTheOthersGoOn) {
+  const std::string unsupported = ddp::amp::autocast_unsupported(torch::kCPU, torch::kHalf);
+  if (!unsupported.empty()) {
+    TempDir out;
+    const ProcessResult r = run_linear({"--nnodes", "1:1", "--nproc", "3"}, DDP_FAULT_TRAIN_BIN,
+                                       out.path(), {"--elastic", "--amp", "fp16"});
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_TRUE(mentions(r.output, "key 'amp': LibTorch")) << r.output;
+    return;
+  }
+  const std::string output =
+      expect_survived(kill(1, "--fault-at", "step 5: optimizer"), 1, {"--amp", "fp16"});
+  EXPECT_TRUE(mentions(output, "going on after step 4 (")) << output;
 }
 
 // Without a restart the two survivors finish the job; a worker killed with no one left to finish

@@ -124,15 +124,15 @@ class Faults {
     bool done = false;
   };
 
-  // --fault-after-step N: a phase of step N was seen, and this one is neither its forward or
-  // backward (micro-batches repeat them) nor the reducer's "backward: ..." within them (with
+  // --fault-after-step N: a phase of step N was seen, and this one is neither its forward,
+  // backward (micro-batches repeat them) or optimizer nor the reducer's "backward: ..." (with
   // --fault-at too: this one is PHASE).
   static bool triggered(State& s, const std::string& phase) {
     if (s.fault.after_step == 0) return phase == s.fault.at_phase;
     const std::string own = fmt::format("step {}: ", s.fault.after_step);
     const bool of_step = phase.rfind(own, 0) == 0;
-    const bool in_pass =
-        phase == own + "forward" || phase == own + "backward" || phase.rfind("backward: ", 0) == 0;
+    const bool in_pass = phase == own + "forward" || phase == own + "backward" ||
+                         phase == own + "optimizer" || phase.rfind("backward: ", 0) == 0;
     if (of_step) s.seen_step = true;
     if (!s.fault.at_phase.empty()) return s.seen_step && !of_step && phase == s.fault.at_phase;
     return s.seen_step && !in_pass;

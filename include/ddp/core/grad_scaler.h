@@ -60,6 +60,8 @@ class GradScaler {
   double get_scale() const { return state_.scale; }
   const GradScalerState& state() const { return state_; }
   void load_state(const GradScalerState& state) { state_ = state; }
+  // The group of the inf check from now on (--elastic: each generation's; null: none yet).
+  void set_group(std::shared_ptr<comm::ProcessGroup> group) { group_ = std::move(group); }
 
  private:
   std::shared_ptr<comm::ProcessGroup> group_;
