@@ -403,6 +403,16 @@ class Supervisor {
         return 1;
       }
     }
+    // A pulled link gives no answer; a host that answers but refuses the store's port has lost
+    // node 0's launcher, and the job with it: no use waiting for it to come back.
+    if (link.cut_off() &&
+        net::refuses_connections(o_.master_addr, port_, std::chrono::milliseconds(100))) {
+      note(fmt::format(
+          "elastic: node 0's launcher is gone ({}:{} refuses connections): this node's part of "
+          "the job ended",
+          o_.master_addr, port_));
+      return 1;
+    }
     if (link.cut_off() && link.silent() > kRejoinWithin) {
       note(fmt::format("elastic: node 0 not reached for {} s: this node's part of the job ended",
                        std::chrono::duration_cast<std::chrono::seconds>(link.silent()).count()));

@@ -153,10 +153,10 @@ Route route_to(const std::string& host) {
   for (const ifaddrs* i = interfaces; i != nullptr; i = i->ifa_next) {
     char candidate[NI_MAXHOST];
     if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != local.ss_family) continue;
-    const socklen_t size = i->ifa_addr->sa_family == AF_INET ? sizeof(sockaddr_in)
-                                                             : sizeof(sockaddr_in6);
-    if (::getnameinfo(i->ifa_addr, size, candidate, sizeof candidate, nullptr, 0,
-                      NI_NUMERICHOST) == 0 &&
+    const socklen_t size =
+        i->ifa_addr->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+    if (::getnameinfo(i->ifa_addr, size, candidate, sizeof candidate, nullptr, 0, NI_NUMERICHOST) ==
+            0 &&
         route.source == candidate) {
       route.interface = i->ifa_name;
       break;
@@ -212,23 +212,44 @@ UniqueFd connect_tcp(const std::string& host, int port, milliseconds timeout,
   }
 }
 
-std::string unreachable_reason(const std::string& host, int port, milliseconds timeout) {
+namespace {
+
+// One connection attempt to host:port within `timeout`: 0 (accepted), ETIMEDOUT (no answer), or
+// the errno of the failure (ECONNREFUSED: the host is up and nothing listens on the port); -1
+// with `unresolved` set when the host does not resolve.
+int connect_once(const std::string& host, int port, milliseconds timeout, std::string& unresolved) {
   const Resolved found = resolve_tcp(host, port);
-  if (!found.addresses) return fmt::format("cannot resolve {}: {}", host, found.error);
+  if (!found.addresses) {
+    unresolved = fmt::format("cannot resolve {}: {}", host, found.error);
+    return -1;
+  }
   const addrinfo& a = *found.addresses;
   UniqueFd fd(::socket(a.ai_family, a.ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a.ai_protocol));
-  if (!fd) return errno_text();
-  if (::connect(fd.get(), a.ai_addr, a.ai_addrlen) == 0) return "";
-  if (errno == ECONNREFUSED) return "";  // a host that refuses is up and reachable
-  if (errno != EINPROGRESS) return errno_text();
+  if (!fd) return errno;
+  if (::connect(fd.get(), a.ai_addr, a.ai_addrlen) == 0) return 0;
+  if (errno != EINPROGRESS) return errno;
   pollfd p{fd.get(), POLLOUT, 0};
-  if (::poll(&p, 1, static_cast<int>(timeout.count())) == 0) {
-    return fmt::format("no answer within {} s", timeout.count() / 1000.0);
-  }
+  if (::poll(&p, 1, static_cast<int>(timeout.count())) == 0) return ETIMEDOUT;
   int error = 0;
   socklen_t length = sizeof error;
   ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &error, &length);
-  return error == 0 || error == ECONNREFUSED ? "" : std::strerror(error);
+  return error;
+}
+
+}  // namespace
+
+std::string unreachable_reason(const std::string& host, int port, milliseconds timeout) {
+  std::string unresolved;
+  const int error = connect_once(host, port, timeout, unresolved);
+  if (error == -1) return unresolved;
+  if (error == 0 || error == ECONNREFUSED) return "";  // a host that refuses is up and reachable
+  if (error == ETIMEDOUT) return fmt::format("no answer within {} s", timeout.count() / 1000.0);
+  return std::strerror(error);
+}
+
+bool refuses_connections(const std::string& host, int port, milliseconds timeout) {
+  std::string unresolved;
+  return connect_once(host, port, timeout, unresolved) == ECONNREFUSED;
 }
 
 bool send_all(int fd, const std::string& bytes) {

@@ -4,6 +4,7 @@
 // unless the job is elastic: then the other host goes on and the host's ranks rejoin.
 // Needs root and iproute2, as CI has.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -388,6 +389,40 @@ TEST(Hosts, ElasticBelowMinNodesTheJobEndsWithAClearMessage) {
   EXPECT_NE(r1.output.find("too few restarts left to join again"), std::string::npos) << r1.output;
   EXPECT_NO_THROW(ddp::train::read_pt_file(out.file("checkpoint.pt")));
   EXPECT_TRUE(hosts.pids(0).empty());
+  EXPECT_TRUE(hosts.pids(1).empty());
+}
+
+// Node 0's launcher (the job's store and arbiter) SIGKILLed mid-run: its workers die with it, and
+// node 1, whose workers' next votes fail, ends non-zero within the node timeout and a few
+// seconds, naming why (host 0 still answers, but refuses the store's port), rather than waiting
+// minutes for node 0 to come back as it does for a pulled link.
+TEST(Hosts, ElasticNodeZerosLauncherLostTheOtherNodeEndsWithAClearMessage) {
+  ASSERT_TRUE(can_make_hosts()) << "needs root and iproute2 (ip netns); CI runs as root";
+  NetnsHosts hosts(2);
+  TempDir out, out1;
+  const int port = ddp::testing::free_port();
+  auto node = [&](int i, const TempDir& dir) {
+    return hosts.in_host(
+        i, launch({"--nnodes", "2:2", "--node-rank", std::to_string(i), "--nproc", "1",
+                   "--master-addr", NetnsHosts::address(0), "--master-port", std::to_string(port),
+                   "--node-timeout", "2", "--max-restarts", "2"},
+                  {"--config", config("random_linear.yaml"), "--epochs", "100000", "--output-dir",
+                   dir.path(), "--elastic", "--comm-timeout", "3"}));
+  };
+  Child node0(node(0, out), kJobEnv);
+  Child node1(node(1, out1), kJobEnv);
+  ASSERT_TRUE(node0.wait_for_output("checkpoint after epoch 5: ", Clock::now() + seconds(60)))
+      << node0.output();
+  ASSERT_EQ(::kill(node0.pid(), SIGKILL), 0);
+  const ProcessResult r0 = node0.wait_until(Clock::now() + seconds(10));
+  const ProcessResult r1 = node1.wait_until(Clock::now() + seconds(15));
+  EXPECT_FALSE(r1.timed_out) << r1.output;
+  EXPECT_NE(r1.exit_code, 0) << r1.output;
+  EXPECT_NE(r1.output.find("elastic: node 0's launcher is gone (" + NetnsHosts::address(0) + ":" +
+                           std::to_string(port) + " refuses connections)"),
+            std::string::npos)
+      << r1.output;
+  EXPECT_TRUE(hosts.pids(0).empty()) << r0.output;  // node 0's worker died with its launcher
   EXPECT_TRUE(hosts.pids(1).empty());
 }
 

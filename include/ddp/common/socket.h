@@ -109,6 +109,9 @@ UniqueFd connect_tcp(const std::string& host, int port, std::chrono::millisecond
 // One attempt: a probe of the network, not of a server.
 std::string unreachable_reason(const std::string& host, int port,
                                std::chrono::milliseconds timeout);
+// Whether host:port refused a connection within `timeout` (the host is up, nothing listens on the
+// port); false when it accepted, did not answer, or cannot be resolved. One attempt.
+bool refuses_connections(const std::string& host, int port, std::chrono::milliseconds timeout);
 
 // Sends all of `bytes` (no SIGPIPE); false when the peer is gone.
 bool send_all(int fd, const std::string& bytes);
