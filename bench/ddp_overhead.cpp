@@ -23,7 +23,7 @@ double train(const ddp::data::TensorDataset& data, bool wrapped, bool bucket_vie
              const std::shared_ptr<ddp::comm::ProcessGroup>& group) {
   torch::manual_seed(0);
   auto net = ddp::models::make_mlp();
-  ddp::DistributedDataParallel model{nullptr};
+  ddp::DistributedDataParallel<torch::nn::SequentialImpl> model{nullptr};
   if (wrapped) {
     model = ddp::DistributedDataParallel(
         net, group, ddp::DistributedDataParallelOptions().gradient_as_bucket_view(bucket_view));

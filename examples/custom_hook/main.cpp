@@ -70,7 +70,7 @@ struct NetImpl : torch::nn::Module {
 TORCH_MODULE(Net);
 
 // 20 SGD steps on this rank's share of a seeded random problem.
-void train(ddp::DistributedDataParallel& model, int rank) {
+void train(ddp::DistributedDataParallel<NetImpl>& model, int rank) {
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   torch::manual_seed(1000 + rank);
   for (int step = 0; step < 20; ++step) {

@@ -89,7 +89,7 @@ void verify_same_across_ranks(comm::ProcessGroup& group, const std::vector<std::
                   group.rank(), here.size(), reference.size(), first_difference));
 }
 
-DistributedDataParallelImpl::DistributedDataParallelImpl(std::shared_ptr<torch::nn::Module> module,
+DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::nn::Module> module,
                                                          std::shared_ptr<comm::ProcessGroup> group,
                                                          DistributedDataParallelOptions options)
     : module_(std::move(module)), group_(std::move(group)), options_(options) {
@@ -124,7 +124,7 @@ DistributedDataParallelImpl::DistributedDataParallelImpl(std::shared_ptr<torch::
   }
 }
 
-bool DistributedDataParallelImpl::buffers_due() {
+bool DistributedDataParallelBase::buffers_due() {
   if (!options_.broadcast_buffers() || module_->buffers().empty()) return false;
   if (torch::GradMode::is_enabled() && reducer_) {
     // Every rank makes the same decision: ranks run the same forwards and backwards.
@@ -135,7 +135,7 @@ bool DistributedDataParallelImpl::buffers_due() {
   return true;
 }
 
-void DistributedDataParallelImpl::pre_forward() {
+void DistributedDataParallelBase::pre_forward() {
   const bool broadcast = buffers_due();
   const int root = joining_ ? join_notify(broadcast) : 0;
   if (broadcast) {
@@ -171,20 +171,20 @@ int lowest_training_rank(const torch::Tensor& notice, int world) {
 }
 }  // namespace
 
-int DistributedDataParallelImpl::join_notify(bool broadcasts_buffers) {
+int DistributedDataParallelBase::join_notify(bool broadcasts_buffers) {
   const auto notice = join_notice(*group_, device_of(module_->parameters()), group_->rank(),
                                   reducer_ && reducer_->require_sync(), broadcasts_buffers);
   return lowest_training_rank(notice, group_->world_size());
 }
 
-void DistributedDataParallelImpl::begin_join() {
+void DistributedDataParallelBase::begin_join() {
   if (options_.static_graph()) {
     throw InputError("Join (uneven inputs) does not support static_graph");
   }
   joining_ = true;
 }
 
-void DistributedDataParallelImpl::finish_join() {
+void DistributedDataParallelBase::finish_join() {
   if (!joining_) throw Error("finish_join() without begin_join()");
   joining_ = false;
   const int world = group_->world_size();
@@ -208,17 +208,7 @@ void DistributedDataParallelImpl::finish_join() {
   broadcast_coalesced(*group_, state, authority);
 }
 
-torch::Tensor DistributedDataParallelImpl::forward(const torch::Tensor& input) {
-  if (!forward_) {
-    throw Error(
-        "DistributedDataParallel::forward(x) needs the wrapper built from a module holder; "
-        "use forward_with([&] { return net->forward(...); })");
-  }
-  pre_forward();
-  return forward_(input);
-}
-
-void DistributedDataParallelImpl::zero_grad(bool set_to_none) {
+void DistributedDataParallelBase::zero_grad(bool set_to_none) {
   for (auto& p : module_->parameters()) {
     auto& grad = p.mutable_grad();
     if (!grad.defined()) continue;
@@ -230,12 +220,12 @@ void DistributedDataParallelImpl::zero_grad(bool set_to_none) {
   }
 }
 
-DistributedDataParallelImpl::NoSyncGuard::NoSyncGuard(core::Reducer& reducer)
+DistributedDataParallelBase::NoSyncGuard::NoSyncGuard(core::Reducer& reducer)
     : reducer_(reducer), previous_(reducer.require_sync()) {
   reducer_.set_require_sync(false);
 }
 
-DistributedDataParallelImpl::NoSyncGuard::~NoSyncGuard() {
+DistributedDataParallelBase::NoSyncGuard::~NoSyncGuard() {
   reducer_.set_require_sync(previous_);
 }
 

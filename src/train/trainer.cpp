@@ -77,7 +77,7 @@ int64_t gradient_bytes(const core::IterationStats& s) {
 }
 
 // --comm-hook's hook on the model; allreduce registers none (the reducer's own average).
-void register_comm_hook(DistributedDataParallel& model, const Config& c,
+void register_comm_hook(DistributedDataParallel<>& model, const Config& c,
                         const std::shared_ptr<comm::ProcessGroup>& group) {
   switch (c.comm_hook) {
     case CommHook::kAllReduce:
@@ -577,7 +577,7 @@ torch::Tensor Trainer::forward_backward(EpochPass& pass, const data::Batch& batc
   const auto target = batch.target.to(dist_.device, /*non_blocking=*/pass.pin_memory);
   Timeline* timeline = timeline_.get();
   // no_sync around forward and backward, as PyTorch's guard (Join's notice says it in forward).
-  std::optional<DistributedDataParallelImpl::NoSyncGuard> local;
+  std::optional<DistributedDataParallelBase::NoSyncGuard> local;
   if (!sync) local.emplace(model_->reducer());
   torch::Tensor output, loss;
   {
@@ -974,7 +974,7 @@ void Trainer::form_next_generation() {
   // The old generation's group goes with the DDP wrapper (whose reducer holds it and whose hooks
   // it removes), the watchdog and the GradScaler; the model, the optimizer and the data stay.
   watchdog_.reset();
-  model_ = DistributedDataParallel(nullptr);
+  model_ = nullptr;
   if (scaler_) scaler_->set_group(nullptr);  // its inf check's collective, on the next group
   join_next_generation(dist_);
   if (scaler_) scaler_->set_group(dist_.group);

@@ -4,7 +4,7 @@
 //   ddp_worker BACKEND SCENARIO [RECORD]
 // SCENARIO: sgd | nosync | adam | fp16 | bf16 | custom-hook | powersgd-warmup | bucket-view |
 //           unused | unused-find | mismatch | overlap | buffers | no-buffers | two-forwards |
-//           checkpoint-twice | checkpoint-twice-dynamic | grad-scaler | zero | clip
+//           checkpoint-twice | checkpoint-twice-dynamic | grad-scaler | zero | clip | signatures
 // clip: the reduced gradients clipped to a 2-norm of kMaxNorm before each step; rank 0 writes the
 // first step's before and after, and the norm, to RECORD (for tests/python/clip_check.py).
 #include <fmt/format.h>
@@ -90,7 +90,8 @@ ddp::FuturePtr counting_hook(CountingState& state, ddp::GradBucket& bucket) {
 
 // Registers the scenario's hook (none for the plain all-reduce). Returns the counting state of
 // custom-hook.
-std::shared_ptr<CountingState> register_hook(ddp::DistributedDataParallel& model,
+template <class M>
+std::shared_ptr<CountingState> register_hook(ddp::DistributedDataParallel<M>& model,
                                              const std::shared_ptr<ddp::comm::ProcessGroup>& group,
                                              const std::string& scenario) {
   if (scenario == "fp16") model->register_comm_hook(group, ddp::fp16_compress_hook);
@@ -297,6 +298,83 @@ int check_zero(const std::shared_ptr<ddp::comm::ProcessGroup>& group) {
   return error <= 1e-5 ? 0 : 4;
 }
 
+// signatures: forwards that are not Tensor -> Tensor, called as model->forward(...). PairNet, a
+// plain struct in a std::shared_ptr, takes two tensors and returns a tuple; RepeatNet, a
+// TORCH_MODULE, takes a tensor and an int (how often its block runs).
+struct PairNet : torch::nn::Module {
+  PairNet() {
+    left = register_module("left", torch::nn::Linear(kIn, kHidden));
+    right = register_module("right", torch::nn::Linear(kIn, kHidden));
+    head = register_module("head", torch::nn::Linear(kHidden, kOut));
+  }
+  std::tuple<torch::Tensor, torch::Tensor> forward(const torch::Tensor& a, const torch::Tensor& b) {
+    const auto h = torch::relu(left(a) + right(b));
+    return {head(h), h.mean(1)};
+  }
+  torch::nn::Linear left{nullptr}, right{nullptr}, head{nullptr};
+};
+
+struct RepeatNetImpl : torch::nn::Module {
+  RepeatNetImpl() {
+    in = register_module("in", torch::nn::Linear(kIn, kHidden));
+    block = register_module("block", torch::nn::Linear(kHidden, kHidden));
+    out = register_module("out", torch::nn::Linear(kHidden, kOut));
+  }
+  torch::Tensor forward(const torch::Tensor& x, int64_t times) {
+    auto h = torch::relu(in(x));
+    for (int64_t i = 0; i < times; ++i) h = torch::tanh(block(h));
+    return out(h);
+  }
+  torch::nn::Linear in{nullptr}, block{nullptr}, out{nullptr};
+};
+TORCH_MODULE(RepeatNet);
+
+// DDP over make()'s module, called through `call(module, x)`, against one process on the global
+// batch; returns the largest relative difference of the parameters after kSteps.
+template <class Make, class Call>
+double signature_error(const std::shared_ptr<ddp::comm::ProcessGroup>& group, Make make,
+                       Call call) {
+  const int world = group->world_size(), rank = group->rank();
+  torch::manual_seed(100 + static_cast<uint64_t>(rank));
+  auto net = make();
+  torch::manual_seed(100);
+  auto reference = make();
+  ddp::DistributedDataParallel model(net, group);  // DistributedDataParallel<PairNet>, ...
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD reference_optimizer(reference->parameters(),
+                                        torch::optim::SGDOptions(0.1).momentum(0.9));
+  const Forward ours = [&](const torch::Tensor& x) { return call(*model, x); };
+  const Forward theirs = [&](const torch::Tensor& x) { return call(*reference, x); };
+  for (int64_t step = 0; step < kSteps; ++step) {
+    model->zero_grad();
+    rank_loss(ours, rank, step, 1).backward();
+    optimizer.step();
+    reference_optimizer.zero_grad();
+    torch::Tensor total = rank_loss(theirs, 0, step, 1);
+    for (int r = 1; r < world; ++r) total = total + rank_loss(theirs, r, step, 1);
+    (total / world).backward();
+    reference_optimizer.step();
+  }
+  return max_relative_error(net->parameters(), reference->parameters());
+}
+
+int check_signatures(const std::shared_ptr<ddp::comm::ProcessGroup>& group) {
+  const double pair = signature_error(
+      group, [] { return std::make_shared<PairNet>(); },
+      [](auto& module, const torch::Tensor& x) {
+        auto [out, aux] = module.forward(x, x.flip(1));
+        return out + 0.1 * aux.unsqueeze(1);
+      });
+  const double repeat = signature_error(
+      group, [] { return RepeatNet(); },
+      [](auto& module, const torch::Tensor& x) { return module.forward(x, 2); });
+  std::cout << fmt::format(
+      "rank {}/{}: forward(Tensor, Tensor) -> tuple max relative error {:.3g}, forward(Tensor, "
+      "int) {:.3g} (tolerance 1e-05)\n",
+      group->rank(), group->world_size(), pair, repeat);
+  return pair <= 1e-5 && repeat <= 1e-5 ? 0 : 4;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -320,6 +398,7 @@ int main(int argc, char** argv) {
       return check_buffers(group, scenario == "buffers");
     if (scenario == "grad-scaler") return check_grad_scaler(group);
     if (scenario == "zero") return check_zero(group);
+    if (scenario == "signatures") return check_signatures(group);
     if (scenario == "two-forwards" || scenario.rfind("checkpoint-twice", 0) == 0)
       return check_graph(group, scenario);
     const bool with_unused = scenario == "unused" || scenario == "unused-find";

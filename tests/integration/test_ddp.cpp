@@ -50,7 +50,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{3, "unused-find"}, Case{2, "two-forwards"}, Case{3, "two-forwards"},
                       Case{2, "checkpoint-twice"}, Case{3, "checkpoint-twice"},
                       Case{2, "grad-scaler"}, Case{3, "grad-scaler"}, Case{2, "zero"},
-                      Case{3, "zero"}),
+                      Case{3, "zero"}, Case{2, "signatures"}),
     [](const ::testing::TestParamInfo<Case>& info) {
       std::string name = info.param.scenario + "_world" + std::to_string(info.param.world);
       std::replace(name.begin(), name.end(), '-', '_');

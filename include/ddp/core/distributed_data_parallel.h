@@ -4,14 +4,19 @@
 // DataParallel's key names ("module.fc.weight").
 //
 //   auto group = ddp::init_process_group();  // however the process was started
-//   MyNet net;                                // a TORCH_MODULE
+//   auto net = std::make_shared<Net>();       // or a TORCH_MODULE holder: Net net;
 //   ddp::DistributedDataParallel model(net, group,
 //                                      ddp::DistributedDataParallelOptions().bucket_cap_mb(25));
 //   torch::optim::SGD optimizer(model->parameters(), /*lr=*/0.01);
 //   model->zero_grad();
-//   auto loss = loss_fn(model->forward(x), y);
+//   auto loss = loss_fn(model->forward(x), y);  // whatever Net::forward takes and returns
 //   loss.backward();   // returns with the gradients averaged over the ranks
 //   optimizer.step();
+//
+// The wrapper's type follows the module's (DistributedDataParallel<Net>, deduced), so that
+// model->forward(...) is Net's own forward, overloads, several arguments, tuples and structs
+// included, checked by the compiler. DistributedDataParallel<> wraps a module known only as
+// torch::nn::Module; it has no forward of its own: call it with forward_with.
 //
 // Construction is collective: every rank checks that all ranks hold the same parameters
 // (names, shapes, dtypes), then rank 0's parameters and buffers are broadcast.
@@ -20,8 +25,9 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
-#include <functional>
 #include <memory>
+#include <type_traits>
+#include <utility>
 
 #include "ddp/comm/process_group.h"
 #include "ddp/core/reducer.h"
@@ -41,26 +47,17 @@ struct DistributedDataParallelOptions {
   TORCH_ARG(bool, static_graph) = false;
 };
 
-class DistributedDataParallelImpl : public torch::nn::Module {
+// What every DistributedDataParallel<M> shares, whatever M: the broadcasts, the reducer, hooks,
+// no_sync, Join. Not used directly: DistributedDataParallel<M> below is.
+class DistributedDataParallelBase : public torch::nn::Module {
  public:
-  DistributedDataParallelImpl(std::shared_ptr<torch::nn::Module> module,
+  DistributedDataParallelBase(std::shared_ptr<torch::nn::Module> module,
                               std::shared_ptr<comm::ProcessGroup> group,
                               DistributedDataParallelOptions options = {});
 
-  // From a module holder (torch::nn::Linear, a TORCH_MODULE of yours): forward(x) then calls
-  // the module's forward(x).
-  template <class Holder, class = decltype(std::declval<Holder>().ptr())>
-  DistributedDataParallelImpl(Holder holder, std::shared_ptr<comm::ProcessGroup> group,
-                              DistributedDataParallelOptions options = {})
-      : DistributedDataParallelImpl(holder.ptr(), std::move(group), options) {
-    forward_ = [holder](const torch::Tensor& x) mutable { return holder->forward(x); };
-  }
-
-  // The wrapped module's forward(x), after the buffer broadcast.
-  torch::Tensor forward(const torch::Tensor& input);
-
-  // Any other forward: `run` calls the wrapped module however it wants, after the buffer
-  // broadcast: model->forward_with([&] { return net->forward(a, b); }).
+  // Any forward at all: `run` calls the wrapped module however it wants, after the buffer
+  // broadcast: model->forward_with([&] { return net->forward(a, b); }). For the module known
+  // only as torch::nn::Module, or a forward that is a template taking a lambda.
   template <class F>
   auto forward_with(F&& run) {
     pre_forward();
@@ -131,7 +128,6 @@ class DistributedDataParallelImpl : public torch::nn::Module {
   std::shared_ptr<comm::ProcessGroup> group_;
   DistributedDataParallelOptions options_;
   std::unique_ptr<core::Reducer> reducer_;
-  std::function<torch::Tensor(const torch::Tensor&)> forward_;
   int64_t buffers_broadcast_at_ = -1;  // the reducer's backward count at the last broadcast
   bool joining_ = false;               // between begin_join() and finish_join()
 
@@ -139,7 +135,72 @@ class DistributedDataParallelImpl : public torch::nn::Module {
   // Join: this forward's notice; returns the lowest rank still training.
   int join_notify(bool broadcasts_buffers);
 };
-TORCH_MODULE(DistributedDataParallel);
+
+namespace detail {
+template <class M, class = void, class... Args>
+struct HasForward : std::false_type {};
+template <class M, class... Args>
+struct HasForward<M, std::void_t<decltype(std::declval<M&>().forward(std::declval<Args>()...))>,
+                  Args...> : std::true_type {};
+template <class>
+inline constexpr bool kAlwaysFalse = false;
+}  // namespace detail
+
+// The wrapper of a module of type M: forward(args...) is M's forward(args...) after the buffer
+// broadcast, with M's return type.
+template <class M>
+class DistributedDataParallelImpl : public DistributedDataParallelBase {
+  static_assert(std::is_base_of_v<torch::nn::Module, M>,
+                "ddp::DistributedDataParallel wraps a torch::nn::Module (a struct deriving from "
+                "it, held in a std::shared_ptr or a TORCH_MODULE holder)");
+
+ public:
+  DistributedDataParallelImpl(std::shared_ptr<M> module, std::shared_ptr<comm::ProcessGroup> group,
+                              DistributedDataParallelOptions options = {})
+      : DistributedDataParallelBase(module, std::move(group), options), typed_(std::move(module)) {}
+  // From a module holder (torch::nn::Linear, a TORCH_MODULE of yours): the module it holds.
+  DistributedDataParallelImpl(const torch::nn::ModuleHolder<M>& holder,
+                              std::shared_ptr<comm::ProcessGroup> group,
+                              DistributedDataParallelOptions options = {})
+      : DistributedDataParallelImpl(holder.ptr(), std::move(group), options) {}
+
+  template <class... Args>
+  decltype(auto) forward(Args&&... args) {
+    if constexpr (detail::HasForward<M, void, Args&&...>::value) {
+      pre_forward();
+      return typed_->forward(std::forward<Args>(args)...);
+    } else {
+      static_assert(detail::kAlwaysFalse<M>,
+                    "ddp::DistributedDataParallel: the wrapped module has no forward taking "
+                    "these arguments. Give the module's type a forward(...) that takes them, "
+                    "wrap the module by its own type (std::shared_ptr<Net>, not "
+                    "std::shared_ptr<torch::nn::Module>), or call it yourself: "
+                    "model->forward_with([&] { return net->forward(...); })");
+    }
+  }
+
+  M& module() { return *typed_; }
+  std::shared_ptr<M> module_ptr() { return typed_; }
+
+ private:
+  std::shared_ptr<M> typed_;  // the base's module, by its own type
+};
+
+// The holder, as TORCH_MODULE would make it, over the module's type; deduced from what is
+// wrapped: ddp::DistributedDataParallel model(net, group) with `net` a std::shared_ptr<Net> or a
+// holder of NetImpl. DistributedDataParallel<> (torch::nn::Module) is the one to name where the
+// type must be spelled for any module: a member set later, a function's parameter.
+template <class M = torch::nn::Module>
+class DistributedDataParallel : public torch::nn::ModuleHolder<DistributedDataParallelImpl<M>> {
+ public:
+  using torch::nn::ModuleHolder<DistributedDataParallelImpl<M>>::ModuleHolder;
+  using Impl = DistributedDataParallelImpl<M>;
+};
+
+template <class M, class... Rest>
+DistributedDataParallel(std::shared_ptr<M>, Rest&&...) -> DistributedDataParallel<M>;
+template <class M, class... Rest>
+DistributedDataParallel(torch::nn::ModuleHolder<M>, Rest&&...) -> DistributedDataParallel<M>;
 
 // Every rank's tensors become those of rank `root`: one broadcast per (dtype, device) group of up
 // to 25 MiB, flattened. A collective. Written as `.data` would be, without bumping the tensors'

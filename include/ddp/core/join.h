@@ -12,7 +12,7 @@
 // A rank that runs out of batches keeps joining the others' collectives with zero gradients
 // until every rank is done; the gradients average over the whole world (a joined rank counts as
 // zeros); at the end every rank holds the model of the last to finish.
-// DistributedDataParallelImpl::begin_join() states the rules.
+// DistributedDataParallelBase::begin_join() states the rules.
 
 #include <utility>
 
@@ -20,8 +20,8 @@
 
 namespace ddp {
 
-template <class Loop>
-void join(DistributedDataParallel& model, Loop&& loop) {
+template <class M, class Loop>
+void join(DistributedDataParallel<M>& model, Loop&& loop) {
   model->begin_join();
   std::forward<Loop>(loop)();
   model->finish_join();

@@ -225,7 +225,7 @@ class Trainer {
   Distributed dist_;
   std::unique_ptr<comm::Watchdog> watchdog_;  // after dist_: stops before the group goes
   Workload workload_;
-  DistributedDataParallel model_{nullptr};
+  DistributedDataParallel<> model_{nullptr};
   std::unique_ptr<torch::optim::Optimizer> optimizer_;  // null with --zero
   std::unique_ptr<ZeroRedundancyOptimizer> zero_;       // --zero
   // The optimizer whose learning rate and state the run sets and saves: --zero's local one.
