@@ -28,12 +28,10 @@ fail() {
   exit 1
 }
 step() { echo "--- $*"; }
+# shellcheck source=tests/scripts/install_package.sh
+source "$source_dir/tests/scripts/install_package.sh"
 
-step "install $build_dir into $tmp/prefix"
-cmake --install "$build_dir" --prefix "$tmp/prefix" >"$tmp/install.log" ||
-  { cat "$tmp/install.log"; fail "cmake --install failed"; }
-# lib/cmake/ddp, or lib/<multiarch>/cmake/ddp where the build was configured for /usr on Debian.
-config_dir=$(dirname "$(find "$tmp/prefix" -path '*/cmake/ddp/ddpConfig.cmake' -print -quit)")
+install_package "$build_dir" "$tmp/prefix"
 for f in bin/ddp_train bin/launcher include/ddp/version.h include/ddp/core/distributed_data_parallel.h \
   "${config_dir#"$tmp/prefix/"}"/{ddpConfig,ddpConfigVersion,ddpTargets}.cmake \
   share/ddp/configs/fashion_mnist_mlp.yaml; do
@@ -44,14 +42,7 @@ if grep -rlF -e "$build_dir" -e "$source_dir" "$tmp/prefix/lib/cmake" "$tmp/pref
   fail "the installed package refers to $build_dir or $source_dir (files above)"
 fi
 
-step "build examples/custom_model against the installed package"
-cmake -S "$source_dir/examples/custom_model" -B "$tmp/example" -G Ninja \
-  -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$tmp/prefix" >"$tmp/configure.log" 2>&1 ||
-  { cat "$tmp/configure.log"; fail "configuring the example against the package failed"; }
-found=$(sed -n 's/^ddp_DIR:PATH=//p' "$tmp/example/CMakeCache.txt")
-[[ "$found" == "$config_dir" ]] || fail "the example found ddp in '$found', not in the prefix"
-cmake --build "$tmp/example" >"$tmp/build.log" 2>&1 ||
-  { cat "$tmp/build.log"; fail "building the example against the package failed"; }
+build_against_package "$source_dir/examples/custom_model" "$tmp/example" "$tmp/prefix"
 
 step "train it on 2 ranks with the installed launcher"
 mkdir "$tmp/run"
@@ -104,11 +95,8 @@ if abs(accuracy - cpp_accuracy) > 0.002:
     sys.exit(f"FAIL: Python's accuracy with the saved weights, {accuracy:.4f}, is not C++'s")
 PY
 
-step "build examples/custom_hook against the installed package; run it on 4 ranks, 2 per node"
-cmake -S "$source_dir/examples/custom_hook" -B "$tmp/hook" -G Ninja \
-  -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$tmp/prefix" >"$tmp/hook-configure.log" 2>&1 &&
-  cmake --build "$tmp/hook" >"$tmp/hook-build.log" 2>&1 ||
-  { cat "$tmp/hook-configure.log" "$tmp/hook-build.log"; fail "building examples/custom_hook failed"; }
+build_against_package "$source_dir/examples/custom_hook" "$tmp/hook" "$tmp/prefix"
+step "run examples/custom_hook on 4 ranks, 2 per node"
 "$tmp/prefix/bin/launcher" --nproc 4 "$tmp/hook/custom_hook" 2 2>&1 | tee "$tmp/hook.log" ||
   fail "the hook example failed on 4 ranks (exit ${PIPESTATUS[0]})"
 [[ $(grep -c "2 nodes of 2; hierarchical all-reduce vs built-in: .*(equal)" "$tmp/hook.log") == 4 ]] ||

@@ -1,0 +1,27 @@
+# shellcheck shell=bash
+# Sourced by the install tests: install_package BUILD_DIR PREFIX installs the build into PREFIX
+# and sets config_dir to the directory of its ddpConfig.cmake (lib/cmake/ddp, or
+# lib/<multiarch>/cmake/ddp where the build was configured for /usr on Debian). fail() and step()
+# are the tests' own.
+install_package() {
+  local build_dir=$1 prefix=$2
+  step "install $build_dir into $prefix"
+  cmake --install "$build_dir" --prefix "$prefix" >"$prefix.install.log" ||
+    { cat "$prefix.install.log"; fail "cmake --install failed"; }
+  config_dir=$(dirname "$(find "$prefix" -path '*/cmake/ddp/ddpConfig.cmake' -print -quit)")
+}
+
+# build_against_package SOURCE BUILD PREFIX: configures and builds the CMake project SOURCE in
+# BUILD against the package in PREFIX, and checks that it found ddp there.
+build_against_package() {
+  local source=$1 build=$2 prefix=$3
+  step "build $source against the installed package"
+  cmake -S "$source" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$prefix" >"$build.configure.log" 2>&1 ||
+    { cat "$build.configure.log"; fail "configuring $source against the package failed"; }
+  local found
+  found=$(sed -n 's/^ddp_DIR:PATH=//p' "$build/CMakeCache.txt")
+  [[ "$found" == "$config_dir" ]] || fail "$source found ddp in '$found', not in $prefix"
+  cmake --build "$build" >"$build.build.log" 2>&1 ||
+    { cat "$build.build.log"; fail "building $source against the package failed"; }
+}
