@@ -44,10 +44,16 @@ fi
 
 build_against_package "$source_dir/examples/custom_model" "$tmp/example" "$tmp/prefix"
 
+step "unpack Fashion-MNIST's files for torch::data::datasets::MNIST (MNIST's names, unpacked)"
+mkdir "$tmp/mnist"
+for f in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do
+  gunzip -c "$data_dir/$f.gz" >"$tmp/mnist/$f"
+done
+
 step "train it on 2 ranks with the installed launcher"
 mkdir "$tmp/run"
 (cd "$tmp/run" && "$tmp/prefix/bin/launcher" --nproc 2 "$tmp/example/custom_model" \
-  "$data_dir" "$tmp/run/weights.pt") 2>&1 | tee "$tmp/run.log" ||
+  "$tmp/mnist" "$tmp/run/weights.pt") 2>&1 | tee "$tmp/run.log" ||
   fail "the example failed on 2 ranks (exit ${PIPESTATUS[0]})"
 grep -q "world size 2" "$tmp/run.log" || fail "no 'world size 2' in the output: did both ranks join?"
 accuracy=$(sed -n 's/.*test accuracy \([0-9.]*\) on 10000 images.*/\1/p' "$tmp/run.log")
@@ -64,7 +70,7 @@ import torch, torch.nn as nn, torch.nn.functional as F
 
 path, data_dir, cpp_accuracy = sys.argv[1], sys.argv[2], float(sys.argv[3])
 
-class Net(nn.Module):  # examples/custom_model/main.cpp's NetImpl
+class Net(nn.Module):  # examples/custom_model/main.cpp's Net
     def __init__(self):
         super().__init__()
         self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
