@@ -142,7 +142,10 @@ TEST_P(KillAnElasticWorker, TheOthersGoOnTheRestartedOneJoinsAndTheResultIsTheCh
   expect_same_weights(elastic.file("model.pt"), train_by_checkpoints(changes, checkpoints, {}));
 }
 
-INSTANTIATE_TEST_SUITE_P(FiveSeeds, KillAnElasticWorker, ::testing::Values(1, 2, 3, 4, 5));
+// Seeds 2, 3 and 5: rank 0 after step 8 (an epoch's end), rank 1 after step 9 (an epoch's first),
+// rank 2 after step 15 (mid-epoch). Seeds 1 and 4 (rank 1 after 20 and 15) were dropped for CI's
+// time.
+INSTANTIATE_TEST_SUITE_P(ThreeSeeds, KillAnElasticWorker, ::testing::Values(2, 3, 5));
 
 // How a test proves that nothing was applied twice or half: its weights equal bitwise those of
 // the same training by checkpoints (three to four more launches), or, for a failure where no step
