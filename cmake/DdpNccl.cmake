@@ -52,8 +52,11 @@ function(ddp_configure_nccl comm_target)
   find_path(DDP_NCCL_INCLUDE_DIR nccl.h HINTS ${nccl_roots}
             PATH_SUFFIXES include targets/x86_64-linux/include targets/sbsa-linux/include
             DOC "Directory of nccl.h")
-  # The wheel ships only libnccl.so.2 (no libnccl.so), hence the second name.
-  find_library(DDP_NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${nccl_roots}
+  # The wheel ships only libnccl.so.2 (no libnccl.so), hence the second name; NAMES_PER_DIR makes
+  # the first root that has either win (by default CMake tries each name in every folder first,
+  # and a system libnccl.so beat the wheel's libnccl.so.2: two NCCLs in one process, seen on an
+  # H200 with torch 2.11).
+  find_library(DDP_NCCL_LIBRARY NAMES nccl libnccl.so.2 NAMES_PER_DIR HINTS ${nccl_roots}
                PATH_SUFFIXES lib lib64 lib/x86_64-linux-gnu targets/x86_64-linux/lib
                DOC "The NCCL library to link (the one libtorch_cuda.so loads)")
 

@@ -25,22 +25,13 @@ mpirun=${DDP_MPIEXEC:-mpirun}
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/ddp-mnist-test.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
-step() { echo "--- $*"; }
 # shellcheck source=tests/scripts/install_package.sh
 source "$source_dir/tests/scripts/install_package.sh"
 
 install_package "$build_dir" "$tmp/prefix"
 build_against_package "$source_dir/tests/install/mnist_ddp" "$tmp/build" "$tmp/prefix"
 
-step "unpack Fashion-MNIST's training files under MNIST's names (the same names, unpacked)"
-mkdir "$tmp/mnist"
-for f in train-images-idx3-ubyte train-labels-idx1-ubyte; do
-  gunzip -c "$data_dir/$f.gz" >"$tmp/mnist/$f"
-done
+unpack_mnist "$data_dir" "$tmp/mnist" train-images-idx3-ubyte train-labels-idx1-ubyte
 
 program="$tmp/build/mnist_ddp"
 launcher="$tmp/prefix/bin/launcher"

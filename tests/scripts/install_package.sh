@@ -1,8 +1,15 @@
 # shellcheck shell=bash
-# Sourced by the install tests: install_package BUILD_DIR PREFIX installs the build into PREFIX
-# and sets config_dir to the directory of its ddpConfig.cmake (lib/cmake/ddp, or
-# lib/<multiarch>/cmake/ddp where the build was configured for /usr on Debian). fail() and step()
-# are the tests' own.
+# Sourced by the install tests (install_example_test.sh, install_mnist_test.sh).
+
+fail() {
+  echo "FAIL: $*" >&2
+  exit 1
+}
+step() { echo "--- $*"; }
+
+# install_package BUILD_DIR PREFIX installs the build into PREFIX and sets config_dir to the
+# directory of its ddpConfig.cmake (lib/cmake/ddp, or lib/<multiarch>/cmake/ddp where the build
+# was configured for /usr on Debian).
 install_package() {
   local build_dir=$1 prefix=$2
   step "install $build_dir into $prefix"
@@ -24,4 +31,17 @@ build_against_package() {
   [[ "$found" == "$config_dir" ]] || fail "$source found ddp in '$found', not in $prefix"
   cmake --build "$build" >"$build.build.log" 2>&1 ||
     { cat "$build.build.log"; fail "building $source against the package failed"; }
+}
+
+# unpack_mnist FROM TO NAME...: Fashion-MNIST's NAME.gz files from FROM, unpacked into TO, as
+# torch::data::datasets::MNIST reads them (Fashion-MNIST's names are MNIST's).
+unpack_mnist() {
+  local from=$1 to=$2
+  shift 2
+  step "unpack Fashion-MNIST's $* into $to (MNIST's names, unpacked)"
+  mkdir -p "$to"
+  local name
+  for name in "$@"; do
+    gunzip -c "$from/$name.gz" >"$to/$name" || fail "cannot unpack $from/$name.gz"
+  done
 }
