@@ -151,22 +151,29 @@ std::string ProcessGroup::timeout_message(const CollectiveInfo& info) const {
       std::chrono::duration<double>(options_.timeout).count(), backend_name(), info.world_size - 1);
 }
 
+namespace {
+// A caller's mistake, not ddp's: InputError (DDP_CHECK is for ddp's own invariants).
+void require(bool condition, const char* what) {
+  if (!condition) throw InputError(what);
+}
+}  // namespace
+
 WorkPtr ProcessGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
-  DDP_CHECK(tensor.is_contiguous(), "all_reduce needs a contiguous tensor");
+  require(tensor.is_contiguous(), "all_reduce needs a contiguous tensor");
   const auto info = next_info(fmt::format("all_reduce({})", to_string(op)), &tensor);
   return recorded(info, [&] { return do_all_reduce(tensor, op, info); });
 }
 
 WorkPtr ProcessGroup::broadcast(at::Tensor& tensor, int root) {
-  DDP_CHECK(tensor.is_contiguous(), "broadcast needs a contiguous tensor");
-  DDP_CHECK(root >= 0 && root < world_size_, "broadcast root outside the group");
+  require(tensor.is_contiguous(), "broadcast needs a contiguous tensor");
+  require(root >= 0 && root < world_size_, "broadcast root outside the group");
   const auto info = next_info(fmt::format("broadcast(root {})", root), &tensor);
   return recorded(info, [&] { return do_broadcast(tensor, root, info); });
 }
 
 WorkPtr ProcessGroup::all_gather(at::Tensor& output, const at::Tensor& input) {
-  DDP_CHECK(output.is_contiguous() && input.is_contiguous(), "all_gather needs contiguous tensors");
-  DDP_CHECK(
+  require(output.is_contiguous() && input.is_contiguous(), "all_gather needs contiguous tensors");
+  require(
       output.numel() == input.numel() * world_size_ && output.scalar_type() == input.scalar_type(),
       "all_gather output must be world_size * input.numel() of input's dtype");
   const auto info = next_info("all_gather", &input);

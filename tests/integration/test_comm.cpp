@@ -246,6 +246,18 @@ TEST(Factory, InitProcessGroupWithoutALauncherIsWorldOneLocal) {
   EXPECT_EQ(configured->options().timeout, std::chrono::seconds(5));
 }
 
+// A caller's mistake in a collective's arguments is InputError on every backend (the GPU suite
+// checks nccl's), not the internal-check failure it once was.
+TEST(Factory, ACollectivesBadArgumentsAreTheCallersInputError) {
+  auto group = ddp::comm::create_process_group("local", detect_launch({}), {}, false);
+  torch::Tensor strided = torch::ones({4, 5}).t();
+  EXPECT_THROW(group->all_reduce(strided), ddp::InputError);
+  torch::Tensor t = torch::ones({3});
+  EXPECT_THROW(group->broadcast(t, 1), ddp::InputError);
+  torch::Tensor out = torch::empty({2});
+  EXPECT_THROW(group->all_gather(out, t), ddp::InputError);
+}
+
 // ---- Real processes ----
 
 class GlooRanks : public ::testing::TestWithParam<int> {};
