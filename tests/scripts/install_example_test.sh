@@ -32,8 +32,12 @@ for f in bin/ddp_train bin/launcher include/ddp/version.h include/ddp/core/distr
   share/ddp/configs/fashion_mnist_mlp.yaml; do
   [[ -e "$tmp/prefix/$f" ]] || fail "the install has no $f"
 done
-# The package must stand alone: nothing in it may point back into the source or build tree.
-if grep -rlF -e "$build_dir" -e "$source_dir" "$tmp/prefix/lib/cmake" "$tmp/prefix/include"; then
+# The package must stand alone: nothing in it may point back into the source or build tree. A
+# path counts where it stands alone (not inside a longer one): in the Docker image the source is
+# /ddp, which "include/ddp/core" contains.
+ere() { printf '%s' "$1" | sed 's/[].[\\*^$+?(){}|]/\\&/g'; }
+tree_paths="(^|[^[:alnum:]_.-])($(ere "$build_dir")|$(ere "$source_dir"))(/|[^[:alnum:]_.-]|$)"
+if grep -rlE "$tree_paths" "$tmp/prefix/lib/cmake" "$tmp/prefix/include"; then
   fail "the installed package refers to $build_dir or $source_dir (files above)"
 fi
 
