@@ -134,25 +134,20 @@ void DistributedSampler::save(torch::serialize::OutputArchive& archive, int64_t 
   };
   put("epoch", state_->epoch);
   put("position", trained);
-  put("dataset_size", state_->dataset_size);
-  put("world_size", world_size_);
-  put("seed", static_cast<int64_t>(seed_));
-  put("shuffle", shuffle_);
-  put("drop_last", drop_last_);
-  put("evaluation", evaluation_);
+  for (const auto& [key, value] : order_keys()) put(key, value);
+}
+
+std::vector<std::pair<const char*, int64_t>> DistributedSampler::order_keys() const {
+  return {{"dataset_size", state_->dataset_size},
+          {"world_size", world_size_},
+          {"seed", static_cast<int64_t>(seed_)},
+          {"shuffle", shuffle_},
+          {"drop_last", drop_last_},
+          {"evaluation", evaluation_}};
 }
 
 void DistributedSampler::load(torch::serialize::InputArchive& archive) {
-  const struct {
-    const char* key;
-    int64_t mine;
-  } order_keys[] = {{"dataset_size", state_->dataset_size},
-                    {"world_size", world_size_},
-                    {"seed", static_cast<int64_t>(seed_)},
-                    {"shuffle", shuffle_},
-                    {"drop_last", drop_last_},
-                    {"evaluation", evaluation_}};
-  for (const auto& [key, mine] : order_keys) {
+  for (const auto& [key, mine] : order_keys()) {
     const int64_t saved = read_int(archive, key);
     if (saved != mine) {
       throw InputError(fmt::format(

@@ -9,22 +9,12 @@
 #   tests/scripts/install_example_test.sh BUILD_DIR SOURCE_DIR      (ctest: Install.*)
 set -euo pipefail
 
-if [[ $# -ne 2 ]]; then
-  echo "usage: $0 BUILD_DIR SOURCE_DIR" >&2
-  exit 2
-fi
-build_dir=$(cd "$1" && pwd)
-source_dir=$(cd "$2" && pwd)
-data_dir=${DDP_FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}
-python=${DDP_PYTHON:-/usr/bin/python3}
+# shellcheck source=tests/scripts/install_package.sh
+source "$(dirname "${BASH_SOURCE[0]}")/install_package.sh"
+install_test_arguments install-test "$@"
 # 6,000 training images, 2 epochs on 2 ranks: 0.8340 with the example's seed, 0.81-0.85 with
 # other seeds (measured); an untrained net scores about 0.1.
 min_accuracy=0.75
-
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/ddp-install-test.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
-# shellcheck source=tests/scripts/install_package.sh
-source "$source_dir/tests/scripts/install_package.sh"
 
 install_package "$build_dir" "$tmp/prefix"
 for f in bin/ddp_train bin/launcher include/ddp/version.h include/ddp/core/distributed_data_parallel.h \

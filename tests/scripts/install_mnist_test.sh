@@ -13,20 +13,10 @@
 #   tests/scripts/install_mnist_test.sh BUILD_DIR SOURCE_DIR      (ctest: Install.*)
 set -euo pipefail
 
-if [[ $# -ne 2 ]]; then
-  echo "usage: $0 BUILD_DIR SOURCE_DIR" >&2
-  exit 2
-fi
-build_dir=$(cd "$1" && pwd)
-source_dir=$(cd "$2" && pwd)
-data_dir=${DDP_FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}
-python=${DDP_PYTHON:-/usr/bin/python3}
-mpirun=${DDP_MPIEXEC:-mpirun}
-
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/ddp-mnist-test.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
 # shellcheck source=tests/scripts/install_package.sh
-source "$source_dir/tests/scripts/install_package.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/install_package.sh"
+install_test_arguments mnist-test "$@"
+mpirun=${DDP_MPIEXEC:-mpirun}
 
 install_package "$build_dir" "$tmp/prefix"
 build_against_package "$source_dir/tests/install/mnist_ddp" "$tmp/build" "$tmp/prefix"

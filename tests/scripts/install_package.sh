@@ -1,6 +1,25 @@
 # shellcheck shell=bash
 # Sourced by the install tests (install_example_test.sh, install_mnist_test.sh).
 
+# install_test_arguments NAME "$@": the tests' two arguments, BUILD_DIR and SOURCE_DIR, as
+# build_dir and source_dir; data_dir and python from the environment; tmp, a scratch folder named
+# after NAME that is removed on exit.
+# shellcheck disable=SC2034  # the variables are the sourcing test's
+install_test_arguments() {
+  local name=$1
+  shift
+  if [[ $# -ne 2 ]]; then
+    echo "usage: $0 BUILD_DIR SOURCE_DIR" >&2
+    exit 2
+  fi
+  build_dir=$(cd "$1" && pwd)
+  source_dir=$(cd "$2" && pwd)
+  data_dir=${DDP_FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}
+  python=${DDP_PYTHON:-/usr/bin/python3}
+  tmp=$(mktemp -d "${TMPDIR:-/tmp}/ddp-$name.XXXXXX")
+  trap 'rm -rf "$tmp"' EXIT
+}
+
 fail() {
   echo "FAIL: $*" >&2
   exit 1

@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 namespace ddp::data {
@@ -99,6 +100,8 @@ class DistributedSampler : public torch::data::samplers::Sampler<> {
   std::shared_ptr<State> state_;
 
   torch::Tensor order() const;  // the epoch's permutation (or 0..n-1 without shuffle)
+  // What fixes the order, by archive key: save() writes these, load() refuses others.
+  std::vector<std::pair<const char*, int64_t>> order_keys() const;
 };
 
 // Note [An epoch is a sequence the ranks take in strides]
