@@ -8,6 +8,7 @@
 #include <iterator>
 
 #include "backends.h"
+#include "ddp/comm/collective_check.h"
 #include "job_store.h"
 
 namespace ddp::comm {
@@ -357,14 +358,19 @@ std::unique_ptr<ProcessGroup> create_process_group(const std::string& backend,
 namespace ddp {
 
 std::shared_ptr<comm::ProcessGroup> init_process_group(const InitProcessGroupOptions& options) {
-  const auto launch = comm::detect_launch(comm::current_env());
+  const auto env = comm::current_env();
+  const auto launch = comm::detect_launch(env);
+  const auto debug = comm::debug_level(env);  // a bad value fails before the rendezvous
   const std::string backend = options.backend().empty()
                                   ? comm::default_backend(launch, options.cuda_device())
                                   : options.backend();
   comm::ProcessGroupOptions group_options;
   group_options.timeout = options.timeout();
   group_options.rendezvous_timeout = options.rendezvous_timeout();
-  return comm::create_process_group(backend, launch, group_options, options.cuda_device());
+  std::shared_ptr<comm::ProcessGroup> group =
+      comm::create_process_group(backend, launch, group_options, options.cuda_device());
+  if (debug == comm::DebugLevel::kDetail) return comm::check_collectives(group);
+  return group;
 }
 
 }  // namespace ddp

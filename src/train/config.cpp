@@ -267,6 +267,11 @@ std::vector<ConfigKey> make_keys() {
       bool_key("checkpoint-on-signal", &C::checkpoint_on_signal,
                "on SIGTERM, every rank finishes its step, rank 0 writes a checkpoint, and the "
                "run exits with 143 (--resume auto continues from that step)"),
+      bool_key("debug-collectives", &C::debug_collectives,
+               "before each collective, the ranks compare what they call (op, dtype, shape) and "
+               "a mismatch ends every rank at once naming both calls, as "
+               "TORCH_DISTRIBUTED_DEBUG=DETAIL (which also turns it on); one small all-gather "
+               "per collective"),
       bool_key("record-samples", &C::record_samples,
                "rank 0 writes the sample ids every rank trained in each committed step to "
                "samples.jsonl in the output directory (one all_gather a step)"),

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "ddp/comm/collective_check.h"
 #include "ddp/comm/host_collectives.h"
 #include "ddp/common/error.h"
 #include "ddp/common/log.h"
@@ -98,6 +99,7 @@ void join_next_generation(Distributed& d) {
   d.launch.rank = d.membership.rank;
   d.launch.world_size = d.membership.world_size();
   d.group = d.agent->make_group(d.membership, d.options, elastic_backend(d.device));
+  if (d.check_collectives) d.group = comm::check_collectives(d.group);
 }
 
 Distributed init_distributed(const Config& config, const comm::Env& env) {
@@ -113,6 +115,8 @@ Distributed init_distributed(const Config& config, const comm::Env& env) {
   if (!d.launch.rendezvous_origin.empty()) log::info("rendezvous: {}", d.launch.rendezvous_origin);
   d.options.timeout = to_ms(config.comm_timeout);
   d.options.rendezvous_timeout = to_ms(config.rendezvous_timeout);
+  d.check_collectives =
+      config.debug_collectives || comm::debug_level(env) == comm::DebugLevel::kDetail;
   if (config.elastic) {
     const auto id = env.find("DDP_ELASTIC_ID");
     if (id == env.end() || d.launch.launcher != comm::Launcher::kEnv ||
@@ -130,6 +134,7 @@ Distributed init_distributed(const Config& config, const comm::Env& env) {
     join_next_generation(d);
   } else {
     d.group = comm::create_process_group(backend, d.launch, d.options, d.device.is_cuda());
+    if (d.check_collectives) d.group = comm::check_collectives(d.group);
   }
 
   if (config.elastic) {

@@ -3,6 +3,10 @@
 //   comm_worker BACKEND collectives
 //   comm_worker BACKEND skip TIMEOUT_MS   the last rank never joins all_reduce #2
 //   comm_worker BACKEND setup             only creates the group (bad env, bad backend)
+//   comm_worker BACKEND mismatch KIND TIMEOUT_MS   8 collectives through ddp::init_process_group,
+//       rank 1 calling another op, dtype or shape at the 5th, or skipping it (KIND: op, dtype,
+//       shape, skip); prints how long the job took to fail (TORCH_DISTRIBUTED_DEBUG=DETAIL: at
+//       once)
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -335,6 +339,51 @@ void check_new_group(ddp::comm::ProcessGroup& pg) {
   expect_equal(t, at::full({10}, (w - 1) * w / 2.0, at::kDouble), "parent after subgroups");
 }
 
+// mismatch: collectives alternate all_reduce(sum, float32[10]) and broadcast(float32[10]) from
+// rank 0; rank 1's 5th call differs (or is skipped, making its 5th the others' 6th).
+void run_mismatch(ddp::comm::ProcessGroup& pg, const std::string& kind) {
+  for (int call = 1; call <= 8; ++call) {
+    auto t = at::ones({10}, at::kFloat);
+    if (pg.rank() == 1 && call == 5) {
+      if (kind == "skip") continue;
+      if (kind == "op") {
+        auto other = at::ones({12}, at::kFloat);
+        pg.broadcast(other, 0)->wait();
+        continue;
+      }
+      if (kind == "dtype") t = t.to(at::kDouble);
+      if (kind == "shape") t = at::ones({12}, at::kFloat);
+    }
+    if (call % 2 == 1) {
+      pg.all_reduce(t)->wait();
+    } else {
+      pg.broadcast(t, 0)->wait();
+    }
+  }
+}
+
+int mismatch(const std::string& backend, const std::string& kind,
+             std::chrono::milliseconds timeout) {
+  auto pg = ddp::init_process_group(
+      ddp::InitProcessGroupOptions().backend(backend).timeout(timeout).rendezvous_timeout(
+          std::chrono::seconds(30)));
+  const auto start = std::chrono::steady_clock::now();
+  const auto seconds = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  try {
+    run_mismatch(*pg, kind);
+  } catch (const ddp::Error& e) {
+    std::cout << fmt::format("rank {}: failed after {:.2f} s: {}", pg->rank(), seconds(), e.what())
+              << std::endl;
+    return e.exit_code();
+  }
+  std::cout << fmt::format("rank {}: all 8 collectives returned after {:.2f} s", pg->rank(),
+                           seconds())
+            << std::endl;
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -345,6 +394,9 @@ int main(int argc, char** argv) {
   const std::string backend = argv[1];
   const std::string scenario = argv[2];
   try {
+    if (scenario == "mismatch" && argc > 4) {
+      return mismatch(backend, argv[3], std::chrono::milliseconds(std::stoll(argv[4])));
+    }
     const auto launch = ddp::comm::detect_launch(ddp::comm::current_env());
     ddp::comm::ProcessGroupOptions options;
     if (argc > 3) options.timeout = std::chrono::milliseconds(std::stoll(argv[3]));

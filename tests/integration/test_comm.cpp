@@ -386,3 +386,78 @@ TEST(Mpi, RankThatNeverJoinsTimesOutTheOthers) {
 }
 
 }  // namespace
+
+namespace {
+
+// TORCH_DISTRIBUTED_DEBUG=DETAIL: rank 1's 5th collective is another op, dtype or shape, or it
+// skips the 5th; every rank ends at once (each measures from its first collective to the error,
+// the comm timeout being 60 s) with one message naming both calls and the collective's number.
+struct DetailCase {
+  std::string backend;
+  int world;
+};
+void PrintTo(const DetailCase& c, std::ostream* os) {
+  *os << c.backend << " at " << c.world;
+}
+
+class DetailNamesTheMismatch : public ::testing::TestWithParam<DetailCase> {};
+
+int count_of(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// Rank 1's call for each kind, and the message at `world` ranks: the smaller group of ranks
+// first, ties by their lowest rank.
+std::string expected_message(const std::string& kind, int world) {
+  const std::string theirs = "all_reduce(sum, float32[10])";
+  const std::string mine = kind == "op"      ? "broadcast(float32[12]) from rank 0"
+                           : kind == "dtype" ? "all_reduce(sum, float64[10])"
+                           : kind == "shape" ? "all_reduce(sum, float32[12])"
+                                             : "broadcast(float32[10]) from rank 0";  // skip
+  if (world == 2)
+    return fmt::format("collective #5: rank 0 calls {}, rank 1 calls {}", theirs, mine);
+  return fmt::format("collective #5: rank 1 calls {}, ranks 0 and 2 call {}", mine, theirs);
+}
+
+TEST_P(DetailNamesTheMismatch, EveryRankEndsAtOnceNamingBothCalls) {
+  const auto& c = GetParam();
+  if (!compiled(c.backend)) GTEST_SKIP() << "backend " << c.backend << " not compiled in";
+  for (const std::string kind : {"op", "dtype", "shape", "skip"}) {
+    SCOPED_TRACE(kind);
+    const std::vector<std::string> args = {c.backend, "mismatch", kind, "60000"};
+    std::string output;
+    if (c.backend == "mpi") {
+      std::vector<std::string> argv = {"-x", "TORCH_DISTRIBUTED_DEBUG=DETAIL", DDP_COMM_WORKER_BIN};
+      argv.insert(argv.end(), args.begin(), args.end());
+      const auto r = ddp::testing::run_mpirun(c.world, argv, std::chrono::seconds(60));
+      EXPECT_NE(r.exit_code, 0) << r.output;
+      output = r.output;
+    } else {
+      for (const auto& r : run_env_ranks(c.world, args, std::chrono::seconds(60),
+                                         {{"TORCH_DISTRIBUTED_DEBUG", "DETAIL"}})) {
+        EXPECT_NE(r.exit_code, 0) << r.output;
+        output += r.output;
+      }
+    }
+    const std::string message = expected_message(kind, c.world);
+    for (int rank = 0; rank < c.world; ++rank) {
+      const std::string failed = fmt::format("rank {}: failed after ", rank);
+      const auto at = output.find(failed);
+      ASSERT_NE(at, std::string::npos) << output;
+      const double seconds = std::stod(output.substr(at + failed.size()));
+      EXPECT_LT(seconds, 5.0) << output;
+    }
+    EXPECT_EQ(count_of(output, message), c.world) << "want: " << message << "\n" << output;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, DetailNamesTheMismatch,
+                         ::testing::Values(DetailCase{"gloo", 2}, DetailCase{"gloo", 3},
+                                           DetailCase{"mpi", 2}, DetailCase{"mpi", 3}),
+                         [](const ::testing::TestParamInfo<DetailCase>& info) {
+                           return info.param.backend + "_world" + std::to_string(info.param.world);
+                         });
+
+}  // namespace

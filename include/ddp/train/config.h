@@ -94,6 +94,8 @@ struct Config {
   int64_t check_params_every = 0;     // steps between cross-rank parameter checksums (0: never)
   bool checkpoint_on_signal = false;  // SIGTERM: finish the step, checkpoint, exit 143
   bool record_samples = false;        // rank 0 writes every committed step's sample ids
+  // Before each collective, the ranks compare their calls (TORCH_DISTRIBUTED_DEBUG=DETAIL too).
+  bool debug_collectives = false;
   // DistributedDataParallel, with PyTorch's names and defaults (the keys bucket-cap-mb,
   // first-bucket-mb, broadcast-buffers, find-unused-parameters, gradient-as-bucket-view).
   DistributedDataParallelOptions ddp;

@@ -24,6 +24,8 @@ struct Distributed {
   // --elastic: this worker joins a running group (DDP_ELASTIC_JOIN=1: the launcher restarted it,
   // or its node came after the group formed) and takes its state from a live peer.
   bool joining = false;
+  // --debug-collectives or TORCH_DISTRIBUTED_DEBUG=DETAIL: every group is comm::check_collectives'.
+  bool check_collectives = false;
 
   int rank() const { return group->rank(); }
   int world_size() const { return group->world_size(); }
