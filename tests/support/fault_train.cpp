@@ -7,13 +7,15 @@
 //                   <ddp_train's options>
 //
 // ACTION: kill (SIGKILL, after logging "fault: SIGKILL ..."), sigterm (a SIGTERM to itself),
-// perturb (adds 1e-3 to the model's first parameter), or delay:S (waits S seconds, after logging
-// "fault: waiting ..."). The trigger: --fault-after-step N, the first phase after optimizer step
-// N (its --checkpoint-on-signal or parameter check, the next step's forward, or the epoch's end),
-// or --fault-at PHASE, where the phase labelled PHASE begins ("step 3: backward"), before any of
-// its collectives; both: the first PHASE after step N ("backward: bucket 0"). Only in the job's
-// first run (a launcher's restart runs clean) and on rank R (default 0). Each --fault starts
-// another fault: several ranks can fail at once, or one after another.
+// perturb (adds 1e-3 to the model's first parameter), delay:S (waits S seconds, after logging
+// "fault: waiting ..."), or extra (an all_reduce of 3 floats the other ranks do not issue: a
+// collective in a branch of user code that one rank alone takes). The trigger: --fault-after-step
+// N, the first phase after optimizer step N (its --checkpoint-on-signal or parameter check, the
+// next step's forward, or the epoch's end), or --fault-at PHASE, where the phase labelled PHASE
+// begins ("step 3: backward"), before any of its collectives; both: the first PHASE after step N
+// ("backward: bucket 0"). Only in the job's first run (a launcher's restart runs clean) and on rank
+// R (default 0). Each --fault starts another fault: several ranks can fail at once, or one after
+// another.
 //
 // --fault-pace S: every rank of the first run waits S seconds where each step's forward begins
 // while its group is smaller than the job at full size (the launcher's WORLD_SIZE: --nnodes MAX x
@@ -85,8 +87,10 @@ std::vector<Fault> take_fault_options(std::vector<char*>& args, double& pace) {
   }
   for (const Fault& fault : faults) {
     const auto& a = fault.action;
-    if (a != "kill" && a != "sigterm" && a != "perturb" && a.rfind("delay:", 0) != 0) {
-      throw ddp::InputError("--fault: expected kill, sigterm, perturb or delay:S, got '" + a + "'");
+    if (a != "kill" && a != "sigterm" && a != "perturb" && a != "extra" &&
+        a.rfind("delay:", 0) != 0) {
+      throw ddp::InputError("--fault: expected kill, sigterm, perturb, extra or delay:S, got '" +
+                            a + "'");
     }
   }
   args = rest;
@@ -100,8 +104,10 @@ class Faults {
       : faults_(faults.begin(), faults.end()), pace_(pace), full_world_(full_world) {}
   void set_module(torch::nn::Module* module) { module_ = module; }
 
-  // Where `phase` begins on this worker (its rank `rank` now, of `world`).
-  void at_phase(const std::string& phase, int rank, int world) {
+  // Where `phase` begins on this worker (its rank `rank` now, of `world`), whose group is `group`
+  // (null before the group exists).
+  void at_phase(const std::string& phase, int rank, int world,
+                ddp::comm::ProcessGroup* group = nullptr) {
     const std::string forward = ": forward";
     if (pace_ > 0 && world < full_world_ && phase.rfind("step ", 0) == 0 &&
         phase.size() > forward.size() &&
@@ -111,7 +117,7 @@ class Faults {
     for (State& s : faults_) {
       if (!s.done && triggered(s, phase)) {
         s.done = true;
-        act(s.fault, phase, rank);
+        act(s.fault, phase, rank, group);
       }
     }
   }
@@ -138,7 +144,7 @@ class Faults {
     return s.seen_step && !in_pass;
   }
 
-  void act(const Fault& fault, const std::string& phase, int rank) {
+  void act(const Fault& fault, const std::string& phase, int rank, ddp::comm::ProcessGroup* group) {
     const std::string where = fault.at_phase.empty()
                                   ? fmt::format("after step {}", fault.after_step)
                                   : fmt::format("on entering '{}'", phase);
@@ -148,6 +154,10 @@ class Faults {
       ::kill(::getpid(), SIGKILL);
     } else if (fault.action == "sigterm") {
       ::kill(::getpid(), SIGTERM);
+    } else if (fault.action == "extra" && group != nullptr) {
+      ddp::log::warn("rank {}: fault: an all_reduce the others do not issue, {}", rank, where);
+      auto extra = at::ones({3}, at::kFloat);
+      group->all_reduce(extra)->wait();
     } else if (fault.action == "perturb") {
       torch::NoGradGuard no_grad;
       module_->parameters().front().add_(1e-3);
@@ -178,7 +188,7 @@ class FaultyGroup : public ddp::comm::ProcessGroup {
 
   void set_phase(std::string phase) override {
     ProcessGroup::set_phase(phase);
-    faults_->at_phase(phase, rank(), world_size());
+    faults_->at_phase(phase, rank(), world_size(), this);
   }
 
  protected:
