@@ -1,6 +1,9 @@
 #include "ddp/comm/watchdog.h"
 
+#include <algorithm>
+#include <exception>
 #include <filesystem>
+#include <mutex>
 #include <vector>
 
 #include "ddp/comm/flight_recorder.h"
@@ -8,16 +11,67 @@
 #include "ddp/common/log.h"
 
 namespace ddp::comm {
+namespace {
+
+// The live watchdogs, for the terminate handler.
+std::mutex g_live_mutex;
+std::vector<Watchdog*> g_live;
+std::terminate_handler g_previous_terminate = nullptr;
+
+// The text of the exception being handled, if any.
+std::string pending_exception() {
+  const auto pending = std::current_exception();
+  if (!pending) return "no exception";
+  try {
+    std::rethrow_exception(pending);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception of unknown type";
+  }
+}
+
+// An exception no thread caught (one in a library's own thread: gloo's transport throws
+// gloo::EnforceNotMet there when the ranks' messages do not match) ends the process with abort;
+// first, every live watchdog writes its flight record with the exception as the reason, so that
+// the hang doctor can still read what this rank had issued. Best effort: it takes the recorders'
+// locks, which the dying thread does not hold (none of ours throws while holding one).
+[[noreturn]] void write_records_then_terminate() {
+  const std::string reason = "terminate: " + pending_exception();
+  {
+    std::lock_guard<std::mutex> lock(g_live_mutex);
+    for (Watchdog* watchdog : g_live) watchdog->dump_flight_record(reason);
+  }
+  if (g_previous_terminate != nullptr) g_previous_terminate();
+  std::abort();
+}
+
+void register_live(Watchdog* watchdog) {
+  std::lock_guard<std::mutex> lock(g_live_mutex);
+  if (g_live.empty() && g_previous_terminate == nullptr) {
+    g_previous_terminate = std::set_terminate(write_records_then_terminate);
+  }
+  g_live.push_back(watchdog);
+}
+
+void unregister_live(Watchdog* watchdog) {
+  std::lock_guard<std::mutex> lock(g_live_mutex);
+  g_live.erase(std::remove(g_live.begin(), g_live.end(), watchdog), g_live.end());
+}
+
+}  // namespace
 
 Watchdog::Watchdog(std::shared_ptr<ProcessGroup> group, WatchdogOptions options)
     : group_(std::move(group)),
       options_(std::move(options)),
       backend_(group_->backend_name()),
       dump_requests_seen_(flight_dump_requests()) {  // requests before it started are not its own
+  register_live(this);
   thread_ = std::thread([this] { watch(); });
 }
 
 Watchdog::~Watchdog() {
+  unregister_live(this);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;

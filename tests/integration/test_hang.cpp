@@ -113,10 +113,9 @@ TEST(Debug, ACollectiveOneRankAloneIssuesEndsEveryRankAtOnceWithDetail) {
 
 // The same without DETAIL: the ranks hang or fail in the mismatched all-reduce, time out (4 s),
 // and the hang doctor, from their flight records, names rank 1 and the collective.
-// WIP (issue 36): gloo's transport thread throws gloo::EnforceNotMet ("op.preamble.length <=
-// op.nbytes. 8 vs 4") on rank 1, uncaught: std::terminate, SIGABRT, and no flight record from rank
-// 1, so the doctor cannot name it. Needs a terminate handler that writes the record (and stacks).
-TEST(Debug, DISABLED_WithoutDetailTheHangDoctorNamesTheRankThatIssuedIt) {
+// On gloo, rank 1 dies inside gloo (its transport thread's gloo::EnforceNotMet, uncaught: abort);
+// the watchdog's terminate handler writes its flight record first.
+TEST(Debug, WithoutDetailTheHangDoctorNamesTheRankThatIssuedIt) {
   TempDir out;
   const auto ranks = ddp::testing::run_env_ranks(
       3,
