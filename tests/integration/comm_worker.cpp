@@ -3,10 +3,10 @@
 //   comm_worker BACKEND collectives
 //   comm_worker BACKEND skip TIMEOUT_MS   the last rank never joins all_reduce #2
 //   comm_worker BACKEND setup             only creates the group (bad env, bad backend)
-//   comm_worker BACKEND mismatch KIND TIMEOUT_MS   8 collectives through ddp::init_process_group,
-//       rank 1 calling another op, dtype or shape at the 5th, or skipping it (KIND: op, dtype,
-//       shape, skip); prints how long the job took to fail (TORCH_DISTRIBUTED_DEBUG=DETAIL: at
-//       once)
+//   comm_worker BACKEND mismatch TIMEOUT_MS KIND...   for each KIND, 8 collectives through
+//       ddp::init_process_group, rank 1 calling another op, dtype or shape at the 5th, or skipping
+//       it (KIND: op, dtype, shape, skip); prints how long each took to fail, and exits 0 when
+//       every one failed with InputError (TORCH_DISTRIBUTED_DEBUG=DETAIL: at once)
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -15,6 +15,7 @@
 #include <functional>
 #include <iostream>
 #include <thread>
+#include <vector>
 
 #include "ddp/comm/rendezvous.h"
 
@@ -362,25 +363,30 @@ void run_mismatch(ddp::comm::ProcessGroup& pg, const std::string& kind) {
   }
 }
 
-int mismatch(const std::string& backend, const std::string& kind,
+// Each kind in turn on one group: with DETAIL every rank throws at the same check, before the
+// collective is issued, so the group stays usable and the next kind starts from the next number.
+int mismatch(const std::string& backend, const std::vector<std::string>& kinds,
              std::chrono::milliseconds timeout) {
   auto pg = ddp::init_process_group(
       ddp::InitProcessGroupOptions().backend(backend).timeout(timeout).rendezvous_timeout(
           std::chrono::seconds(30)));
-  const auto start = std::chrono::steady_clock::now();
-  const auto seconds = [&] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  };
-  try {
-    run_mismatch(*pg, kind);
-  } catch (const ddp::Error& e) {
-    std::cout << fmt::format("rank {}: failed after {:.2f} s: {}", pg->rank(), seconds(), e.what())
-              << std::endl;
-    return e.exit_code();
+  for (const std::string& kind : kinds) {
+    const auto start = std::chrono::steady_clock::now();
+    const auto seconds = [&] {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    };
+    try {
+      run_mismatch(*pg, kind);
+      std::cout << fmt::format("rank {}: {}: all 8 collectives returned after {:.2f} s", pg->rank(),
+                               kind, seconds())
+                << std::endl;
+      return 1;
+    } catch (const ddp::InputError& e) {
+      std::cout << fmt::format("rank {}: {}: failed after {:.2f} s: {}", pg->rank(), kind,
+                               seconds(), e.what())
+                << std::endl;
+    }
   }
-  std::cout << fmt::format("rank {}: all 8 collectives returned after {:.2f} s", pg->rank(),
-                           seconds())
-            << std::endl;
   return 0;
 }
 
@@ -395,7 +401,8 @@ int main(int argc, char** argv) {
   const std::string scenario = argv[2];
   try {
     if (scenario == "mismatch" && argc > 4) {
-      return mismatch(backend, argv[3], std::chrono::milliseconds(std::stoll(argv[4])));
+      return mismatch(backend, std::vector<std::string>(argv + 4, argv + argc),
+                      std::chrono::milliseconds(std::stoll(argv[3])));
     }
     const auto launch = ddp::comm::detect_launch(ddp::comm::current_env());
     ddp::comm::ProcessGroupOptions options;

@@ -410,44 +410,49 @@ int count_of(const std::string& text, const std::string& what) {
 
 // Rank 1's call for each kind, and the message at `world` ranks: the smaller group of ranks
 // first, ties by their lowest rank.
-std::string expected_message(const std::string& kind, int world) {
+std::string expected_message(const std::string& kind, int world, int seq) {
   const std::string theirs = "all_reduce(sum, float32[10])";
   const std::string mine = kind == "op"      ? "broadcast(float32[12]) from rank 0"
                            : kind == "dtype" ? "all_reduce(sum, float64[10])"
                            : kind == "shape" ? "all_reduce(sum, float32[12])"
                                              : "broadcast(float32[10]) from rank 0";  // skip
-  if (world == 2)
-    return fmt::format("collective #5: rank 0 calls {}, rank 1 calls {}", theirs, mine);
-  return fmt::format("collective #5: rank 1 calls {}, ranks 0 and 2 call {}", mine, theirs);
+  if (world == 2) {
+    return fmt::format("collective #{}: rank 0 calls {}, rank 1 calls {}", seq, theirs, mine);
+  }
+  return fmt::format("collective #{}: rank 1 calls {}, ranks 0 and 2 call {}", seq, mine, theirs);
 }
 
+// The four kinds run one after the other in one job (the worker goes on after each failure): each
+// makes 4 collectives, then fails at the check of its 5th, so the k-th kind (from 0) names
+// collective #5 + 5k.
 TEST_P(DetailNamesTheMismatch, EveryRankEndsAtOnceNamingBothCalls) {
   const auto& c = GetParam();
   if (!compiled(c.backend)) GTEST_SKIP() << "backend " << c.backend << " not compiled in";
-  for (const std::string kind : {"op", "dtype", "shape", "skip"}) {
-    SCOPED_TRACE(kind);
-    const std::vector<std::string> args = {c.backend, "mismatch", kind, "60000"};
-    std::string output;
-    if (c.backend == "mpi") {
-      std::vector<std::string> argv = {"-x", "TORCH_DISTRIBUTED_DEBUG=DETAIL", DDP_COMM_WORKER_BIN};
-      argv.insert(argv.end(), args.begin(), args.end());
-      const auto r = ddp::testing::run_mpirun(c.world, argv, std::chrono::seconds(60));
-      EXPECT_NE(r.exit_code, 0) << r.output;
-      output = r.output;
-    } else {
-      for (const auto& r : run_env_ranks(c.world, args, std::chrono::seconds(60),
-                                         {{"TORCH_DISTRIBUTED_DEBUG", "DETAIL"}})) {
-        EXPECT_NE(r.exit_code, 0) << r.output;
-        output += r.output;
-      }
+  const std::vector<std::string> kinds = {"op", "dtype", "shape", "skip"};
+  std::vector<std::string> args = {c.backend, "mismatch", "60000"};
+  args.insert(args.end(), kinds.begin(), kinds.end());
+  std::string output;
+  if (c.backend == "mpi") {
+    std::vector<std::string> argv = {"-x", "TORCH_DISTRIBUTED_DEBUG=DETAIL", DDP_COMM_WORKER_BIN};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const auto r = ddp::testing::run_mpirun(c.world, argv, std::chrono::seconds(60));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    output = r.output;
+  } else {
+    for (const auto& r : run_env_ranks(c.world, args, std::chrono::seconds(60),
+                                       {{"TORCH_DISTRIBUTED_DEBUG", "DETAIL"}})) {
+      EXPECT_EQ(r.exit_code, 0) << r.output;
+      output += r.output;
     }
-    const std::string message = expected_message(kind, c.world);
+  }
+  for (size_t k = 0; k < kinds.size(); ++k) {
+    SCOPED_TRACE(kinds[k]);
+    const std::string message = expected_message(kinds[k], c.world, 5 + 5 * static_cast<int>(k));
     for (int rank = 0; rank < c.world; ++rank) {
-      const std::string failed = fmt::format("rank {}: failed after ", rank);
+      const std::string failed = fmt::format("rank {}: {}: failed after ", rank, kinds[k]);
       const auto at = output.find(failed);
       ASSERT_NE(at, std::string::npos) << output;
-      const double seconds = std::stod(output.substr(at + failed.size()));
-      EXPECT_LT(seconds, 5.0) << output;
+      EXPECT_LT(std::stod(output.substr(at + failed.size())), 5.0) << output;
     }
     EXPECT_EQ(count_of(output, message), c.world) << "want: " << message << "\n" << output;
   }
