@@ -2,7 +2,8 @@
 // all_reduce_perf. Start it as the ranks of a job (mpirun, the launcher, or the env contract):
 //   mpirun -np 2 build/ddp_bench_allreduce --backend mpi
 // Prints, on rank 0, one row per size: bytes, elements, time (us), algbw and busbw (GB/s),
-// where busbw = algbw * 2 (n - 1) / n is comparable across world sizes.
+// where busbw = algbw * 2 (n - 1) / n is comparable across world sizes. TORCH_DISTRIBUTED_DEBUG=DETAIL
+// checks each all-reduce across the ranks first (ddp/comm/collective_check.h), as in ddp_train.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
@@ -10,6 +11,7 @@
 #include <cxxopts.hpp>
 #include <iostream>
 
+#include "ddp/comm/collective_check.h"
 #include "ddp/comm/rendezvous.h"
 
 namespace {
@@ -58,15 +60,21 @@ int main(int argc, char** argv) {
     const bool cuda = args["device"].as<std::string>() == "cuda";
     std::string backend = args["backend"].as<std::string>();
     if (backend == "auto") backend = ddp::comm::default_backend(launch, cuda);
-    auto pg = ddp::comm::create_process_group(backend, launch, {}, cuda);
+    std::shared_ptr<ddp::comm::ProcessGroup> pg =
+        ddp::comm::create_process_group(backend, launch, {}, cuda);
+    // TORCH_DISTRIBUTED_DEBUG=DETAIL as ddp::init_process_group() honours it: what it costs is
+    // measured here (bench/compare_detail.py).
+    const bool detail =
+        ddp::comm::debug_level(ddp::comm::current_env()) == ddp::comm::DebugLevel::kDetail;
+    if (detail) pg = ddp::comm::check_collectives(pg);
     const auto device =
         cuda ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(launch.local_rank))
              : at::Device(at::kCPU);
     const int n = pg->world_size();
     if (pg->rank() == 0) {
       std::cout << fmt::format(
-          "# ddp_bench_allreduce: backend {}, {} ranks, float32 sum, {} iterations\n",
-          pg->backend_name(), n, args["iters"].as<int>());
+          "# ddp_bench_allreduce: backend {}, {} ranks, float32 sum, {} iterations{}\n",
+          pg->backend_name(), n, args["iters"].as<int>(), detail ? ", DETAIL" : "");
       std::cout << fmt::format("{:>12} {:>12} {:>12} {:>10} {:>10}\n", "bytes", "elements",
                                "time(us)", "algbw", "busbw");
     }

@@ -13,8 +13,9 @@ def free_port():
         return s.getsockname()[1]
 
 
-def env_job(cmd, world, timeout=900):
-    """Runs `world` ranks of `cmd` on this host; returns rank 0's stdout; exits on any failure."""
+def env_job(cmd, world, timeout=900, extra_env=None):
+    """Runs `world` ranks of `cmd` on this host (`extra_env` on top of this process's
+    environment); returns rank 0's stdout; exits on any failure."""
     port = free_port()
     procs = []
     for rank in range(world):
@@ -22,6 +23,7 @@ def env_job(cmd, world, timeout=900):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                    LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    USE_LIBUV=os.environ.get("USE_LIBUV", "0"))
+        env.update(extra_env or {})
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
     outs = [p.communicate(timeout=timeout)[0] for p in procs]
     if any(p.returncode for p in procs):

@@ -37,6 +37,19 @@ if(DDP_MPI)
   endif()
 endif()
 
+# Stack traces for the hang doctor (src/common/stacks.cpp): libunwind walks the threads' stacks,
+# libdw (elfutils) names their functions, files and lines. Both are optional: without them a rank's
+# flight record comes without its stacks.
+find_path(DDP_LIBUNWIND_INCLUDE_DIR libunwind.h)
+find_library(DDP_LIBUNWIND_LIBRARY unwind)
+find_path(DDP_LIBDW_INCLUDE_DIR elfutils/libdwfl.h)
+find_library(DDP_LIBDW_LIBRARY dw)
+if(DDP_LIBUNWIND_INCLUDE_DIR AND DDP_LIBUNWIND_LIBRARY AND DDP_LIBDW_INCLUDE_DIR AND DDP_LIBDW_LIBRARY)
+  set(DDP_HAVE_STACKS ON)
+else()
+  set(DDP_HAVE_STACKS OFF)
+endif()
+
 if(DDP_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()

@@ -646,9 +646,12 @@ class Supervisor {
 
   // After a failure, before stopping the others: the running workers that catch SIGUSR1 (ddp_train
   // does; a Python worker would die of it) get it and write their flight records, which show
-  // where each one was. Waits until they are written, or 3 s.
+  // where each one was. Waits until each has written one since (or has ended: then the record it
+  // left, if any, is its last word), or 3 s. A record is not removed before: a worker that ends
+  // of the same failure meanwhile writes its own, which must stay.
   void ask_for_flight_records() {
     std::vector<const Worker*> asked;
+    const auto asked_at = std::filesystem::file_time_type::clock::now();
     for (const Worker& w : workers_) {
       if (!w.running) continue;
       std::string status;
@@ -658,18 +661,21 @@ class Supervisor {
         continue;  // it just ended
       }
       if (!catches_signal(status, SIGUSR1)) continue;
-      std::error_code ec;
-      std::filesystem::remove(flight_record_of(w.rank), ec);  // an older one is not the answer
       ::kill(w.pid, SIGUSR1);
       asked.push_back(&w);
     }
     const auto deadline = Clock::now() + std::chrono::seconds(3);
     auto answered = [&] {
       return std::all_of(asked.begin(), asked.end(), [&](const Worker* w) {
-        return std::filesystem::exists(flight_record_of(w->rank));
+        std::error_code ec;
+        const auto written = std::filesystem::last_write_time(flight_record_of(w->rank), ec);
+        return !w->running || (!ec && written >= asked_at);
       });
     };
-    while (!asked.empty() && !answered() && Clock::now() < deadline) pump(50);
+    while (!asked.empty() && !answered() && Clock::now() < deadline) {
+      pump(50);
+      reap();
+    }
   }
 
   // How the workers that have ended so far ended (rank -> "signal SIGKILL (9)"): the hang doctor

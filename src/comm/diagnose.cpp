@@ -232,6 +232,34 @@ std::vector<int> ranks_of(const std::vector<FlightDump>& dumps) {
 
 // One line per rank (its last collective, its phase, why it wrote), then the ranks without a
 // record.
+// "ns::f(int, std::string const&) const" -> "ns::f": the summary names the function short (the
+// stacks file has it whole).
+std::string without_parameters(std::string name) {
+  for (const std::string qualifier : {" const", " &&", " &"}) {
+    if (name.size() > qualifier.size() &&
+        name.compare(name.size() - qualifier.size(), qualifier.size(), qualifier) == 0) {
+      name.resize(name.size() - qualifier.size());
+    }
+  }
+  if (name.empty() || name.back() != ')') return name;
+  int depth = 0;
+  for (size_t i = name.size(); i-- > 0;) {
+    if (name[i] == ')') ++depth;
+    if (name[i] == '(' && --depth == 0) return i == 0 ? name : name.substr(0, i);
+  }
+  return name;
+}
+
+// "    rank 2 was in train.cpp:57 (my_eval); every thread's stack: DIR/rank2.stacks.txt"
+std::string waiting_in_line(int rank, const WaitingIn& w) {
+  std::string where = w.function.empty() ? "code without a symbol" : without_parameters(w.function);
+  if (!w.file.empty()) {
+    where = fmt::format("{}:{} ({})", fs::path(w.file).filename().string(), w.line, where);
+  }
+  return fmt::format("    rank {} was in {}; every thread's stack: {}\n", rank, where,
+                     w.stacks_file);
+}
+
 std::string rank_summary(const std::vector<FlightDump>& dumps, const Missing& missing) {
   const int world = dumps.front().world_size;
   std::string out = fmt::format("flight records of {} of {} rank(s):\n", dumps.size(), world);
@@ -246,6 +274,7 @@ std::string rank_summary(const std::vector<FlightDump>& dumps, const Missing& mi
     }
     out += fmt::format("  rank {}: {}; in phase '{}' when written ({})\n", d.rank, state, d.phase,
                        first_line(d.reason));
+    if (d.waiting_in) out += waiting_in_line(d.rank, *d.waiting_in);
   }
   if (!missing.ranks.empty()) {
     out +=
@@ -375,6 +404,11 @@ FlightDump parse_flight_dump(const std::string& text, const std::string& file) {
   }
   for (size_t i = 0; i < collectives.size(); ++i) {
     d.collectives.push_back(collective_of(collectives[i], i, file));
+  }
+  if (root.contains("waiting_in")) {  // records written without stacks have none
+    const Fields w(root["waiting_in"], "waiting_in", file);
+    d.waiting_in = WaitingIn{w.text("function"), w.text("file"), w.integer<int>("line"),
+                             w.text("stacks_file")};
   }
   if (d.rank < 0 || d.rank >= d.world_size) {
     throw InputError(fmt::format("{}: rank {} outside world size {}", file, d.rank, d.world_size));

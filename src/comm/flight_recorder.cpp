@@ -105,7 +105,8 @@ uint64_t FlightRecorder::last_issued() const {
 }
 
 std::string FlightRecorder::to_json(int rank, int world_size, const std::string& backend,
-                                    const std::string& reason) const {
+                                    const std::string& reason,
+                                    const std::optional<WaitingIn>& waiting_in) const {
   std::lock_guard<std::mutex> lock(mutex_);
   Json record;
   record["rank"] = rank;
@@ -118,6 +119,12 @@ std::string FlightRecorder::to_json(int rank, int world_size, const std::string&
   Json collectives = Json::array();
   for (const auto& r : records_) collectives.push_back(record_json(r));
   record["collectives"] = std::move(collectives);
+  if (waiting_in) {
+    record["waiting_in"] = {{"function", waiting_in->function},
+                            {"file", waiting_in->file},
+                            {"line", waiting_in->line},
+                            {"stacks_file", waiting_in->stacks_file}};
+  }
   // Indented, one field a line, for a reader with `less`. An error message or an op name may hold
   // bytes that are not UTF-8 (JSON must be): those become U+FFFD rather than an exception that
   // would lose the whole record.

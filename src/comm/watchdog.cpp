@@ -1,5 +1,6 @@
 #include "ddp/comm/watchdog.h"
 
+#include <unistd.h>
 #include <algorithm>
 #include <exception>
 #include <filesystem>
@@ -9,6 +10,7 @@
 #include "ddp/comm/flight_recorder.h"
 #include "ddp/common/files.h"
 #include "ddp/common/log.h"
+#include "ddp/common/stacks.h"
 
 namespace ddp::comm {
 namespace {
@@ -91,6 +93,7 @@ void Watchdog::watch() {
     }
     publish_progress();
     check_stall();
+    keep_stacks_before_timeout();
     lock.lock();
   }
 }
@@ -124,15 +127,69 @@ void Watchdog::check_stall() {
   log::warn("{}", stall_message(group_->rank(), *pending, waited, progress));
 }
 
+Watchdog::Stacks Watchdog::take_stacks(uint64_t seq, const std::string& why) const {
+  Stacks taken;
+  taken.seq = seq;
+  const auto threads = stacks::capture();
+  if (threads.empty()) return taken;  // a build without stack traces
+  taken.text = fmt::format("rank {} (pid {}) at {:.3f} s since the epoch: {}\n\n{}", group_->rank(),
+                           ::getpid(), wall_time(), why, stacks::format(threads));
+  if (const auto frame = stacks::innermost_own_frame(threads.front(), stacks::executable_path())) {
+    taken.waiting_in = WaitingIn{frame->function, frame->file, frame->line, ""};
+  }
+  return taken;
+}
+
+// Note [Stacks are taken before the timeout]: by the time a collective's timeout has reached the
+// code that writes the record (the trainer's catch), the waiting thread's stack has unwound; so
+// the stacks are taken a little before the timeout, while it still waits (two watchdog rounds
+// before, as the watchdog looks only once a round), and kept for the record.
+void Watchdog::keep_stacks_before_timeout() {
+  const auto pending = group_->recorder().oldest_pending();
+  if (!pending || !stacks::supported()) return;
+  const double timeout = std::chrono::duration<double>(group_->options().timeout).count();
+  const double rounds = 2 * std::chrono::duration<double>(options_.progress_interval).count();
+  if (wall_time() - pending->start < std::max(timeout - rounds, timeout / 2)) return;
+  // Held while taking them: a record written meanwhile (the timeout came) waits for these.
+  std::lock_guard<std::mutex> lock(stacks_mutex_);
+  if (kept_stacks_ && kept_stacks_->seq == pending->seq) return;
+  kept_stacks_ = take_stacks(
+      pending->seq, fmt::format("collective #{} {} about to time out", pending->seq, pending->op));
+}
+
+Watchdog::Stacks Watchdog::stacks_for_record(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(stacks_mutex_);
+    if (kept_stacks_) {
+      for (const auto& r : group_->recorder().records()) {
+        if (r.seq == kept_stacks_->seq && r.state != CollectiveState::kDone) return *kept_stacks_;
+      }
+    }
+  }
+  const auto pending = group_->recorder().oldest_pending();
+  return take_stacks(pending ? pending->seq : 0, reason);
+}
+
 std::string Watchdog::dump_flight_record(const std::string& reason) {
   const int rank = group_->rank();
-  const std::string json = group_->recorder().to_json(rank, group_->world_size(), backend_, reason);
+  const Stacks stacks = stacks_for_record(reason);
+  std::optional<WaitingIn> waiting_in;
   std::string written;
   for (const std::string* path : {&options_.dump_path, &options_.launcher_copy}) {
     if (path->empty()) continue;
     try {
       std::filesystem::create_directories(std::filesystem::path(*path).parent_path());
-      write_file_atomically(*path, json);
+      // The stacks once, beside the first record; every copy of the record names that file (the
+      // launcher's copies are gone once it has read them).
+      if (!waiting_in && !stacks.text.empty()) {
+        const std::string stacks_file =
+            std::filesystem::path(*path).replace_extension(".stacks.txt").string();
+        write_file_atomically(stacks_file, stacks.text);
+        waiting_in = stacks.waiting_in.value_or(WaitingIn{});
+        waiting_in->stacks_file = stacks_file;
+      }
+      write_file_atomically(*path, group_->recorder().to_json(rank, group_->world_size(), backend_,
+                                                              reason, waiting_in));
       if (written.empty()) written = *path;
     } catch (const std::exception& e) {
       log::error("rank {}: could not write the flight record {}: {}", rank, *path, e.what());

@@ -3,10 +3,12 @@
 // at the short collective timeout, and `ddp_train --diagnose` names the rank and the collective.
 // SIGUSR1 makes a rank write its flight record while it hangs. --check-params-every catches ranks
 // whose parameters drift apart.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 
 #include <filesystem>
+#include <regex>
 #include <thread>
 
 #include "ddp/comm/diagnose.h"
@@ -64,6 +66,54 @@ TEST(Hang, ALateRankIsNamedByTheStallWarningAndTheDiagnosis) {
                                "given up on it"),
             std::string::npos)
       << report.output;
+}
+
+// Where a rank that never came was: rank 2 of 3, under the launcher, sleeps in a function of the
+// "user's" code (tests/support/user_code.cpp, built with debug info) where step 3's backward
+// begins; ranks 0 and 1 time out after 4 s in the gradients' all-reduce, #8. The launcher's report
+// names rank 2's function, file and line, the collective the others waited in, and each rank's
+// stacks file: rank 2's taken at the launcher's SIGUSR1, the others' just before their timeout.
+TEST(Hang, TheLauncherNamesWhereASleepingRankWas) {
+  TempDir out;
+  std::vector<std::string> argv = {DDP_LAUNCHER_BIN, "--nproc", "3"};
+  const auto job =
+      linear_job(out.path(), {"--comm-timeout", "4"},
+                 {"--fault", "delay:40", "--fault-rank", "2", "--fault-at", "step 3: backward"});
+  argv.insert(argv.end(), job.begin(), job.end());
+  const auto start = std::chrono::steady_clock::now();
+  const auto r = ddp::testing::run_process(argv, {}, seconds(120));
+  const auto took = std::chrono::steady_clock::now() - start;
+  ASSERT_FALSE(r.timed_out) << r.output;
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_LT(took, seconds(30)) << "the job waited for the sleep to end\n" << r.output;
+  // The line of the sleep, as rank 2 logged it.
+  std::smatch logged;
+  ASSERT_TRUE(std::regex_search(r.output, logged,
+                                std::regex(R"(\(in wait_in_user_code, user_code\.cpp:([0-9]+)\))")))
+      << r.output;
+  const std::string line = logged[1];
+  EXPECT_NE(r.output.find("[launcher]       rank 2 was in user_code.cpp:" + line +
+                          " (wait_in_user_code); every thread's stack: " +
+                          out.file("debug/rank2.stacks.txt")),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("diagnosis: rank(s) 2 did not enter collective #8 all_reduce(avg) "
+                          "(backward: bucket 0), which rank(s) 0, 1 entered"),
+            std::string::npos)
+      << r.output;
+  for (int rank : {0, 1}) {  // in ddp's wait for the all-reduce (ddp_train has no debug info)
+    EXPECT_NE(r.output.find(fmt::format("rank {} was in ddp::", rank)), std::string::npos)
+        << r.output;
+    const auto stacks =
+        ddp::testing::read_file(out.file(fmt::format("debug/rank{}.stacks.txt", rank)));
+    EXPECT_NE(stacks.find("collective #8 all_reduce(avg) about to time out"), std::string::npos)
+        << stacks;
+    EXPECT_NE(stacks.find("ddp::core::Reducer::finalize()"), std::string::npos) << stacks;
+  }
+  const auto stacks = ddp::testing::read_file(out.file("debug/rank2.stacks.txt"));
+  EXPECT_NE(stacks.find("wait_in_user_code(double, int, "), std::string::npos) << stacks;
+  EXPECT_NE(stacks.find("user_code.cpp:" + line + " in ddp_fault_train"), std::string::npos)
+      << stacks;
 }
 
 TEST(Hang, Sigusr1WritesTheFlightRecordOfAWaitingRank) {

@@ -44,6 +44,7 @@
 #include "ddp/common/log.h"
 #include "ddp/train/distributed.h"
 #include "train_main.h"
+#include "user_code.h"
 
 namespace {
 
@@ -162,9 +163,7 @@ class Faults {
       torch::NoGradGuard no_grad;
       module_->parameters().front().add_(1e-3);
     } else if (fault.action.rfind("delay:", 0) == 0) {
-      const double seconds = std::atof(fault.action.c_str() + 6);
-      ddp::log::warn("rank {}: fault: waiting {} s {}", rank, seconds, where);
-      std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+      wait_in_user_code(std::atof(fault.action.c_str() + 6), rank, where);
     }
   }
 

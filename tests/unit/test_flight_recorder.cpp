@@ -289,4 +289,56 @@ TEST(Diagnose, ARankWithoutARecordIsNamedAndNeverCountedAsHavingEnteredTheCollec
   EXPECT_NE(report.find("so whether they entered #9 is unknown\n"), std::string::npos) << report;
 }
 
+// A record written with stacks names where the main thread was; the doctor prints it per rank,
+// the function without its parameters (the stacks file has them), the file without its directory.
+TEST(Diagnose, NamesWhereEachRankWasWhenItsStacksWereTaken) {
+  FlightRecorder recorder;
+  recorder.issued(1, "all_reduce(sum)", 8);
+  const ddp::comm::WaitingIn where{"my::eval(int, std::string const&) const", "/home/me/train.cpp",
+                                   57, "/out/debug/rank2.stacks.txt"};
+  const auto with =
+      ddp::comm::parse_flight_dump(recorder.to_json(2, 3, "gloo", "SIGUSR1", where), "rank2.json");
+  ASSERT_TRUE(with.waiting_in.has_value());
+  EXPECT_EQ(with.waiting_in->function, where.function);
+  EXPECT_EQ(with.waiting_in->file, where.file);
+  EXPECT_EQ(with.waiting_in->line, 57);
+  EXPECT_EQ(with.waiting_in->stacks_file, where.stacks_file);
+  const auto without =
+      ddp::comm::parse_flight_dump(recorder.to_json(1, 3, "gloo", "SIGUSR1"), "rank1.json");
+  EXPECT_FALSE(without.waiting_in.has_value());
+
+  const auto a = record(11, "all_reduce(avg)", "backward: bucket 0", 1, 2, kDone);
+  const auto b = record(12, "all_reduce(avg)", "backward: bucket 1", 3, 0, kIssued);
+  auto late = dump(2, 3, {a}, "step 4: forward");
+  late.waiting_in = where;
+  auto waiting = dump(0, 3, {a, b});
+  waiting.waiting_in =
+      ddp::comm::WaitingIn{"ddp::comm::Work::wait()", "", 0, "/out/rank0.stacks.txt"};
+  const auto report = ddp::comm::diagnose({waiting, dump(1, 3, {a, b}), late});
+  EXPECT_NE(report.find("    rank 2 was in train.cpp:57 (my::eval); every thread's stack: "
+                        "/out/debug/rank2.stacks.txt\n"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("    rank 0 was in ddp::comm::Work::wait; every thread's stack: "
+                        "/out/rank0.stacks.txt\n"),
+            std::string::npos)
+      << report;
+  EXPECT_EQ(report.find("rank 1 was in"), std::string::npos) << report;
+}
+
+// A record whose waiting_in is not what the writer writes is named with the field at fault.
+TEST(Diagnose, ABadWaitingInIsNamed) {
+  const std::string text = R"({"rank": 0, "world_size": 1, "reason": "", "time": 1, "phase": "",
+    "last_issued": 0, "collectives": [], "waiting_in": {"function": "f", "file": "", "line": "x",
+    "stacks_file": ""}})";
+  try {
+    ddp::comm::parse_flight_dump(text, "rank0.json");
+    FAIL() << "parsed";
+  } catch (const ddp::InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank0.json"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("waiting_in"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("line"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace

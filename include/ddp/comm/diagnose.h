@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@ struct FlightDump {
   std::string phase;   // the phase the rank was in then
   uint64_t last_issued = 0;
   std::vector<CollectiveRecord> collectives;  // oldest first
+  std::optional<WaitingIn> waiting_in;        // where its stacks were taken, if they were
 };
 
 // Parses one rank<r>.json. Throws InputError naming `file` when it is not a flight record, and

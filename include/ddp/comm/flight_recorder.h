@@ -31,6 +31,16 @@ struct CollectiveRecord {
   CollectiveState state = CollectiveState::kIssued;
 };
 
+// Where a rank's main thread was when its record was written: the innermost frame of the
+// program's own code (ddp/common/stacks.h), and the file beside the record with every thread's
+// stack.
+struct WaitingIn {
+  std::string function;
+  std::string file;  // "" without debug info
+  int line = 0;
+  std::string stacks_file;
+};
+
 class FlightRecorder {
  public:
   explicit FlightRecorder(size_t capacity = 256);
@@ -50,10 +60,12 @@ class FlightRecorder {
 
   // {"rank": r, "world_size": n, "backend": b, "reason": why, "time": now, "phase": current,
   //  "last_issued": seq, "collectives": [{"seq", "op", "phase", "bytes", "start", "end",
-  //  "state"}, ...]}, indented; times to the millisecond. Strings are UTF-8: bytes that are not
-  //  (an error message may hold any) become U+FFFD.
+  //  "state"}, ...], "waiting_in": {"function", "file", "line", "stacks_file"}}, indented, the
+  //  last only where `waiting_in` is given; times to the millisecond. Strings are UTF-8: bytes
+  //  that are not (an error message may hold any) become U+FFFD.
   std::string to_json(int rank, int world_size, const std::string& backend,
-                      const std::string& reason) const;
+                      const std::string& reason,
+                      const std::optional<WaitingIn>& waiting_in = std::nullopt) const;
 
  private:
   size_t capacity_;

@@ -2,16 +2,20 @@
 // The watchdog of a process group, a class of its own as Horovod keeps its stall inspector
 // (horovod/common/stall_inspector.h) apart from its controller: one thread per group that
 // publishes this rank's progress, warns once about each collective waited on too long, and writes
-// the flight record when SIGUSR1 asked (request_flight_dump_from_signal).
+// the flight record when SIGUSR1 asked (request_flight_dump_from_signal). Beside each record it
+// writes every thread's stack (ddp/common/stacks.h), rank<r>.stacks.txt; for a collective that
+// times out, the stacks of the moment just before, while the thread still waits in it.
 
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
+#include "ddp/comm/flight_recorder.h"
 #include "ddp/comm/process_group.h"
 
 namespace ddp::comm {
@@ -37,15 +41,25 @@ class Watchdog {
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
 
-  // Writes the flight record to options.dump_path and launcher_copy (atomically) with `reason`;
-  // returns the first path written, or "" when none was (failures logged; never throws).
-  // Callable from any thread.
+  // Writes the flight record to options.dump_path and launcher_copy (atomically) with `reason`,
+  // and beside each the threads' stacks; returns the first record's path, or "" when none was
+  // written (failures logged; never throws). Callable from any thread.
   std::string dump_flight_record(const std::string& reason);
 
  private:
   void watch();  // the thread's loop
   void publish_progress();
   void check_stall();
+
+  // Every thread's stack, as written beside a record.
+  struct Stacks {
+    uint64_t seq = 0;                     // the collective waited on when they were taken
+    std::string text;                     // stacks::format's, after a header line
+    std::optional<WaitingIn> waiting_in;  // the main thread's own frame; stacks_file unset
+  };
+  Stacks take_stacks(uint64_t seq, const std::string& why) const;
+  void keep_stacks_before_timeout();
+  Stacks stacks_for_record(const std::string& reason);
 
   std::shared_ptr<ProcessGroup> group_;
   WatchdogOptions options_;
@@ -56,7 +70,9 @@ class Watchdog {
   uint64_t warned_seq_ = 0;          // the last collective the stall warning named
   uint64_t published_seq_ = 0;       // the last progress published
   uint64_t dump_requests_seen_ = 0;  // flight_dump_requests() when the thread last looked
-  std::thread thread_;               // last: started once everything above is set
+  std::mutex stacks_mutex_;
+  std::optional<Stacks> kept_stacks_;  // taken just before collective kept_stacks_->seq timed out
+  std::thread thread_;                 // last: started once everything above is set
 };
 
 }  // namespace ddp::comm
