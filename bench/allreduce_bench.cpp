@@ -2,8 +2,9 @@
 // all_reduce_perf. Start it as the ranks of a job (mpirun, the launcher, or the env contract):
 //   mpirun -np 2 build/ddp_bench_allreduce --backend mpi
 // Prints, on rank 0, one row per size: bytes, elements, time (us), algbw and busbw (GB/s),
-// where busbw = algbw * 2 (n - 1) / n is comparable across world sizes. TORCH_DISTRIBUTED_DEBUG=DETAIL
-// checks each all-reduce across the ranks first (ddp/comm/collective_check.h), as in ddp_train.
+// where busbw = algbw * 2 (n - 1) / n is comparable across world sizes.
+// TORCH_DISTRIBUTED_DEBUG=DETAIL checks each all-reduce across the ranks first
+// (ddp/comm/collective_check.h), as in ddp_train.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 

@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <regex>
+#include <sstream>
 #include <thread>
 
 #include "ddp/comm/diagnose.h"
@@ -136,6 +137,44 @@ TEST(Hang, Sigusr1WritesTheFlightRecordOfAWaitingRank) {
   EXPECT_EQ(dump.phase, "step 1: forward");  // #3: the first step's all_gather of shapes
   const auto r = child.wait_until(deadline);
   EXPECT_EQ(r.exit_code, 0) << r.output;  // the signal did not end the run
+}
+
+// The stacks' signals leave a healthy job healthy: SIGUSR1 five times to both ranks of a training
+// job on gloo (each time every thread of the rank is interrupted to walk its stack, gloo's own
+// included); the job trains on and ends 0, and each rank's last record and stacks are there.
+TEST(Hang, StacksTakenFromARunningJobLeaveItRunning) {
+  TempDir out;
+  std::vector<std::string> argv = {DDP_LAUNCHER_BIN, "--nproc", "2"};
+  const auto job = linear_job(out.path(), {"--epochs", "400"});
+  argv.insert(argv.end(), job.begin(), job.end());
+  ddp::testing::Child launcher(argv, {});
+  const auto deadline = std::chrono::steady_clock::now() + seconds(120);
+  ASSERT_TRUE(launcher.wait_for_output("training linear", deadline)) << launcher.output();
+  const std::string children = ddp::testing::read_file(
+      fmt::format("/proc/{}/task/{}/children", launcher.pid(), launcher.pid()));
+  std::vector<pid_t> workers;
+  for (std::istringstream in(children); in.good();) {
+    pid_t pid = 0;
+    if (in >> pid) workers.push_back(pid);
+  }
+  ASSERT_EQ(workers.size(), 2u) << children;
+  for (int round = 0; round < 5; ++round) {
+    for (pid_t pid : workers) ASSERT_EQ(::kill(pid, SIGUSR1), 0) << "the job ended before";
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  const auto r = launcher.wait_until(deadline);
+  ASSERT_FALSE(r.timed_out) << r.output;
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("epoch 400/400"), std::string::npos) << r.output;
+  for (int rank : {0, 1}) {
+    const auto path = out.file(fmt::format("debug/rank{}.json", rank));
+    const auto dump = ddp::comm::parse_flight_dump(ddp::testing::read_file(path), path);
+    EXPECT_EQ(dump.reason, "SIGUSR1");
+    ASSERT_TRUE(dump.waiting_in.has_value()) << path;
+    const auto stacks = ddp::testing::read_file(dump.waiting_in->stacks_file);
+    EXPECT_NE(stacks.find("(main):\n"), std::string::npos) << stacks;
+    EXPECT_NE(stacks.find(" in ddp_train\n"), std::string::npos) << stacks;
+  }
 }
 
 // A collective rank 1 alone issues (ddp_fault_train's extra: an all_reduce of 3 floats where step
