@@ -18,6 +18,7 @@
 #include "ddp/common/error.h"
 #include "ddp/common/files.h"
 #include "ddp/common/log.h"
+#include "ddp/common/stacks.h"
 #include "ddp/data/time_series.h"
 #include "ddp/train/config.h"
 #include "ddp/train/trainer.h"
@@ -53,8 +54,11 @@ cxxopts::Options make_options() {
 }
 
 std::string version_text() {
-  return fmt::format("ddp_train {}\nLibTorch {} ({})\nbackends: {}\n", DDP_VERSION, TORCH_VERSION,
-                     torch::cuda::is_available() ? "CUDA available" : "CPU", DDP_BACKENDS);
+  return fmt::format("ddp_train {}\nLibTorch {} ({})\nbackends: {}\nstack traces: {}\n",
+                     DDP_VERSION, TORCH_VERSION,
+                     torch::cuda::is_available() ? "CUDA available" : "CPU", DDP_BACKENDS,
+                     ddp::stacks::supported() ? "libunwind, libdw"
+                                              : "off (built without libunwind-dev and libdw-dev)");
 }
 
 // The tutorial's "print GPU status" step.

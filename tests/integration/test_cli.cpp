@@ -50,6 +50,8 @@ TEST(Cli, VersionNamesLibTorchAndBackends) {
   EXPECT_TRUE(std::regex_search(r.output, std::regex("ddp_train [0-9]+\\.[0-9]+\\.[0-9]+")));
   EXPECT_TRUE(std::regex_search(r.output, std::regex("LibTorch [0-9]+\\.[0-9]+")));
   EXPECT_NE(r.output.find("backends: "), std::string::npos);
+  // The test builds find libunwind and libdw (scripts/install-deps.sh).
+  EXPECT_NE(r.output.find("stack traces: libunwind, libdw\n"), std::string::npos) << r.output;
 }
 
 TEST(Cli, ConfigFileWithCommandLineOverride) {
