@@ -324,7 +324,7 @@ class Symbolizer {
 // What capture() does, on a thread of its own, so that the thread that called it is walked too.
 std::vector<ThreadStack> capture_from_helper() {
   const pid_t helper = this_tid();
-  std::vector<std::pair<int, std::vector<uint64_t> > > walked;
+  std::vector<std::vector<uint64_t> > walked;  // threads[i]'s addresses
   std::vector<ThreadStack> threads;
   for (int tid : thread_ids()) {
     if (tid == helper) continue;
@@ -332,13 +332,13 @@ std::vector<ThreadStack> capture_from_helper() {
     t.tid = tid;
     t.main = tid == ::getpid();
     t.name = read_first_line(fmt::format("/proc/self/task/{}/comm", tid));
-    walked.emplace_back(tid, walk_thread(tid, t.error));
+    walked.push_back(walk_thread(tid, t.error));
     threads.push_back(std::move(t));
   }
   // Symbolized after every thread was walked: the threads are held up no longer than needed.
   const Symbolizer symbolizer;
   for (size_t i = 0; i < threads.size(); ++i) {
-    const auto& pcs = walked[i].second;
+    const auto& pcs = walked[i];
     for (size_t k = 0; k < pcs.size(); ++k) {
       // The first address is the interrupted instruction; the others are return addresses.
       for (Frame& f : symbolizer.frames_at(pcs[k], k > 0)) threads[i].frames.push_back(f);
