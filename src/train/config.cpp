@@ -272,6 +272,10 @@ std::vector<ConfigKey> make_keys() {
                "a mismatch ends every rank at once naming both calls, as "
                "TORCH_DISTRIBUTED_DEBUG=DETAIL (which also turns it on); one small all-gather "
                "per collective"),
+      string_key("hierarchical", &C::hierarchical, {"auto", "true", "false"}, "",
+                 "all-reduce within each host first, then across hosts among one rank per host "
+                 "and local rank, then within the host again (auto: when the ranks span several "
+                 "hosts with as many ranks on each, more than one on a host)"),
       bool_key("record-samples", &C::record_samples,
                "rank 0 writes the sample ids every rank trained in each committed step to "
                "samples.jsonl in the output directory (one all_gather a step)"),

@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "ddp/comm/collective_check.h"
+#include "ddp/comm/hierarchical.h"
 #include "ddp/comm/host_collectives.h"
 #include "ddp/common/error.h"
 #include "ddp/common/log.h"
@@ -93,6 +94,26 @@ std::string format_topology(const std::vector<RankTopology>& ranks, const std::s
   return out;
 }
 
+std::string host_key(const std::string& host_name, const comm::Env& env) {
+  const auto node = env.find("GROUP_RANK");
+  return node == env.end() ? host_name : host_name + "/node " + node->second;
+}
+
+std::string hierarchy_decision(const std::string& setting, const std::vector<std::string>& hosts) {
+  if (setting == "false") return "";
+  const auto by_host = comm::ranks_by_host(hosts);
+  const std::string why_not = comm::hierarchy_unusable_because(by_host);
+  if (setting == "true" && !why_not.empty()) {
+    throw InputError("key 'hierarchical': true, but " + why_not);
+  }
+  const size_t per_host = by_host.empty() ? 0 : by_host.front().size();
+  if (setting == "auto" && (!why_not.empty() || per_host < 2)) return "";
+  return fmt::format(
+      "hierarchical all-reduce: {} hosts of {} rank(s): within each host, then "
+      "across hosts",
+      by_host.size(), per_host);
+}
+
 void join_next_generation(Distributed& d) {
   d.group.reset();  // the last generation's group first: its connections go
   d.membership = d.agent->next_membership(d.membership.generation);
@@ -145,10 +166,17 @@ Distributed init_distributed(const Config& config, const comm::Env& env) {
   }
   // Every rank joins the gather; rank 0 alone logs (Note [Collective order is identical on all
   // ranks]).
-  RankTopology mine{d.launch.rank, net::host_name(), d.launch.local_rank, d.device.str()};
+  RankTopology mine{d.launch.rank, host_key(net::host_name(), env), d.launch.local_rank,
+                    d.device.str()};
   const auto all = gather_topology(*d.group, d.device, mine);
   log::info("launched by {}: {}", comm::to_string(d.launch.launcher),
             format_topology(all, d.group->backend_name()));
+  std::vector<std::string> hosts;
+  for (const auto& r : all) hosts.push_back(r.host);
+  if (const auto line = hierarchy_decision(config.hierarchical, hosts); !line.empty()) {
+    d.group = comm::hierarchical(d.group, hosts);
+    log::info("{}", line);
+  }
   return d;
 }
 

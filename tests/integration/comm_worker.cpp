@@ -7,6 +7,9 @@
 //       ddp::init_process_group, rank 1 calling another op, dtype or shape at the 5th, or skipping
 //       it (KIND: op, dtype, shape, skip); prints how long each took to fail, and exits 0 when
 //       every one failed with InputError (TORCH_DISTRIBUTED_DEBUG=DETAIL: at once)
+//   comm_worker BACKEND hierarchical HOST,HOST,...   rank r on host HOST[r] (the layout a test
+//       chooses): comm::hierarchical's all_reduce equals the flat one, for every op, several
+//       dtypes and sizes, several in flight at once
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -17,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "ddp/comm/hierarchical.h"
 #include "ddp/comm/rendezvous.h"
 
 namespace {
@@ -390,6 +394,57 @@ int mismatch(const std::string& backend, const std::vector<std::string>& kinds,
   return 0;
 }
 
+// Rank r's input: integer values (exact in float32 for these sizes, so every summation order
+// gives the same float), or random doubles (equal to rounding).
+at::Tensor hierarchical_input(int rank, int64_t n, at::ScalarType dtype) {
+  if (dtype == at::kDouble) {
+    at::manual_seed(1000 + rank);
+    return at::rand({n}, at::kDouble);
+  }
+  auto i = at::arange(n, at::kLong);
+  return ((i * (rank + 1)) % 13 - 6).to(dtype);
+}
+
+void check_hierarchical(ddp::comm::ProcessGroup& flat, ddp::comm::ProcessGroup& tiered) {
+  for (const auto op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
+    for (const auto dtype : {at::kFloat, at::kLong, at::kDouble}) {
+      // Several in flight at once, waited on in reverse: the steps keep the calls' order.
+      std::vector<at::Tensor> want, got;
+      std::vector<ddp::comm::WorkPtr> works;
+      for (const int64_t n : {1, 7, 1000, (1 << 18) + 3}) {
+        auto input = hierarchical_input(flat.rank(), n, dtype);
+        want.push_back(input.clone());
+        flat.all_reduce(want.back(), op)->wait();
+        got.push_back(input.clone());
+        works.push_back(tiered.all_reduce(got.back(), op));
+      }
+      for (auto w = works.rbegin(); w != works.rend(); ++w) (*w)->wait();
+      for (size_t k = 0; k < want.size(); ++k) {
+        const std::string what =
+            fmt::format("hierarchical all_reduce({}) of {} {}", ddp::comm::to_string(op),
+                        want[k].numel(), ddp::comm::dtype_name(dtype));
+        ++g_checks;
+        const bool same = dtype == at::kDouble ? at::allclose(got[k], want[k], 1e-12, 0)
+                                               : at::equal(got[k], want[k]);
+        if (!same) {
+          ++g_failures;
+          std::cout << "FAIL " << what << ": differs from the flat all_reduce" << std::endl;
+        }
+      }
+    }
+  }
+}
+
+std::vector<std::string> split_commas(const std::string& text) {
+  std::vector<std::string> out;
+  size_t begin = 0;
+  for (size_t comma; (comma = text.find(',', begin)) != std::string::npos; begin = comma + 1) {
+    out.push_back(text.substr(begin, comma - begin));
+  }
+  out.push_back(text.substr(begin));
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -406,7 +461,9 @@ int main(int argc, char** argv) {
     }
     const auto launch = ddp::comm::detect_launch(ddp::comm::current_env());
     ddp::comm::ProcessGroupOptions options;
-    if (argc > 3) options.timeout = std::chrono::milliseconds(std::stoll(argv[3]));
+    if (argc > 3 && scenario != "hierarchical") {
+      options.timeout = std::chrono::milliseconds(std::stoll(argv[3]));
+    }
     options.rendezvous_timeout = std::chrono::seconds(30);
     auto pg = ddp::comm::create_process_group(backend, launch, options, /*cuda_device=*/false);
     if (scenario == "collectives") {
@@ -419,6 +476,15 @@ int main(int argc, char** argv) {
       check_new_group(*pg);
       std::cout << fmt::format("rank {}/{}: {} checks, {} failures", pg->rank(), pg->world_size(),
                                g_checks, g_failures)
+                << std::endl;
+      return g_failures == 0 ? 0 : 3;
+    }
+    if (scenario == "hierarchical" && argc > 3) {
+      std::shared_ptr<ddp::comm::ProcessGroup> flat = std::move(pg);
+      const auto tiered = ddp::comm::hierarchical(flat, split_commas(argv[3]));
+      check_hierarchical(*flat, *tiered);
+      std::cout << fmt::format("rank {}/{}: {} checks, {} failures", flat->rank(),
+                               flat->world_size(), g_checks, g_failures)
                 << std::endl;
       return g_failures == 0 ? 0 : 3;
     }

@@ -116,24 +116,59 @@ TEST(Launcher, ARestartedGroupResumesAndEndsAsAnUninterruptedRun) {
   expect_same_weights(whole.file("model.pt"), crashed.file("model.pt"));
 }
 
-TEST(Launcher, TwoLaunchersAsTwoNodesTrainOneWorldOfFour) {
-  TempDir out;
+// Two launchers on this host as the two nodes of one job, 2 ranks each, training the Linear
+// demo (120 samples a step) into `out`; `extra`: more ddp_train options. Node 0's output, after
+// both ended 0.
+std::string train_on_two_nodes(const TempDir& out, const std::vector<std::string>& extra = {}) {
   const std::string port = std::to_string(ddp::testing::free_port());
   const std::map<std::string, std::string> env = {{"GLOO_SOCKET_IFNAME", "lo"}};
   auto node = [&](int rank) {
+    std::vector<std::string> args = {"--config",
+                                     config("random_linear.yaml"),
+                                     "--epochs",
+                                     "2",
+                                     "--global-batch-size",
+                                     "120",
+                                     "--output-dir",
+                                     out.path()};
+    args.insert(args.end(), extra.begin(), extra.end());
     return launch({"--nnodes", "2", "--node-rank", std::to_string(rank), "--nproc", "2",
                    "--master-addr", "127.0.0.1", "--master-port", port},
-                  {"--config", config("random_linear.yaml"), "--epochs", "2", "--global-batch-size",
-                   "120", "--output-dir", out.path()});
+                  args);
   };
   Child node0(node(0), env), node1(node(1), env);
   const auto r1 = node1.wait_until(Clock::now() + seconds(120));
   const auto r0 = node0.wait_until(Clock::now() + seconds(120));
-  ASSERT_EQ(r0.exit_code, 0) << r0.output;
-  ASSERT_EQ(r1.exit_code, 0) << r1.output;
-  EXPECT_NE(r0.output.find("4 rank(s), backend gloo"), std::string::npos) << r0.output;
+  EXPECT_EQ(r0.exit_code, 0) << r0.output;
+  EXPECT_EQ(r1.exit_code, 0) << r1.output;
   EXPECT_NE(r1.output.find("[launcher] rank 3: pid"), std::string::npos) << r1.output;
-  EXPECT_NE(r0.output.find("batch 30 per rank (120 global)"), std::string::npos) << r0.output;
+  return r0.output;
+}
+
+TEST(Launcher, TwoLaunchersAsTwoNodesTrainOneWorldOfFour) {
+  TempDir out;
+  const std::string output = train_on_two_nodes(out);
+  EXPECT_NE(output.find("4 rank(s), backend gloo"), std::string::npos) << output;
+  EXPECT_NE(output.find("batch 30 per rank (120 global)"), std::string::npos) << output;
+}
+
+// On two nodes of two ranks ddp_train all-reduces hierarchically by itself (--hierarchical auto:
+// within each node, across nodes, within again) and trains the weights that the flat all-reduce
+// (--hierarchical false) trains, to float rounding (the sums are taken in another order).
+TEST(Launcher, TwoNodesOfTwoRanksAllReduceHierarchicallyToTheFlatWeights) {
+  TempDir tiered, flat;
+  const std::string with = train_on_two_nodes(tiered);
+  EXPECT_NE(with.find("hierarchical all-reduce: 2 hosts of 2 rank(s)"), std::string::npos) << with;
+  const std::string without = train_on_two_nodes(flat, {"--hierarchical", "false"});
+  EXPECT_EQ(without.find("hierarchical all-reduce"), std::string::npos) << without;
+  const auto a = ddp::train::state_dict_from(ddp::train::read_pt_file(tiered.file("model.pt")),
+                                             tiered.file("model.pt"));
+  const auto b = ddp::train::state_dict_from(ddp::train::read_pt_file(flat.file("model.pt")),
+                                             flat.file("model.pt"));
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(a[i].second, b[i].second, 1e-5, 1e-6)) << a[i].first;
+  }
 }
 
 TEST(Launcher, SigintStopsAllWorkersWithinTheGracePeriodAndExits130) {

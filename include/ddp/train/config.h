@@ -96,6 +96,9 @@ struct Config {
   bool record_samples = false;        // rank 0 writes every committed step's sample ids
   // Before each collective, the ranks compare their calls (TORCH_DISTRIBUTED_DEBUG=DETAIL too).
   bool debug_collectives = false;
+  // Hierarchical all-reduce (comm/hierarchical.h): auto (on when the ranks span several hosts,
+  // as many on each, several on one), true (required), false.
+  std::string hierarchical = "auto";
   // DistributedDataParallel, with PyTorch's names and defaults (the keys bucket-cap-mb,
   // first-bucket-mb, broadcast-buffers, find-unused-parameters, gradient-as-bucket-view).
   DistributedDataParallelOptions ddp;

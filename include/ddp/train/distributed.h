@@ -67,6 +67,16 @@ struct RankTopology {
   int local_rank = 0;
   std::string device;
 };
+// The host a rank counts as for the hierarchical all-reduce: its host name, and its node's rank
+// where the launch names one (GROUP_RANK: the launcher's --node-rank, torchrun's), so that two
+// nodes a launcher was told of are two hosts even on one machine.
+std::string host_key(const std::string& host_name, const comm::Env& env);
+
+// Whether --hierarchical (`setting`: auto, true, false) wraps the group, for these ranks' host
+// keys: "" for no, else the line to log. Throws InputError for true on a layout it cannot serve.
+// A pure function.
+std::string hierarchy_decision(const std::string& setting, const std::vector<std::string>& hosts);
+
 // The table rank 0 prints once: one line per rank.
 std::string format_topology(const std::vector<RankTopology>& ranks, const std::string& backend);
 
