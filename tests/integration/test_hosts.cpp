@@ -60,8 +60,16 @@ TEST(Hosts, TwoLaunchersInTwoNamespacesTrainAsFourRanksOnOneHost) {
   const int port = ddp::testing::free_port();
   // No GLOO_SOCKET_IFNAME: "vm" resolves to 127.0.0.1 here, so gloo must find the interface
   // that routes to MASTER_ADDR by itself.
-  Child node0(node_launcher(hosts, 0, port, mlp_args(nodes.path(), 2)), kJobEnv);
-  Child node1(node_launcher(hosts, 1, port, mlp_args(node1_out.path(), 2)), kJobEnv);
+  // The flat all-reduce, whose sums the one-host run repeats bit for bit (two nodes of two ranks
+  // would all-reduce hierarchically by default, summing in another order: to float rounding).
+  const std::vector<std::string> flat = {"--hierarchical", "false"};
+  auto node_args = [&](const TempDir& out) {
+    auto args = mlp_args(out.path(), 2);
+    args.insert(args.end(), flat.begin(), flat.end());
+    return args;
+  };
+  Child node0(node_launcher(hosts, 0, port, node_args(nodes)), kJobEnv);
+  Child node1(node_launcher(hosts, 1, port, node_args(node1_out)), kJobEnv);
   const ProcessResult r1 = node1.wait_until(Clock::now() + seconds(180));
   const ProcessResult r0 = node0.wait_until(Clock::now() + seconds(30));
   ASSERT_EQ(r0.exit_code, 0) << r0.output;
@@ -245,7 +253,9 @@ TEST(Hosts, WithARestartAndTheLinkBackTheJobEndsAsAnUninterruptedRun) {
   TempDir shared, whole;
   const int port = ddp::testing::free_port();
   auto args = mlp_args(shared.path(), 10);
-  args.insert(args.end(), {"--comm-timeout", std::to_string(kLinkTestCommTimeout)});
+  // The flat all-reduce, as the one-host run's below (bitwise equal weights).
+  args.insert(args.end(),
+              {"--comm-timeout", std::to_string(kLinkTestCommTimeout), "--hierarchical", "false"});
   auto node = [&](int i) { return node_launcher(hosts, i, port, args, {"--max-restarts", "1"}); };
   Child node0(node(0), kJobEnv), node1(node(1), kJobEnv);
   ASSERT_TRUE(node0.wait_for_output("checkpoint after epoch 1: ", Clock::now() + seconds(120)))
