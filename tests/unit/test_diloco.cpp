@@ -1,0 +1,103 @@
+// DiLoCo and local SGD (ddp/core/diloco.h) against a Python reference written from the paper's
+// Algorithm 1 with torch.optim.SGD as the outer optimizer (tests/python/diloco_reference.py):
+// linear-model replicas in float64, the same data, every outer round's parameters to 1e-6.
+// The outer step with two replicas averaged in this process; the DiLoCo class itself, with its
+// all-reduce, on a one-rank group.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <map>
+#include <string>
+
+#include "ddp/comm/rendezvous.h"
+#include "ddp/core/diloco.h"
+#include "ddp/train/pt_file.h"
+#include "ddp/train/state_dict.h"
+#include "subprocess.h"
+
+namespace {
+
+constexpr int kRounds = 3, kH = 4;
+constexpr double kInnerLr = 0.05;
+
+std::map<std::string, at::Tensor> reference(int workers) {
+  ddp::testing::TempDir dir;
+  const std::string file = dir.file("reference.pt");
+  const auto r = ddp::testing::run_process(
+      {DDP_PYTHON, std::string(DDP_SOURCE_DIR) + "/tests/python/diloco_reference.py", file,
+       std::to_string(workers)},
+      {}, std::chrono::seconds(120));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  std::map<std::string, at::Tensor> out;
+  for (auto& [key, tensor] : ddp::train::state_dict_from(ddp::train::read_pt_file(file), file)) {
+    out[key] = tensor;
+  }
+  return out;
+}
+
+// One inner SGD step of the reference's on `w` (W, b), in place, on worker `i`'s batch `step`.
+void inner_step(std::vector<at::Tensor>& w, std::map<std::string, at::Tensor>& ref, int i,
+                int step) {
+  const auto& x = ref.at("x." + std::to_string(i) + "." + std::to_string(step));
+  const auto& y = ref.at("y." + std::to_string(i) + "." + std::to_string(step));
+  for (auto& p : w) p.requires_grad_(true);
+  auto loss = (x.matmul(w[0].t()) + w[1] - y).pow(2).mean();
+  const auto grads = torch::autograd::grad({loss}, {w[0], w[1]});
+  torch::NoGradGuard no_grad;
+  for (size_t k = 0; k < w.size(); ++k) w[k].sub_(grads[k] * kInnerLr);
+}
+
+void expect_near(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
+  EXPECT_LT((got.detach() - want).abs().max().item<double>(), 1e-6) << what;
+}
+
+TEST(DiLoCo, TheOuterStepOfTwoReplicasIsThePapersAndLocalSgdAverages) {
+  auto ref = reference(2);
+  struct Variant {
+    std::string name;
+    double lr, mu;
+    bool nesterov;
+  };
+  for (const Variant& v :
+       {Variant{"diloco", 0.7, 0.9, true}, Variant{"local_sgd", 1.0, 0.0, false}}) {
+    std::vector<at::Tensor> theta = {ref.at("W0").clone(), ref.at("b0").clone()}, momentum;
+    for (int r = 0; r < kRounds; ++r) {
+      std::vector<std::vector<at::Tensor>> replicas;
+      for (int i = 0; i < 2; ++i) {
+        std::vector<at::Tensor> w = {theta[0].clone(), theta[1].clone()};
+        for (int s = r * kH; s < (r + 1) * kH; ++s) inner_step(w, ref, i, s);
+        replicas.push_back(w);
+      }
+      std::vector<at::Tensor> grads;
+      for (size_t k = 0; k < theta.size(); ++k) {
+        grads.push_back(
+            ((theta[k] - replicas[0][k].detach()) + (theta[k] - replicas[1][k].detach())) / 2);
+      }
+      ddp::outer_sgd_step(theta, momentum, grads, v.lr, v.mu, v.nesterov);
+      const std::string round = v.name + "." + std::to_string(r);
+      expect_near(theta[0], ref.at(round + ".W"), round + ".W");
+      expect_near(theta[1], ref.at(round + ".b"), round + ".b");
+    }
+  }
+}
+
+// The class on a group of one rank: its outer gradient is (global - local), all-reduced alone.
+TEST(DiLoCo, TheClassSynchronizesEveryHStepsAsThePaperOnOneRank) {
+  auto ref = reference(1);
+  auto group = ddp::comm::create_process_group("local", ddp::comm::LaunchInfo{}, {}, false);
+  std::shared_ptr<ddp::comm::ProcessGroup> shared = std::move(group);
+  std::vector<at::Tensor> w = {ref.at("W0").clone(), ref.at("b0").clone()};
+  ddp::DiLoCo diloco(w, shared, {kH, 0.7, 0.9, true});
+  int synced = 0;
+  for (int s = 0; s < kRounds * kH; ++s) {
+    inner_step(w, ref, 0, s);
+    if (diloco.after_inner_step()) {
+      const std::string round = "diloco." + std::to_string(synced++);
+      expect_near(w[0], ref.at(round + ".W"), round + ".W");
+      expect_near(w[1], ref.at(round + ".b"), round + ".b");
+    }
+  }
+  EXPECT_EQ(synced, kRounds);
+}
+
+}  // namespace
