@@ -5,6 +5,9 @@
 // SCENARIO: sgd | nosync | adam | fp16 | bf16 | custom-hook | powersgd-warmup | bucket-view |
 //           unused | unused-find | mismatch | overlap | buffers | no-buffers | two-forwards |
 //           checkpoint-twice | checkpoint-twice-dynamic | grad-scaler | zero | clip | signatures
+//   ddp_worker BACKEND diloco REFERENCE.pt   rank r replays worker r of
+//       tests/python/diloco_reference.py through ddp::DiLoCo (DiLoCo, then local SGD) and checks
+//       every synchronization's parameters against the reference's to 1e-6
 // clip: the reduced gradients clipped to a 2-norm of kMaxNorm before each step; rank 0 writes the
 // first step's before and after, and the norm, to RECORD (for tests/python/clip_check.py).
 #include <fmt/format.h>
@@ -15,11 +18,13 @@
 
 #include "ddp/comm/rendezvous.h"
 #include "ddp/core/activation_checkpoint.h"
+#include "ddp/core/diloco.h"
 #include "ddp/core/distributed_data_parallel.h"
 #include "ddp/core/grad_scaler.h"
 #include "ddp/core/powersgd.h"
 #include "ddp/core/zero_redundancy_optimizer.h"
 #include "ddp/train/pt_file.h"
+#include "diloco_reference.h"
 #include "tensor_compare.h"
 
 namespace {
@@ -375,6 +380,35 @@ int check_signatures(const std::shared_ptr<ddp::comm::ProcessGroup>& group) {
   return pair <= 1e-5 && repeat <= 1e-5 ? 0 : 4;
 }
 
+// This rank replays worker `rank` of the reference: its inner steps on its own batches, then
+// DiLoCo's synchronization (an all-reduce among the real ranks); every round's global parameters
+// must be the reference's.
+int check_diloco(const std::shared_ptr<ddp::comm::ProcessGroup>& group, const std::string& file) {
+  namespace ref = ddp::testing::diloco;
+  const auto reference = ref::read_reference(file);
+  double worst = 0;
+  int rounds = 0;
+  for (const auto& [variant, options] :
+       {std::pair{std::string("diloco"), ddp::DiLoCoOptions{ref::kH, 0.7, 0.9, true}},
+        std::pair{std::string("local_sgd"), ddp::DiLoCoOptions::local_sgd(ref::kH)}}) {
+    std::vector<at::Tensor> w = {reference.at("W0").clone(), reference.at("b0").clone()};
+    ddp::DiLoCo diloco(w, group, options);
+    int round = 0;
+    for (int s = 0; s < ref::kRounds * ref::kH; ++s) {
+      ref::inner_step(w, reference, group->rank(), s);
+      if (diloco.after_inner_step()) {
+        const double error = ref::round_error(w, reference, variant, round++);
+        worst = std::max(worst, error);
+        std::cout << fmt::format("rank {}: {} round {}: max error {:.3g}", group->rank(), variant,
+                                 round, error)
+                  << std::endl;
+      }
+    }
+    rounds += round;
+  }
+  return worst <= 1e-6 && rounds == 2 * ref::kRounds ? 0 : 4;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -398,6 +432,7 @@ int main(int argc, char** argv) {
       return check_buffers(group, scenario == "buffers");
     if (scenario == "grad-scaler") return check_grad_scaler(group);
     if (scenario == "zero") return check_zero(group);
+    if (scenario == "diloco" && argc > 3) return check_diloco(group, argv[3]);
     if (scenario == "signatures") return check_signatures(group);
     if (scenario == "two-forwards" || scenario.rfind("checkpoint-twice", 0) == 0)
       return check_graph(group, scenario);

@@ -185,4 +185,29 @@ TEST(Ddp, FirstBucketIsLaunchedBeforeBackwardEnds) {
   }
 }
 
+// DiLoCo and local SGD (ddp/core/diloco.h) on real ranks: rank r replays replica r of the Python
+// reference written from the paper's Algorithm 1 (tests/python/diloco_reference.py, torch.optim.SGD
+// with Nesterov momentum as the outer optimizer); the outer gradient is averaged by an all-reduce
+// among the ranks, and every round's global parameters equal the reference's to 1e-6.
+TEST(DiLoCo, RealRanksAverageTheirOuterGradientAsThePaper) {
+  for (int world : {2, 3}) {
+    ddp::testing::TempDir dir;
+    const auto file = dir.file("reference.pt");
+    const auto python = ddp::testing::run_process(
+        {DDP_PYTHON, std::string(DDP_SOURCE_DIR) + "/tests/python/diloco_reference.py", file,
+         std::to_string(world)},
+        {}, std::chrono::seconds(120));
+    ASSERT_EQ(python.exit_code, 0) << python.output;
+    const auto results = ddp::testing::run_env_ranks(
+        world, {DDP_DDP_WORKER_BIN, "gloo", "diloco", file}, std::chrono::seconds(120));
+    ASSERT_EQ(results.size(), static_cast<size_t>(world));
+    for (size_t r = 0; r < results.size(); ++r) {
+      EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
+      EXPECT_NE(results[r].output.find(fmt::format("rank {}: local_sgd round 3: ", r)),
+                std::string::npos)
+          << results[r].output;
+    }
+  }
+}
+
 }  // namespace
