@@ -35,9 +35,19 @@ DiLoCo::DiLoCo(std::vector<at::Tensor> params, std::shared_ptr<comm::ProcessGrou
 
 bool DiLoCo::after_inner_step() {
   ++steps_;
-  if (steps_ % options_.sync_every != 0) return false;
+  if (steps_ - last_sync_ < options_.sync_every) return false;
   synchronize();
   return true;
+}
+
+void DiLoCo::synchronize_if_pending() {
+  if (steps_ > last_sync_) synchronize();
+}
+
+void DiLoCo::restart(std::vector<at::Tensor> momentum) {
+  for (size_t i = 0; i < params_.size(); ++i) global_[i] = params_[i].detach().clone();
+  momentum_ = std::move(momentum);
+  last_sync_ = steps_;
 }
 
 // Algorithm 1's outer step: the outer gradient is the average over ranks of (global - local),
@@ -60,6 +70,7 @@ void DiLoCo::synchronize() {
   outer_sgd_step(global_, momentum_, grads, options_.outer_lr, options_.outer_momentum,
                  options_.nesterov);
   for (size_t i = 0; i < params_.size(); ++i) params_[i].detach().copy_(global_[i]);
+  last_sync_ = steps_;
 }
 
 }  // namespace ddp

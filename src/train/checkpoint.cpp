@@ -114,6 +114,12 @@ c10::IValue to_ivalue(const Checkpoint& c) {
     for (const auto& shard : c.optimizer_shards) shards.push_back(shard.cpu());
     dict.insert("optimizer_shards", shards);
   }
+  if (!c.inner_optimizers.empty()) {
+    c10::impl::GenericList inner(c10::AnyType::get());  // as optimizer_shards
+    for (const auto& state : c.inner_optimizers) inner.push_back(state.cpu());
+    dict.insert("inner_optimizers", inner);
+    dict.insert("outer_momentum", to_ivalue(c.outer_momentum));
+  }
   dict.insert("rng_state", c.rng_state.cpu());
   if (c.grad_scaler) dict.insert("grad_scaler", without_floats(*c.grad_scaler));
   return dict;
@@ -145,6 +151,10 @@ Checkpoint checkpoint_from(const c10::IValue& contents, const std::string& origi
   c.model = state_dict_from(e.get("model"), origin);
   c.optimizer_state = e.bytes("optimizer_state");
   if (e.has("optimizer_shards")) c.optimizer_shards = e.byte_list("optimizer_shards");
+  if (e.has("inner_optimizers")) {
+    c.inner_optimizers = e.byte_list("inner_optimizers");
+    c.outer_momentum = state_dict_from(e.get("outer_momentum"), origin + ": 'outer_momentum'");
+  }
   c.rng_state = e.bytes("rng_state");
   if (e.has("grad_scaler")) {
     c.grad_scaler = amp::grad_scaler_state_from(e.get("grad_scaler"), origin + ": 'grad_scaler'");

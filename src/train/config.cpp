@@ -292,6 +292,15 @@ std::vector<ConfigKey> make_keys() {
       bool_key("zero", &C::zero,
                "ZeRO stage 1 (ZeroRedundancyOptimizer): each rank keeps the optimizer state of "
                "its shard of the parameters only"),
+      string_key("sync", &C::sync, {"ddp", "local-sgd", "diloco"}, "",
+                 "ddp: gradients all-reduced every step; local-sgd: each rank trains alone and "
+                 "the models are averaged every sync-every steps and at each epoch's end; diloco: "
+                 "the same with DiLoCo's outer step (Nesterov SGD on the averaged change)"),
+      int_key("sync-every", &C::sync_every, 1,
+              "local-sgd, diloco: inner steps between synchronizations (H)"),
+      float_key("outer-lr", &C::outer_lr, 0.0, true, "diloco: the outer optimizer's lr"),
+      float_key("outer-momentum", &C::outer_momentum, 0.0, false,
+                "diloco: the outer optimizer's Nesterov momentum"),
       bool_key("sync-bn", &C::sync_bn,
                "BatchNorm statistics over the global batch (SyncBatchNorm), for small batches"),
       enum_key("comm-hook", &C::comm_hook, kCommHookNames,
@@ -482,6 +491,23 @@ void validate(const Config& config) {
           "it); use gloo (or nccl on GPUs) under launcher --nnodes MIN:MAX",
           config.backend));
     }
+  }
+  if (config.sync != "ddp") {
+    // What needs the ranks' models equal after every step, or a step's state on every rank.
+    const char* refused = config.elastic                             ? "elastic"
+                          : config.zero                              ? "zero"
+                          : config.uneven                            ? "uneven"
+                          : config.check_params_every                ? "check-params-every"
+                          : config.checkpoint_on_signal              ? "checkpoint-on-signal"
+                          : config.comm_hook != CommHook::kAllReduce ? "comm-hook"
+                                                                     : nullptr;
+    if (refused != nullptr) {
+      throw InputError(
+          fmt::format("key 'sync': {} cannot be combined with {}", config.sync, refused));
+    }
+  }
+  if (config.outer_momentum >= 1.0) {
+    throw InputError(fmt::format("key 'outer-momentum': {} is not below 1", config.outer_momentum));
   }
   if (config.warmup_epochs > static_cast<double>(config.epochs)) {
     throw InputError(fmt::format("key 'warmup-epochs': {} is longer than the {} epochs of the run",

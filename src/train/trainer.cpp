@@ -284,6 +284,13 @@ void Trainer::build_model() {
   // Collective: checks the model is the same everywhere, broadcasts rank 0's weights.
   model_ = DistributedDataParallel(workload_.module, dist_.group, config_.ddp);
   register_comm_hook(model_, config_, dist_.group);
+  if (config_.sync != "ddp") {  // each rank trains its own copy from here (no_sync every step)
+    const DiLoCoOptions options =
+        config_.sync == "local-sgd"
+            ? DiLoCoOptions::local_sgd(config_.sync_every)
+            : DiLoCoOptions{config_.sync_every, config_.outer_lr, config_.outer_momentum, true};
+    diloco_ = std::make_unique<DiLoCo>(workload_.module->parameters(), dist_.group, options);
+  }
   if (config_.zero) {
     zero_ = std::make_unique<ZeroRedundancyOptimizer>(
         workload_.module->parameters(), dist_.group,
@@ -505,8 +512,12 @@ bool Trainer::train_steps(EpochPass& pass, EpochMetrics& m) {
     // --elastic: a member applies only a step whose gradients every member reduced (a dropped
     // step throws).
     const bool grow = dist_.agent && commit_step(pass, ok);
-    optimizer_step();  // on the reduced gradients, the same on every rank
+    optimizer_step();  // on the reduced gradients, the same on every rank (not under --sync)
     ++step_;
+    if (diloco_) {  // --sync local-sgd, diloco: every sync-every steps, the models meet
+      const Phase phase = step_phase(*dist_.group, timeline_.get(), "synchronization", step_);
+      diloco_->after_inner_step();
+    }
     // Counted at once: a failure from here on (--elastic) goes on after this step.
     pass.count_step(reduced.first, reduced.second);
     if (config_.record_samples) record_samples(pass, ids);
@@ -541,8 +552,9 @@ std::pair<torch::Tensor, int64_t> Trainer::step_gradients(EpochPass& pass,
   auto loss_sum = torch::zeros({}, torch::TensorOptions(torch::kDouble).device(dist_.device));
   for (size_t i = 0; i < batches.size(); ++i) {
     const bool last = i + 1 == batches.size();
-    loss_sum += forward_backward(pass, batches[i], samples, /*sync=*/last);
+    loss_sum += forward_backward(pass, batches[i], samples, /*sync=*/last && !diloco_);
   }
+  if (diloco_) return {loss_sum, samples};  // nothing was reduced
   // Finalize, the reducer's at backward's end (it waited for every bucket and wrote the averages
   // into .grad): onto the timeline.
   const auto& reduced = model_->reducer().last_iteration();
@@ -689,6 +701,10 @@ void Trainer::end_epoch(EpochPass& pass, EpochMetrics& m) {
   if (dist_.agent)
     position_ = position_of(pass);  // --elastic: the epoch's end, if what follows fails
   pass.progress->finish(pass.trained, [&] { return pass.running_loss(); });
+  if (diloco_) {  // the epoch's evaluation, checkpoint and model.pt see the global model
+    const Phase phase(*dist_.group, fmt::format("epoch {}: synchronization", m.epoch));
+    diloco_->synchronize_if_pending();
+  }
   const double seconds = seconds_since(pass.start);
 
   // Global figures: loss over all ranks' samples; throughput bounded by the slowest rank.

@@ -180,17 +180,26 @@ void Trainer::save_checkpoint(CheckpointPosition at, const torch::Tensor& untrai
   const std::string rng_bytes(static_cast<const char*>(rng.data_ptr()), rng.nbytes());
   const std::vector<std::string> all_rng =
       comm::all_gather_bytes(*dist_.group, rng_bytes, dist_.device, rng_bytes.size());
-  // --zero: every rank's shard of the optimizer state, for rank 0 to write.
-  const std::string opt = zero_ || dist_.is_main() ? serialized(optimizer()) : std::string();
+  // --zero: every rank's shard of the optimizer state, for rank 0 to write; --sync local-sgd or
+  // diloco: every rank's inner optimizer.
+  const bool per_rank = zero_ || diloco_;
+  const std::string opt = per_rank || dist_.is_main() ? serialized(optimizer()) : std::string();
   const std::vector<std::string> shards =
-      zero_ ? comm::all_gather_bytes(*dist_.group, opt, dist_.device) : std::vector<std::string>();
+      per_rank ? comm::all_gather_bytes(*dist_.group, opt, dist_.device)
+               : std::vector<std::string>();
 
   std::exception_ptr error;
   if (dist_.is_main()) {
     try {
       Checkpoint c = checkpoint_here(at, untrained);
       c.optimizer_state = zero_ ? torch::empty({0}, torch::kByte) : byte_tensor(opt);
-      for (const auto& shard : shards) c.optimizer_shards.push_back(byte_tensor(shard));
+      auto& per_rank_states = zero_ ? c.optimizer_shards : c.inner_optimizers;
+      for (const auto& shard : shards) per_rank_states.push_back(byte_tensor(shard));
+      if (diloco_) {
+        for (size_t i = 0; i < diloco_->momentum().size(); ++i) {
+          c.outer_momentum.emplace_back(std::to_string(i), diloco_->momentum()[i].cpu());
+        }
+      }
       c.rng_state = rng_rows(all_rng, rng.numel());
       if (scaler_) c.grad_scaler = scaler_->state();
 
@@ -397,6 +406,8 @@ void Trainer::load_training_state(const Checkpoint& c, const std::string& path) 
   if (zero_ && static_cast<int64_t>(c.optimizer_shards.size()) != dist_.world_size() &&
       !c.optimizer_shards.empty()) {
     load_resharded_zero_state(c, path);
+  } else if (diloco_) {
+    load_sync_state(c, path);
   } else {
     load_optimizer(optimizer(), zero_state_of(c, path), path);
   }
@@ -414,6 +425,27 @@ void Trainer::load_training_state(const Checkpoint& c, const std::string& path) 
     throw InputError(
         fmt::format("{}: the RNG state cannot be restored: {}", path, first_line_of(e)));
   }
+}
+
+// --sync local-sgd, diloco: this rank's own inner optimizer, and the outer momentum; the model
+// just loaded becomes the global parameters. From a checkpoint of a run without --sync, every
+// rank's inner optimizer starts from its optimizer state and the momentum from nothing.
+void Trainer::load_sync_state(const Checkpoint& c, const std::string& path) {
+  if (c.inner_optimizers.empty()) {
+    load_optimizer(optimizer(), c.optimizer_state, path);
+    diloco_->restart({});
+    return;
+  }
+  if (static_cast<int>(c.inner_optimizers.size()) != dist_.world_size()) {
+    throw InputError(
+        fmt::format("{}: saved by {} ranks with --sync {}, each with an optimizer of "
+                    "its own; resume it on {} ranks",
+                    path, c.inner_optimizers.size(), config_.sync, c.inner_optimizers.size()));
+  }
+  load_optimizer(optimizer(), c.inner_optimizers[static_cast<size_t>(dist_.rank())], path);
+  std::vector<at::Tensor> momentum;
+  for (const auto& [index, tensor] : c.outer_momentum) momentum.push_back(tensor.to(dist_.device));
+  diloco_->restart(std::move(momentum));
 }
 
 void Trainer::heal() {

@@ -232,10 +232,10 @@ TEST(DdpTrain, UnevenSharesTrainUnderJoinWithoutPaddingOrDropping) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("key 'uneven': cannot be combined with drop-last"), std::string::npos)
       << r.output;
-  for (const auto& option : std::vector<std::vector<std::string>>{
-           {"--uneven", "--grad-accum-steps", "2"},
-           {"--uneven", "--amp", "fp16"},
-           {"--uneven", "--record-samples"}}) {
+  for (const auto& option :
+       std::vector<std::vector<std::string>>{{"--uneven", "--grad-accum-steps", "2"},
+                                             {"--uneven", "--amp", "fp16"},
+                                             {"--uneven", "--record-samples"}}) {
     r = ddp::testing::run_process(job(refused.path(), 10, option), {}, std::chrono::seconds(60));
     EXPECT_EQ(r.exit_code, 2) << r.output;
     EXPECT_NE(r.output.find("check-params-every, grad-accum-steps, amp fp16 or record-samples"),
@@ -329,6 +329,49 @@ TEST(DdpTrain, WorkersAndAugmentationTrainTheSameAsWithoutWorkers) {
               metrics_field(last_metrics(parallel.path()), name))
         << name;
   }
+}
+
+// --sync local-sgd with a synchronization after every step and SGD without momentum is DDP:
+// averaging the models after one step of each is one step on the averaged gradient (to float
+// rounding), so both train the same losses.
+TEST(Sync, LocalSgdEveryStepWithPlainSgdTrainsAsDdp) {
+  TempDir ddp, local;
+  const std::vector<std::string> plain = {"--momentum", "0"};
+  auto extra = [&](std::vector<std::string> more) {
+    more.insert(more.end(), plain.begin(), plain.end());
+    return more;
+  };
+  for (const auto& [dir, options] :
+       {std::pair{ddp.path(), extra({})},
+        std::pair{local.path(), extra({"--sync", "local-sgd", "--sync-every", "1"})}}) {
+    for (const auto& r :
+         ddp::testing::run_env_ranks(2, job(dir, 15, options), std::chrono::seconds(120))) {
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+    }
+  }
+  expect_same_training(local.path(), ddp.path());
+}
+
+// --sync diloco resumes exactly: 4 epochs straight, and 2 then a resume to 4, write the same
+// weights bit for bit (each rank's inner optimizer and the outer momentum are in the checkpoint;
+// H = 3 steps of the epoch's 4, so an epoch's end synchronizes too).
+TEST(Sync, DilocoResumesExactly) {
+  TempDir straight, resumed;
+  const std::vector<std::string> diloco = {"--sync",     "diloco", "--sync-every", "3",
+                                           "--outer-lr", "0.5",    "--epochs"};
+  auto run = [&](const TempDir& out, const char* epochs, std::vector<std::string> more = {}) {
+    std::vector<std::string> options = diloco;
+    options.push_back(epochs);
+    options.insert(options.end(), more.begin(), more.end());
+    for (const auto& r :
+         ddp::testing::run_env_ranks(2, job(out.path(), 10, options), std::chrono::seconds(120))) {
+      EXPECT_EQ(r.exit_code, 0) << r.output;
+    }
+  };
+  run(straight, "4");
+  run(resumed, "2");
+  run(resumed, "4", {"--resume", "auto"});
+  ddp::testing::expect_same_weights(straight.file("model.pt"), resumed.file("model.pt"));
 }
 
 }  // namespace

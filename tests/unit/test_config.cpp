@@ -166,6 +166,21 @@ TEST(Config, CrossKeyValidation) {
   c.warmup_epochs = 2;
   EXPECT_NE(input_error_of([&] { ddp::train::validate(c); }).find("warmup-epochs"),
             std::string::npos);
+  // --sync local-sgd and diloco: the ranks' models differ between synchronizations.
+  c = Config();
+  c.sync = "diloco";
+  EXPECT_NO_THROW(ddp::train::validate(c));
+  c.zero = true;
+  EXPECT_EQ(input_error_of([&] { ddp::train::validate(c); }),
+            "key 'sync': diloco cannot be combined with zero");
+  c.zero = false;
+  c.check_params_every = 10;
+  EXPECT_EQ(input_error_of([&] { ddp::train::validate(c); }),
+            "key 'sync': diloco cannot be combined with check-params-every");
+  c = Config();
+  c.outer_momentum = 1.0;
+  EXPECT_EQ(input_error_of([&] { ddp::train::validate(c); }),
+            "key 'outer-momentum': 1 is not below 1");
 }
 
 TEST(Config, YamlRoundTripsEveryKey) {

@@ -43,8 +43,20 @@ class DiLoCo {
   // of the group: every rank calls it as often). Returns whether it did.
   bool after_inner_step();
 
+  // Synchronizes now if an inner step was taken since the last synchronization (the trainer's
+  // epoch end: evaluation, checkpoints and model.pt then see the global parameters, the same on
+  // every rank); H counts again from here. A collective, as after_inner_step.
+  void synchronize_if_pending();
+
   int64_t inner_steps() const { return steps_; }
   const DiLoCoOptions& options() const { return options_; }
+
+  // The outer optimizer's momentum buffers (empty before the first synchronization, or without
+  // momentum): the same on every rank, for checkpoints.
+  const std::vector<at::Tensor>& momentum() const { return momentum_; }
+  // Resuming: the global parameters become the model's current ones (just loaded, the same on
+  // every rank), the momentum `momentum` (momentum()'s, or empty).
+  void restart(std::vector<at::Tensor> momentum);
 
  private:
   void synchronize();
@@ -55,6 +67,7 @@ class DiLoCo {
   std::shared_ptr<comm::ProcessGroup> group_;
   DiLoCoOptions options_;
   int64_t steps_ = 0;
+  int64_t last_sync_ = 0;  // steps_ at the last synchronization
 };
 
 }  // namespace ddp

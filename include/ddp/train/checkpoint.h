@@ -39,6 +39,12 @@ struct Checkpoint {
   // --amp fp16: the GradScaler's state (the same on every rank), under "grad_scaler" with
   // PyTorch's state_dict keys, its floats as 0-d float64 tensors.
   std::optional<amp::GradScalerState> grad_scaler;
+  // --sync local-sgd, diloco: each rank's inner optimizer, serialized as optimizer_state is (the
+  // ranks' differ: each trains alone between synchronizations), and the outer optimizer's
+  // momentum buffers by parameter index ("0", "1", ...; the same on every rank). A checkpoint is
+  // written after the epoch's synchronization, so the model is every rank's.
+  std::vector<at::Tensor> inner_optimizers;
+  StateDict outer_momentum;
 };
 
 // As a dict of ints, strings and tensors (no floats: Python 1.13's weights-only loader refuses

@@ -107,6 +107,13 @@ struct Config {
   int64_t powersgd_start_iter = 1000;  // PowerSGDOptions::start_powerSGD_iter (PyTorch's default)
   bool sync_bn = false;                // BatchNorm statistics over the global batch (SyncBatchNorm)
   bool zero = false;                   // ZeroRedundancyOptimizer: optimizer state sharded (ZeRO-1)
+  // How the ranks' models are kept together (core/diloco.h): ddp (gradients all-reduced every
+  // step), local-sgd (each rank trains alone, models averaged every sync_every steps and at each
+  // epoch's end), diloco (the same with the paper's outer Nesterov step on the averaged change).
+  std::string sync = "ddp";
+  int64_t sync_every = 50;
+  double outer_lr = 0.7;
+  double outer_momentum = 0.9;
   bool elastic = false;  // a lost rank's peers go on (under `launcher --nnodes MIN:MAX`)
   int64_t threads = 0;   // 0: leave LibTorch's default
   std::string output_dir = "runs/latest";

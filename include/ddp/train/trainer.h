@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ddp/comm/watchdog.h"
+#include "ddp/core/diloco.h"
 #include "ddp/core/distributed_data_parallel.h"
 #include "ddp/core/grad_scaler.h"
 #include "ddp/core/zero_redundancy_optimizer.h"
@@ -208,6 +209,7 @@ class Trainer {
   // The optimizer state (this rank's --zero shard, or the whole), the GradScaler's and this
   // rank's RNG stream (rank 0's for a rank the checkpoint did not have).
   void load_training_state(const Checkpoint& checkpoint, const std::string& path);
+  void load_sync_state(const Checkpoint& c, const std::string& path);
   // The ids of the checkpoint's epoch still to train (its epoch_samples, or for an older
   // checkpoint those its world had not reached); InputError naming `path` for ids out of range.
   torch::Tensor untrained_samples_of(const Checkpoint& checkpoint, const std::string& path) const;
@@ -231,6 +233,7 @@ class Trainer {
   // The optimizer whose learning rate and state the run sets and saves: --zero's local one.
   torch::optim::Optimizer& optimizer() { return zero_ ? zero_->local() : *optimizer_; }
   std::unique_ptr<amp::GradScaler> scaler_;  // --amp fp16
+  std::unique_ptr<DiLoCo> diloco_;           // --sync local-sgd or diloco
   LrSchedule schedule_;
   std::unique_ptr<Timeline> timeline_;  // --timeline; nullptr without
   ProgressStyle progress_style_ = ProgressStyle::kOff;
