@@ -75,12 +75,12 @@ def limit_link(rate, delay):
     return applied
 
 
-def train(args, hierarchical, out_dir):
-    """Both nodes' launchers; the global samples/s of the run (rank 0's metrics)."""
+def train_job(args, out_dir, extra):
+    """Both nodes' launchers of ddp_train (`args`: build, config, timeout) with `extra` options;
+    exits on a failure."""
     common = [os.path.join(args.build, "ddp_train"), "--config", os.path.join(ROOT, args.config),
-              "--epochs", "1", "--threads", "1", "--eval-every", "0", "--log-level", "warn",
-              "--train-subset", str(args.train_subset), "--hierarchical", hierarchical,
-              "--output-dir", out_dir, "--backend", "gloo"]
+              "--threads", "1", "--log-level", "warn", "--output-dir", out_dir, "--backend", "gloo",
+              *extra]
     env = dict(os.environ, DDP_JOB_TOKEN="bench")
     env.pop("GLOO_SOCKET_IFNAME", None)  # gloo finds the interface that routes to the master
     procs = []
@@ -93,6 +93,12 @@ def train(args, hierarchical, out_dir):
     outs = [p.communicate(timeout=args.timeout)[0] for p in procs]
     if any(p.returncode for p in procs):
         raise SystemExit(f"training failed ({[p.returncode for p in procs]}):\n" + "\n".join(outs))
+
+
+def train(args, hierarchical, out_dir):
+    """One epoch on the first --train-subset images; the global samples/s (rank 0's metrics)."""
+    train_job(args, out_dir, ["--epochs", "1", "--eval-every", "0", "--train-subset",
+                              str(args.train_subset), "--hierarchical", hierarchical])
     with open(os.path.join(out_dir, "metrics.jsonl")) as f:
         return json.loads(f.readline())["samples_per_s"]
 
