@@ -441,6 +441,31 @@ void apply_config_file(Config& config, const std::string& path) {
   }
 }
 
+namespace {
+
+// --sync local-sgd and diloco: the ranks' models differ between synchronizations.
+void validate_sync(const Config& config) {
+  if (config.sync != "ddp") {
+    // What needs the ranks' models equal after every step, or a step's state on every rank.
+    const char* refused = config.elastic                             ? "elastic"
+                          : config.zero                              ? "zero"
+                          : config.uneven                            ? "uneven"
+                          : config.check_params_every                ? "check-params-every"
+                          : config.checkpoint_on_signal              ? "checkpoint-on-signal"
+                          : config.comm_hook != CommHook::kAllReduce ? "comm-hook"
+                                                                     : nullptr;
+    if (refused != nullptr) {
+      throw InputError(
+          fmt::format("key 'sync': {} cannot be combined with {}", config.sync, refused));
+    }
+  }
+  if (config.outer_momentum >= 1.0) {
+    throw InputError(fmt::format("key 'outer-momentum': {} is not below 1", config.outer_momentum));
+  }
+}
+
+}  // namespace
+
 void validate(const Config& config) {
   if (config.model == "linear" && config.dataset != "random") {
     throw InputError(fmt::format("model 'linear' trains on dataset 'random' (5 features), not '{}'",
@@ -492,23 +517,7 @@ void validate(const Config& config) {
           config.backend));
     }
   }
-  if (config.sync != "ddp") {
-    // What needs the ranks' models equal after every step, or a step's state on every rank.
-    const char* refused = config.elastic                             ? "elastic"
-                          : config.zero                              ? "zero"
-                          : config.uneven                            ? "uneven"
-                          : config.check_params_every                ? "check-params-every"
-                          : config.checkpoint_on_signal              ? "checkpoint-on-signal"
-                          : config.comm_hook != CommHook::kAllReduce ? "comm-hook"
-                                                                     : nullptr;
-    if (refused != nullptr) {
-      throw InputError(
-          fmt::format("key 'sync': {} cannot be combined with {}", config.sync, refused));
-    }
-  }
-  if (config.outer_momentum >= 1.0) {
-    throw InputError(fmt::format("key 'outer-momentum': {} is not below 1", config.outer_momentum));
-  }
+  validate_sync(config);
   if (config.warmup_epochs > static_cast<double>(config.epochs)) {
     throw InputError(fmt::format("key 'warmup-epochs': {} is longer than the {} epochs of the run",
                                  config.warmup_epochs, config.epochs));
