@@ -113,9 +113,8 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
   verify_same_across_ranks(*group_, state_names, state);
   broadcast_coalesced(*group_, state);
   core::ReducerOptions reducer_options;
-  reducer_options.bucket_cap_bytes = static_cast<size_t>(options_.bucket_cap_mb() * 1024 * 1024);
-  reducer_options.first_bucket_bytes =
-      static_cast<size_t>(options_.first_bucket_mb() * 1024 * 1024);
+  reducer_options.bucket_cap_bytes = core::mib_to_bytes(options_.bucket_cap_mb());
+  reducer_options.first_bucket_bytes = core::mib_to_bytes(options_.first_bucket_mb());
   reducer_options.find_unused_parameters = options_.find_unused_parameters();
   reducer_options.gradient_as_bucket_view = options_.gradient_as_bucket_view();
   reducer_options.static_graph = options_.static_graph();
@@ -206,6 +205,11 @@ void DistributedDataParallelBase::finish_join() {
   auto state = module_->parameters();
   for (const auto& b : module_->buffers()) state.push_back(b);
   broadcast_coalesced(*group_, state, authority);
+}
+
+void DistributedDataParallelBase::set_bucket_cap_mb(double mb) {
+  options_.bucket_cap_mb(mb);
+  if (reducer_) reducer_->set_bucket_cap(core::mib_to_bytes(mb));
 }
 
 void DistributedDataParallelBase::zero_grad(bool set_to_none) {

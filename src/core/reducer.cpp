@@ -47,10 +47,7 @@ Reducer::Reducer(std::vector<torch::Tensor> params, std::vector<std::string> nam
   DDP_CHECK(params_.size() == names_.size(), "one name per parameter");
   // Gradients arrive roughly in reverse registration order: bucket that way until the first
   // iteration shows the real order.
-  const auto assignment =
-      assign_buckets(slots_of(params_), {options_.first_bucket_bytes, options_.bucket_cap_bytes},
-                     reverse_order(params_.size()));
-  build_buckets(assignment.buckets);
+  assign(reverse_order(params_.size()));
   for (size_t i = 0; i < params_.size(); ++i) {
     auto accumulator = torch::autograd::impl::grad_accumulator(params_[i]);
     DDP_CHECK(accumulator != nullptr, "a parameter that requires grad has a grad accumulator");
@@ -75,6 +72,19 @@ Reducer::~Reducer() {
   for (size_t i = 0; i < hooks_->accumulators.size(); ++i) {
     hooks_->accumulators[i]->del_post_hook(hooks_->keys[i]);
   }
+}
+
+void Reducer::assign(std::vector<int64_t> order) {
+  order_ = std::move(order);
+  const auto assignment = assign_buckets(
+      slots_of(params_), {options_.first_bucket_bytes, options_.bucket_cap_bytes}, order_);
+  if (assignment.buckets != bucket_indices_) build_buckets(assignment.buckets);
+}
+
+void Reducer::set_bucket_cap(size_t bytes) {
+  DDP_CHECK(phase_ == Phase::kIdle && !in_backward_, "set_bucket_cap during a backward");
+  options_.bucket_cap_bytes = bytes;
+  assign(order_);
 }
 
 void Reducer::build_buckets(const std::vector<std::vector<size_t>>& assignment) {
@@ -364,11 +374,8 @@ void Reducer::rebuild_from_observed_order() {
   auto order = torch::tensor(ready_order_, torch::kLong).to(params_.front().device());
   group_->broadcast(order, 0)->wait();
   order = order.cpu();
-  std::vector<int64_t> observed(order.data_ptr<int64_t>(),
-                                order.data_ptr<int64_t>() + order.numel());
-  const auto assignment = assign_buckets(
-      slots_of(params_), {options_.first_bucket_bytes, options_.bucket_cap_bytes}, observed);
-  if (assignment.buckets != bucket_indices_) build_buckets(assignment.buckets);
+  assign(
+      std::vector<int64_t>(order.data_ptr<int64_t>(), order.data_ptr<int64_t>() + order.numel()));
 }
 
 }  // namespace ddp::core

@@ -120,6 +120,7 @@ c10::IValue to_ivalue(const Checkpoint& c) {
     dict.insert("inner_optimizers", inner);
     dict.insert("outer_momentum", to_ivalue(c.outer_momentum));
   }
+  if (c.bucket_cap_bytes > 0) dict.insert("bucket_cap_bytes", c.bucket_cap_bytes);
   dict.insert("rng_state", c.rng_state.cpu());
   if (c.grad_scaler) dict.insert("grad_scaler", without_floats(*c.grad_scaler));
   return dict;
@@ -155,6 +156,7 @@ Checkpoint checkpoint_from(const c10::IValue& contents, const std::string& origi
     c.inner_optimizers = e.byte_list("inner_optimizers");
     c.outer_momentum = state_dict_from(e.get("outer_momentum"), origin + ": 'outer_momentum'");
   }
+  if (e.has("bucket_cap_bytes")) c.bucket_cap_bytes = e.integer("bucket_cap_bytes");
   c.rng_state = e.bytes("rng_state");
   if (e.has("grad_scaler")) {
     c.grad_scaler = amp::grad_scaler_state_from(e.get("grad_scaler"), origin + ": 'grad_scaler'");

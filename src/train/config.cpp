@@ -185,6 +185,28 @@ ConfigKey enum_key(std::string name, Field field, const Named<E> (&names)[N], st
     return c.ddp.name(); \
   }
 
+// bucket-cap-mb: a float key that also takes "auto".
+ConfigKey bucket_cap_key() {
+  ConfigKey key = float_key(
+      "bucket-cap-mb", DDP_OPTION(bucket_cap_mb), 0.0, true,
+      "DDP: MiB of gradients per all-reduce bucket (the first: first-bucket-mb); auto: the first "
+      "steps try sizes from 0.5 to 100 and keep the fastest (logged, kept in checkpoints)");
+  key.value_hint = "FLOAT|auto";
+  key.set = [number = key.set](Config& c, const std::string& v) {
+    c.bucket_cap_auto = v == "auto";
+    if (c.bucket_cap_auto) return;
+    try {
+      number(c, v);
+    } catch (const BadValue&) {
+      throw BadValue{"a number > 0 or auto"};
+    }
+  };
+  key.get = [number = key.get](const Config& c) {
+    return c.bucket_cap_auto ? std::string("auto") : number(c);
+  };
+  return key;
+}
+
 std::vector<ConfigKey> make_keys() {
   using C = Config;
   return {
@@ -279,8 +301,7 @@ std::vector<ConfigKey> make_keys() {
       bool_key("record-samples", &C::record_samples,
                "rank 0 writes the sample ids every rank trained in each committed step to "
                "samples.jsonl in the output directory (one all_gather a step)"),
-      float_key("bucket-cap-mb", DDP_OPTION(bucket_cap_mb), 0.0, true,
-                "DDP: MiB of gradients per all-reduce bucket (the first: first-bucket-mb)"),
+      bucket_cap_key(),
       float_key("first-bucket-mb", DDP_OPTION(first_bucket_mb), 0.0, true,
                 "DDP: MiB of the first bucket (the last layers' gradients, reduced first)"),
       bool_key("broadcast-buffers", DDP_OPTION(broadcast_buffers),
@@ -464,6 +485,21 @@ void validate_sync(const Config& config) {
   }
 }
 
+// bucket-cap-mb auto: the ranks re-bucket at steps they count alike, with the plain all-reduce.
+void validate_bucket_tuning(const Config& config) {
+  if (!config.bucket_cap_auto) return;
+  std::string refused;
+  if (config.sync != "ddp") refused = "sync " + config.sync + " (no all-reduce per step to tune)";
+  if (config.elastic) refused = "elastic (a member that joins does not know the trials)";
+  if (config.uneven) refused = "uneven (a joined rank takes no steps)";
+  if (config.comm_hook == CommHook::kPowerSgd) {
+    refused = "comm-hook powersgd (its state is per bucket)";
+  }
+  if (!refused.empty()) {
+    throw InputError("key 'bucket-cap-mb': auto cannot be combined with " + refused);
+  }
+}
+
 }  // namespace
 
 void validate(const Config& config) {
@@ -518,6 +554,7 @@ void validate(const Config& config) {
     }
   }
   validate_sync(config);
+  validate_bucket_tuning(config);
   if (config.warmup_epochs > static_cast<double>(config.epochs)) {
     throw InputError(fmt::format("key 'warmup-epochs': {} is longer than the {} epochs of the run",
                                  config.warmup_epochs, config.epochs));

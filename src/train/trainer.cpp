@@ -363,6 +363,7 @@ TrainResult Trainer::train() {
           : "",
       global);
 
+  if (config_.bucket_cap_auto) start_bucket_tuning();
   for (int64_t epoch = start_epoch_; epoch < config_.epochs; ++epoch) {
     EpochMetrics m;
     m.epoch = epoch + 1;
@@ -493,6 +494,7 @@ bool Trainer::train_steps(EpochPass& pass, EpochMetrics& m) {
   // --uneven: a rank out of batches joins the others' steps until all are done (core/join.h).
   if (config_.uneven) model_->begin_join();
   while (std::optional<std::vector<data::Batch>> batches = next_step_batches(pass)) {
+    const auto step_start = Clock::now();
     m.lr = lr_at(schedule_, step_, pass.steps);
     set_lr(optimizer(), m.lr);
     model_->zero_grad();  // dropped: the next backward's gradients become .grad (see the header)
@@ -514,6 +516,7 @@ bool Trainer::train_steps(EpochPass& pass, EpochMetrics& m) {
     const bool grow = dist_.agent && commit_step(pass, ok);
     optimizer_step();  // on the reduced gradients, the same on every rank (not under --sync)
     ++step_;
+    if (bucket_tuner_) tune_buckets(seconds_since(step_start));
     if (diloco_) {  // --sync local-sgd, diloco: every sync-every steps, the models meet
       const Phase phase = step_phase(*dist_.group, timeline_.get(), "synchronization", step_);
       diloco_->after_inner_step();
@@ -561,6 +564,56 @@ std::pair<torch::Tensor, int64_t> Trainer::step_gradients(EpochPass& pass,
   if (timeline_) record_reducer(*timeline_, reduced, step_ + 1);
   pass.grad_bytes += gradient_bytes(reduced);
   return {loss_sum, samples};
+}
+
+void Trainer::start_bucket_tuning() {
+  if (tuned_bucket_cap_bytes_ > 0) {
+    const double mb = static_cast<double>(tuned_bucket_cap_bytes_) / (1024 * 1024);
+    model_->set_bucket_cap_mb(mb);
+    log::info("bucket-cap-mb auto: {} MiB, as the checkpoint's run chose", mb);
+    return;
+  }
+  if (dist_.world_size() == 1) {
+    log::info("bucket-cap-mb auto: one rank communicates nothing; buckets of {} MiB",
+              config_.ddp.bucket_cap_mb());
+    return;
+  }
+  const core::Reducer& reducer = model_->reducer();
+  std::vector<double> candidates = core::bucket_cap_candidates(
+      reducer.slots(), core::mib_to_bytes(config_.ddp.first_bucket_mb()), reducer.bucket_order());
+  if (candidates.size() == 1) {
+    model_->set_bucket_cap_mb(candidates[0]);
+    tuned_bucket_cap_bytes_ = static_cast<int64_t>(core::mib_to_bytes(candidates[0]));
+    log::info(
+        "bucket-cap-mb auto: every size from 0.5 to 100 MiB cuts this model's gradients "
+        "into the same buckets; {} MiB",
+        candidates[0]);
+    return;
+  }
+  bucket_tuner_ = std::make_unique<core::BucketCapTuner>(std::move(candidates));
+  model_->set_bucket_cap_mb(bucket_tuner_->cap_mb());
+  log::info("bucket-cap-mb auto: the first {} steps try {} MiB", bucket_tuner_->steps(),
+            fmt::join(bucket_tuner_->caps_mb(), ", "));
+}
+
+void Trainer::tune_buckets(double step_seconds) {
+  if (!bucket_tuner_->record(step_seconds)) return;
+  if (!bucket_tuner_->done()) {
+    model_->set_bucket_cap_mb(bucket_tuner_->cap_mb());
+    return;
+  }
+  const Phase phase = step_phase(*dist_.group, timeline_.get(), "bucket tuning", step_);
+  const double mb = bucket_tuner_->agree(*dist_.group, dist_.device);
+  model_->set_bucket_cap_mb(mb);
+  tuned_bucket_cap_bytes_ = static_cast<int64_t>(core::mib_to_bytes(mb));
+  std::vector<std::string> trials;
+  for (size_t i = 0; i < bucket_tuner_->caps_mb().size(); ++i) {
+    trials.push_back(fmt::format("{} MiB {:.1f} ms", bucket_tuner_->caps_mb()[i],
+                                 1e3 * bucket_tuner_->agreed_seconds()[i]));
+  }
+  log::info("bucket-cap-mb auto: keeps {} MiB (median step of the slowest rank: {})", mb,
+            fmt::join(trials, ", "));
+  bucket_tuner_.reset();
 }
 
 void Trainer::optimizer_step() {

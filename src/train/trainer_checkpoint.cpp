@@ -168,6 +168,7 @@ Checkpoint Trainer::checkpoint_here(CheckpointPosition at, const torch::Tensor& 
   c.optimizer = to_string(config_.optimizer);
   c.config = to_yaml(config_);
   c.model = state_dict(*workload_.module, kModulePrefix);
+  c.bucket_cap_bytes = tuned_bucket_cap_bytes_;
   return c;
 }
 
@@ -403,6 +404,7 @@ void Trainer::check_resumable(const Checkpoint& c, const std::string& path) {
 }
 
 void Trainer::load_training_state(const Checkpoint& c, const std::string& path) {
+  tuned_bucket_cap_bytes_ = c.bucket_cap_bytes;
   if (zero_ && static_cast<int64_t>(c.optimizer_shards.size()) != dist_.world_size() &&
       !c.optimizer_shards.empty()) {
     load_resharded_zero_state(c, path);

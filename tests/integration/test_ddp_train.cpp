@@ -352,6 +352,52 @@ TEST(Sync, LocalSgdEveryStepWithPlainSgdTrainsAsDdp) {
   expect_same_training(local.path(), ddp.path());
 }
 
+// --bucket-cap-mb auto on a model whose gradients the sizes cut differently (an informer of 2.6
+// MiB, first bucket 0.5 MiB: 5 candidates, 40 steps of trials, the first epoch): the run
+// trains bit for bit as one with 25 MiB throughout (two ranks' sums do not depend on the buckets;
+// ranks that disagreed on them would mismatch their collectives), its checkpoint keeps the size
+// chosen, and the resume trains with it without trying again.
+TEST(BucketTuning, AutoTrainsAsTheDefaultAndAResumeKeepsTheSizeChosen) {
+  TempDir fixed, tuned;
+  auto run = [](const TempDir& out, const char* epochs, std::vector<std::string> more) {
+    // clang-format off
+    // A line per option and its value.
+    std::vector<std::string> argv = {
+        DDP_TRAIN_BIN, "--config", std::string(DDP_SOURCE_DIR) + "/configs/informer_csv.yaml",
+        "--d-model", "256",
+        "--d-ff", "1024",
+        "--e-layers", "1",
+        "--seq-len", "16", "--label-len", "8", "--pred-len", "4",
+        "--batch-size", "4",
+        "--train-subset", "320",
+        "--first-bucket-mb", "0.5",
+        "--threads", "1",
+        "--eval-every", "0",
+        "--epochs", epochs,
+        "--output-dir", out.path()};
+    // clang-format on
+    argv.insert(argv.end(), more.begin(), more.end());
+    const auto ranks = ddp::testing::run_env_ranks(2, argv, std::chrono::seconds(120));
+    for (const auto& r : ranks) EXPECT_EQ(r.exit_code, 0) << r.output;
+    return ranks[0].output;
+  };
+  run(fixed, "2", {"--bucket-cap-mb", "25"});
+  const std::string first = run(tuned, "1", {"--bucket-cap-mb", "auto"});
+  EXPECT_NE(first.find("bucket-cap-mb auto: the first 40 steps try 0.5, 1, 2, 5, 25 MiB"),
+            std::string::npos)
+      << first;
+  std::smatch kept;
+  ASSERT_TRUE(std::regex_search(first, kept, std::regex(R"(bucket-cap-mb auto: keeps (\S+) MiB)")))
+      << first;
+  const std::string resumed = run(tuned, "2", {"--bucket-cap-mb", "auto", "--resume", "auto"});
+  EXPECT_NE(resumed.find(fmt::format("bucket-cap-mb auto: {} MiB, as the checkpoint's run chose",
+                                     kept[1].str())),
+            std::string::npos)
+      << resumed;
+  EXPECT_EQ(resumed.find(" try "), std::string::npos) << resumed;
+  ddp::testing::expect_same_weights(fixed.file("model.pt"), tuned.file("model.pt"));
+}
+
 // --sync diloco resumes exactly: 4 epochs straight, and 2 then a resume to 4, write the same
 // weights bit for bit (each rank's inner optimizer and the outer momentum are in the checkpoint;
 // H = 3 steps of the epoch's 4, so an epoch's end synchronizes too).

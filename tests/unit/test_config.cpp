@@ -81,6 +81,14 @@ TEST(Config, NonPositiveBatchSizeAndLr) {
   EXPECT_EQ(msg, "command line: key 'lr': expected a number > 0, got '-0.1'");
   msg = input_error_of([&] { ddp::train::set_config_value(c, "lr", "nan", "command line"); });
   EXPECT_EQ(msg, "command line: key 'lr': expected a finite number, got 'nan'");
+  msg = input_error_of(
+      [&] { ddp::train::set_config_value(c, "bucket-cap-mb", "fast", "command line"); });
+  EXPECT_EQ(msg, "command line: key 'bucket-cap-mb': expected a number > 0 or auto, got 'fast'");
+  ddp::train::set_config_value(c, "bucket-cap-mb", "auto", "command line");
+  EXPECT_TRUE(c.bucket_cap_auto);
+  ddp::train::set_config_value(c, "bucket-cap-mb", "5", "command line");
+  EXPECT_FALSE(c.bucket_cap_auto);
+  EXPECT_EQ(c.ddp.bucket_cap_mb(), 5);
 }
 
 // Every bool option (the key table's, so a new one is covered too), in the three spellings the
@@ -177,6 +185,19 @@ TEST(Config, CrossKeyValidation) {
   c.check_params_every = 10;
   EXPECT_EQ(input_error_of([&] { ddp::train::validate(c); }),
             "key 'sync': diloco cannot be combined with check-params-every");
+  // --bucket-cap-mb auto: the ranks re-bucket at steps they count alike, with the plain all-reduce.
+  c = Config();
+  c.bucket_cap_auto = true;
+  EXPECT_NO_THROW(ddp::train::validate(c));
+  c.sync = "local-sgd";
+  EXPECT_EQ(input_error_of([&] { ddp::train::validate(c); }),
+            "key 'bucket-cap-mb': auto cannot be combined with sync local-sgd (no all-reduce per "
+            "step to tune)");
+  c.sync = "ddp";
+  c.comm_hook = ddp::train::CommHook::kPowerSgd;
+  EXPECT_EQ(input_error_of([&] { ddp::train::validate(c); }),
+            "key 'bucket-cap-mb': auto cannot be combined with comm-hook powersgd (its state is "
+            "per bucket)");
   c = Config();
   c.outer_momentum = 1.0;
   EXPECT_EQ(input_error_of([&] { ddp::train::validate(c); }),
@@ -192,6 +213,7 @@ TEST(Config, YamlRoundTripsEveryKey) {
   c.nesterov = true;
   c.data = "";
   c.output_dir = "out dir: with colon";
+  c.bucket_cap_auto = true;
   Config back = load(dir, ddp::train::to_yaml(c));
   for (const auto& key : ddp::train::config_keys()) {
     EXPECT_EQ(key.get(back), key.get(c)) << key.name;

@@ -106,6 +106,10 @@ class DistributedDataParallelBase : public torch::nn::Module {
   // .grad, which refuses the bucket views.
   void zero_grad(bool set_to_none = true) override;
 
+  // Another bucket size from the next backward on (Reducer::set_bucket_cap): on every rank with
+  // the same size, between iterations. What bucket_cap_mb "auto" (bucket_tuning.h) tries.
+  void set_bucket_cap_mb(double mb);
+
   // Uneven inputs, as PyTorch's `with Join([model]):` (join.h wraps the two): between
   // begin_join() and finish_join(), each forward first tells the others that this rank still
   // trains (one small all-reduce). finish_join(), after this rank's last batch, repeats the

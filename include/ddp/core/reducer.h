@@ -82,6 +82,16 @@ class Reducer {
   bool require_sync() const { return require_sync_; }
 
   const std::vector<std::vector<size_t>>& buckets() const { return bucket_indices_; }
+  // Re-buckets with another cap (after the first bucket), visiting the parameters in the order
+  // the buckets were last assigned in (the gradient-ready order once rebuilt), so that every rank
+  // gets the same buckets without communicating: call it on every rank, with the same cap,
+  // between backwards. For bucket_cap_mb "auto" (bucket_tuning.h). A comm hook that keeps state
+  // per bucket (PowerSGD) would no longer find its buckets: the trainer does not tune with one.
+  void set_bucket_cap(size_t bytes);
+  // The order the buckets were assigned in (parameter indices) and the slots: what
+  // bucket_cap_candidates needs.
+  const std::vector<int64_t>& bucket_order() const { return order_; }
+  std::vector<TensorSlot> slots() const { return slots_of(params_); }
   bool rebuilt() const { return rebuilt_; }
   const IterationStats& last_iteration() const { return stats_; }
   // Backward passes that reached a parameter so far, no_sync ones included (DDP broadcasts the
@@ -107,6 +117,7 @@ class Reducer {
   };
   enum class Phase { kIdle, kBackward };
 
+  void assign(std::vector<int64_t> order);  // buckets in this order, with options_'s caps
   void build_buckets(const std::vector<std::vector<size_t>>& assignment);
   torch::Tensor& slot(size_t param);  // the parameter's view into its bucket
   void launch(size_t bucket);
@@ -128,6 +139,7 @@ class Reducer {
   std::shared_ptr<comm::ProcessGroup> group_;
   ReducerOptions options_;
 
+  std::vector<int64_t> order_;  // the visiting order of the last assignment
   std::vector<std::vector<size_t>> bucket_indices_;
   std::vector<Bucket> buckets_;
   std::vector<std::pair<size_t, size_t>> locator_;  // param -> (bucket, position in bucket)

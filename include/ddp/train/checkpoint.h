@@ -45,6 +45,9 @@ struct Checkpoint {
   // written after the epoch's synchronization, so the model is every rank's.
   std::vector<at::Tensor> inner_optimizers;
   StateDict outer_momentum;
+  // --bucket-cap-mb auto: the bucket size the first steps chose, in bytes (0: none chosen yet), so
+  // that a resume trains with it instead of tuning again.
+  int64_t bucket_cap_bytes = 0;
 };
 
 // As a dict of ints, strings and tensors (no floats: Python 1.13's weights-only loader refuses

@@ -102,6 +102,7 @@ struct Config {
   // DistributedDataParallel, with PyTorch's names and defaults (the keys bucket-cap-mb,
   // first-bucket-mb, broadcast-buffers, find-unused-parameters, gradient-as-bucket-view).
   DistributedDataParallelOptions ddp;
+  bool bucket_cap_auto = false;  // bucket-cap-mb auto: tuned in the first steps (bucket_tuning.h)
   CommHook comm_hook = CommHook::kAllReduce;
   int64_t powersgd_rank = 1;           // PowerSGDOptions::matrix_approximation_rank
   int64_t powersgd_start_iter = 1000;  // PowerSGDOptions::start_powerSGD_iter (PyTorch's default)

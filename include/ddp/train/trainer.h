@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ddp/comm/watchdog.h"
+#include "ddp/core/bucket_tuning.h"
 #include "ddp/core/diloco.h"
 #include "ddp/core/distributed_data_parallel.h"
 #include "ddp/core/grad_scaler.h"
@@ -210,6 +211,9 @@ class Trainer {
   // rank's RNG stream (rank 0's for a rank the checkpoint did not have).
   void load_training_state(const Checkpoint& checkpoint, const std::string& path);
   void load_sync_state(const Checkpoint& c, const std::string& path);
+  // --bucket-cap-mb auto: the size a checkpoint kept, or the trials from the first step on.
+  void start_bucket_tuning();
+  void tune_buckets(double step_seconds);  // after each step of the trials
   // The ids of the checkpoint's epoch still to train (its epoch_samples, or for an older
   // checkpoint those its world had not reached); InputError naming `path` for ids out of range.
   torch::Tensor untrained_samples_of(const Checkpoint& checkpoint, const std::string& path) const;
@@ -234,6 +238,9 @@ class Trainer {
   torch::optim::Optimizer& optimizer() { return zero_ ? zero_->local() : *optimizer_; }
   std::unique_ptr<amp::GradScaler> scaler_;  // --amp fp16
   std::unique_ptr<DiLoCo> diloco_;           // --sync local-sgd or diloco
+  // --bucket-cap-mb auto: the trials while they run; the size kept (bytes; 0: none yet).
+  std::unique_ptr<core::BucketCapTuner> bucket_tuner_;
+  int64_t tuned_bucket_cap_bytes_ = 0;
   LrSchedule schedule_;
   std::unique_ptr<Timeline> timeline_;  // --timeline; nullptr without
   ProgressStyle progress_style_ = ProgressStyle::kOff;
