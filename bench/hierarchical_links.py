@@ -76,8 +76,8 @@ def limit_link(rate, delay):
 
 
 def train_job(args, out_dir, extra):
-    """Both nodes' launchers of ddp_train (`args`: build, config, timeout) with `extra` options;
-    exits on a failure."""
+    """Both nodes' launchers of ddp_train (`args`: build, config, timeout) with `extra` options
+    (after --log-level warn: a later one wins); exits on a failure. Returns node 0's output."""
     common = [os.path.join(args.build, "ddp_train"), "--config", os.path.join(ROOT, args.config),
               "--threads", "1", "--log-level", "warn", "--output-dir", out_dir, "--backend", "gloo",
               *extra]
@@ -93,6 +93,7 @@ def train_job(args, out_dir, extra):
     outs = [p.communicate(timeout=args.timeout)[0] for p in procs]
     if any(p.returncode for p in procs):
         raise SystemExit(f"training failed ({[p.returncode for p in procs]}):\n" + "\n".join(outs))
+    return outs[0]
 
 
 def train(args, hierarchical, out_dir):

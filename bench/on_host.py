@@ -1,0 +1,127 @@
+#!/usr/bin/python3
+"""How close 2 ranks on one host come to training with no communication at all.
+
+One epoch of the MLP on Fashion-MNIST, batch 64 per rank, one thread per rank, evaluation
+excluded. The ceiling: two single-process runs of ddp_train started at once on the same cores
+(their samples/s summed): the same work, nothing shared. Against it: world 2 under mpirun (mpi,
+Open MPI's shared memory) and under our launcher (gloo over loopback TCP). Interleaved rounds
+(the order rotates); each ratio is taken within its round. A last run of each with --timeline
+gives the breakdown of a step (rank 0's means): forward, backward's computation, the wait for
+the all-reduces at backward's end, the optimizer, the rest (loading the batch, zeroing
+gradients); and each bucket's all-reduce from launch to completion.
+
+  bench/on_host.py --rounds 3 [--extra --gradient-as-bucket-view]
+"""
+import argparse
+import collections
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def command(args, out, timeline=None):
+    cmd = [os.path.join(args.build, "ddp_train"), "--config",
+           os.path.join(ROOT, "configs", "fashion_mnist_mlp.yaml"), "--epochs", "1", "--threads",
+           "1", "--eval-every", "0", "--log-level", "warn", "--output-dir", out, *args.extra]
+    return cmd + (["--timeline", timeline] if timeline else [])
+
+
+def samples_per_s(out):
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        return json.loads(f.readline())
+
+
+def run(args, setting, timeline=None):
+    """Global samples/s of one epoch (and the metrics of rank 0's run)."""
+    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+        if setting == "ceiling":
+            procs = [subprocess.Popen(command(args, a, timeline)), subprocess.Popen(command(args, b))]
+            if any(p.wait() for p in procs):
+                raise SystemExit("a single-process run failed")
+            return sum(samples_per_s(d)["samples_per_s"] for d in (a, b)), samples_per_s(a)
+        if setting == "mpirun":
+            cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl",
+                   "self,vader", "-np", "2", *command(args, a, timeline)]
+        else:
+            cmd = [os.path.join(args.build, "launcher"), "--nproc", "2",
+                   *command(args, a, timeline)]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        metrics = samples_per_s(a)
+        return metrics["samples_per_s"], metrics
+
+
+def breakdown(trace_path, metrics):
+    """Rank 0's milliseconds per step by span name, and the step's period."""
+    with open(trace_path) as f:
+        trace = json.load(f)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    total = collections.Counter()
+    buckets = collections.Counter()
+    for e in events:
+        if e.get("ph") != "X" or e.get("pid") != 0:
+            continue
+        if e["name"] == "all-reduce":
+            buckets[e["tid"]] += e["dur"] / 1e3
+        else:
+            total[e["name"]] += e["dur"] / 1e3
+    steps = metrics["steps"]
+    period = 1e3 * metrics["epoch_seconds"] / steps
+    wait = total["finalize: wait for all-reduces"] / steps
+    parts = {"forward": total["forward"] / steps,
+             "backward (computation)": total["backward"] / steps - wait,
+             "backward (waiting for all-reduces)": wait,
+             "optimizer": total["optimizer step"] / steps}
+    parts["rest (batch, zero_grad, ...)"] = period - sum(parts.values())
+    reduces = [buckets[lane] / steps for lane in sorted(buckets)]
+    return period, parts, reduces
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--build", default=os.path.join(ROOT, "build"))
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--extra", nargs=argparse.REMAINDER, default=[],
+                   help="ddp_train options for every run (after the others)")
+    args = p.parse_args()
+    settings = ["ceiling", "mpirun", "launcher"]
+    got = collections.defaultdict(list)
+    ratios = collections.defaultdict(list)
+    for r in range(args.rounds):
+        order = settings[r % 3:] + settings[:r % 3]
+        this = {s: run(args, s)[0] for s in order}
+        for s in settings:
+            got[s].append(this[s])
+        for s in settings[1:]:
+            ratios[s].append(this[s] / this["ceiling"])
+        print(f"round {r}: " + ", ".join(f"{s} {this[s]:.0f}" for s in settings), file=sys.stderr)
+    print(f"options: {' '.join(args.extra) or '(defaults)'}\n")
+    print("| run | samples/s (median) | of the ceiling (median) | min-max |")
+    print("|---|---|---|---|")
+    print(f"| ceiling: 2 single processes | {statistics.median(got['ceiling']):.0f} | 1 | |")
+    for s in settings[1:]:
+        print(f"| {s} | {statistics.median(got[s]):.0f} | {statistics.median(ratios[s]):.2f} | "
+              f"{min(ratios[s]):.2f}-{max(ratios[s]):.2f} |")
+    print("\n| ms per step (rank 0) | " + " | ".join(settings) + " |")
+    print("|---|" + "---|" * len(settings))
+    rows = collections.defaultdict(dict)
+    for s in settings:
+        with tempfile.TemporaryDirectory() as d:
+            trace = os.path.join(d, "trace.json")
+            metrics = run(args, s, trace)[1]
+            period, parts, reduces = breakdown(trace, metrics)
+        rows["step"][s] = f"{period:.2f}"
+        for name, ms in parts.items():
+            rows[name][s] = f"{ms:.2f}"
+        rows["each bucket's all-reduce"][s] = ", ".join(f"{ms:.2f}" for ms in reduces) or "-"
+    for name, cells in rows.items():
+        print(f"| {name} | " + " | ".join(cells.get(s, "-") for s in settings) + " |")
+
+
+if __name__ == "__main__":
+    main()
