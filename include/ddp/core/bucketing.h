@@ -16,7 +16,9 @@ constexpr size_t kDefaultFirstBucketBytes = size_t{1} << 20;  // 1 MiB, as DDP's
 constexpr size_t kDefaultBucketCapBytes = size_t{25} << 20;   // 25 MiB, as DDP's bucket_cap_mb
 
 // Bytes of a size in MiB (DDP's bucket_cap_mb), truncated as PyTorch's int(bucket_cap_mb * MiB).
-inline size_t mib_to_bytes(double mb) { return static_cast<size_t>(mb * 1024 * 1024); }
+inline size_t mib_to_bytes(double mb) {
+  return static_cast<size_t>(mb * 1024 * 1024);
+}
 
 // What bucketing needs to know of a gradient.
 struct TensorSlot {
