@@ -1,4 +1,4 @@
-// CPU tensors through Open MPI's non-blocking collectives, for ranks started by mpirun.
+// CPU tensors through Open MPI's collectives, for ranks started by mpirun.
 #include <ATen/ATen.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -7,10 +7,15 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <climits>
 #include <cmath>
+#include <condition_variable>
 #include <cstdlib>
+#include <deque>
 #include <functional>
+#include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -178,78 +183,128 @@ int checked_count(const at::Tensor& t, const CollectiveInfo& info) {
   return static_cast<int>(t.numel());
 }
 
-// A pending MPI request. Open MPI progresses non-blocking collectives only inside MPI calls,
-// so wait() polls MPI_Test until done or until the group's timeout (MPI_Wait has no timeout).
+// Note [Collectives run on the group's thread]: each group runs its collectives on a thread of
+// its own, one at a time in the order they were issued, as Open MPI's blocking calls. Blocking,
+// because Open MPI's blocking collectives (coll/tuned) are faster than its non-blocking ones
+// (libnbc): 0.21 against 0.48 ms for the 2.1 MB of the MLP's bucket on a 2-core host
+// (docs/benchmarks.md); and a thread, because a non-blocking collective progresses only inside
+// MPI calls, while the thread's goes on as backward runs. One
+// thread, in issue order: every rank starts a communicator's collectives in the same order, as
+// MPI requires, whichever moment each rank waits for them. MPI_Init asked for
+// MPI_THREAD_MULTIPLE, so groups' threads and the caller's MPI calls may overlap.
+
+// A collective queued on (or run by) the group's thread. wait() waits for it until the group's
+// timeout, since the MPI call itself has none; a collective that never completes leaves the
+// thread in it, and the process ends without MPI_Finalize (g_failed).
 class MpiWork : public Work {
  public:
-  // Starts part `i` of the collective and returns its request.
-  using StartPart = std::function<MPI_Request(int64_t i)>;
-
-  MpiWork(StartPart start_part, int64_t parts, CollectiveInfo info, std::string timeout_message,
-          std::chrono::milliseconds timeout, at::Tensor divide)
-      : start_part_(std::move(start_part)),
-        parts_(parts),
-        request_(start_part_(0)),
-        info_(std::move(info)),
+  // No `timeout`: wait() waits as long as it takes.
+  MpiWork(CollectiveInfo info, std::string timeout_message,
+          std::optional<std::chrono::milliseconds> timeout, at::Tensor divide)
+      : info_(std::move(info)),
         timeout_message_(std::move(timeout_message)),
-        deadline_(std::chrono::steady_clock::now() + timeout),
-        divide_(std::move(divide)) {}
+        divide_(std::move(divide)) {
+    if (timeout) deadline_ = std::chrono::steady_clock::now() + *timeout;
+  }
 
   void wait() override {
-    const auto start = std::chrono::steady_clock::now();
-    while (!test(/*may_start_next=*/true)) {
-      const auto now = std::chrono::steady_clock::now();
-      if (now > deadline_) {
-        g_failed = true;
-        throw CommError(info_, timeout_message_);
-      }
-      // Each MPI_Test advances a large collective by a step: yield (not sleep) while it is
-      // likely still moving, so an idle core polls at once and a busy one runs the other ranks;
-      // past a second it is waiting on a late rank, and 1 ms sleeps leave the core alone.
-      if (now - start < std::chrono::seconds(1)) {
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      }
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!deadline_) {
+      done_cv_.wait(lock, [&] { return done_; });
+    } else if (!done_cv_.wait_until(lock, *deadline_, [&] { return done_; })) {
+      g_failed = true;
+      throw CommError(info_, timeout_message_);
+    }
+    if (rc_ != MPI_SUCCESS) {
+      g_failed = true;
+      throw CommError(info_, failure_message(info_, "mpi", mpi_error_string(rc_)));
     }
   }
-  bool is_completed() override { return test(/*may_start_next=*/false); }
+  bool is_completed() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_;
+  }
+
+  // On the group's thread, once the MPI call returned `rc`.
+  void finish(int rc) {
+    if (rc == MPI_SUCCESS && divide_.defined()) sum_to_average(divide_, info_.world_size);
+    std::lock_guard<std::mutex> lock(mu_);
+    rc_ = rc;
+    done_ = true;
+    done_cv_.notify_all();
+  }
 
  private:
-  // Note [Later parts start in wait()]: every rank must start its MPI collectives on a
-  // communicator in the same order. The next part of a large all-reduce is therefore started
-  // only from wait(), which ranks call in the same order, never from is_completed(), which the
-  // reducer polls at moments that differ between ranks (a part started there on one rank before
-  // another bucket's all-reduce, and after it on another, made MPI fail with MPI_ERR_TRUNCATE).
-  // A completed request is MPI_REQUEST_NULL, which MPI_Test reports complete again.
-  bool test(bool may_start_next) {
-    if (done_) return true;
-    int flag = 0;
-    const int rc = MPI_Test(&request_, &flag, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS) {
-      g_failed = true;
-      throw CommError(info_, failure_message(info_, "mpi", mpi_error_string(rc)));
-    }
-    if (flag == 0) return false;
-    if (part_ + 1 < parts_ && !may_start_next) return false;
-    if (++part_ < parts_) {
-      request_ = start_part_(part_);
-      return false;
-    }
-    if (divide_.defined()) sum_to_average(divide_, info_.world_size);
-    done_ = true;
-    return true;
-  }
-
-  StartPart start_part_;
-  int64_t parts_;
-  int64_t part_ = 0;
-  MPI_Request request_;
   CollectiveInfo info_;
   std::string timeout_message_;
-  std::chrono::steady_clock::time_point deadline_;
-  at::Tensor divide_;  // defined for kAvg
+  std::optional<std::chrono::steady_clock::time_point> deadline_;
+  at::Tensor divide_;  // defined for kAvg: the sum becomes the average
+  std::mutex mu_;
+  std::condition_variable done_cv_;
   bool done_ = false;
+  int rc_ = MPI_SUCCESS;
+};
+
+// The group's thread (Note [Collectives run on the group's thread]).
+class MpiThread {
+ public:
+  // `patience`: how long the destructor waits for the queued collectives (the group's timeout).
+  explicit MpiThread(std::chrono::milliseconds patience)
+      : patience_(patience), thread_([this] { run(); }) {}
+  // Runs what is queued, then ends the thread. A collective that failed, or that the other ranks
+  // never join (this rank left its training by an exception before waiting for it), may hold the
+  // thread forever: past the group's timeout it is left there, and the process ends without
+  // MPI_Finalize, which would wait for it too.
+  ~MpiThread() {
+    std::unique_lock<std::mutex> lock(mu_);
+    stop_ = true;
+    cv_.notify_all();
+    const bool ended = !g_failed.load() && cv_.wait_for(lock, patience_, [&] { return ended_; });
+    lock.unlock();
+    if (ended) {
+      thread_.join();
+    } else {
+      g_failed = true;
+      thread_.detach();
+    }
+  }
+  MpiThread(const MpiThread&) = delete;
+  MpiThread& operator=(const MpiThread&) = delete;
+
+  // Queues `call` (the MPI call; its return code) for `work` to report.
+  void submit(std::function<int()> call, std::shared_ptr<MpiWork> work) {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back({std::move(call), std::move(work)});
+    cv_.notify_all();
+  }
+
+ private:
+  struct Task {
+    std::function<int()> call;
+    std::shared_ptr<MpiWork> work;
+  };
+  void run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) break;  // stopping, nothing left
+      Task task = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      task.work->finish(task.call());
+      lock.lock();
+    }
+    ended_ = true;
+    cv_.notify_all();
+  }
+
+  std::chrono::milliseconds patience_;
+  std::mutex mu_;
+  std::condition_variable cv_;  // work queued or stop asked (for run), ended (for the destructor)
+  std::deque<Task> queue_;
+  bool stop_ = false;
+  bool ended_ = false;
+  std::thread thread_;  // last: starts once the rest is built
 };
 
 int world_rank() {
@@ -283,6 +338,7 @@ class MpiProcessGroup : public ProcessGroup {
   }
   // Not after MPI_Finalize (a group kept until exit), nor after a failure (peers may be gone).
   ~MpiProcessGroup() override {
+    thread_.reset();  // its queued collectives done first
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized && !g_failed.load()) MPI_Comm_free(&comm_);
@@ -293,99 +349,93 @@ class MpiProcessGroup : public ProcessGroup {
   WorkPtr do_all_reduce(at::Tensor& tensor, ReduceOp op, const CollectiveInfo& info) override {
     const int count = checked_count(tensor, info);
     const auto [type, mpi_op] = reduction_of(tensor, op, info);
-    // Large messages go in 4 MB parts, one after the other: Open MPI's non-blocking all-reduce
-    // of one 64 MB message (or of several parts at once) ran at 0.2-0.3 GB/s here, against
-    // 2-4 GB/s for a single 4 MB message.
-    auto* base = static_cast<char*>(tensor.data_ptr());
-    const auto element = static_cast<int64_t>(tensor.element_size());
-    const int64_t parts = std::max<int64_t>(1, (count + kPartElements - 1) / kPartElements);
-    // By value: the Work may outlive the group.
-    auto start_part = [comm = comm_, rank = rank(), base, element, count, type = type,
-                       mpi_op = mpi_op](int64_t i) {
-      const int64_t begin = i * kPartElements;
-      const int n = static_cast<int>(std::min<int64_t>(kPartElements, count - begin));
-      MPI_Request request;
-      DDP_MPI_CHECK(
-          MPI_Iallreduce(MPI_IN_PLACE, base + begin * element, n, type, mpi_op, comm, &request),
-          rank);
-      return request;
-    };
-    return make_work(start_part, parts, info, op == ReduceOp::kAvg ? tensor : at::Tensor());
+    // Large messages go in 4 MB parts, one after the other: Open MPI's all-reduce of one 64 MB
+    // message took 39-41 ms here, 16 parts of 4 MB 0.42 ms each.
+    return enqueue(
+        info,
+        [comm = comm_, tensor, count, type = type, mpi_op = mpi_op] {
+          auto* base = static_cast<char*>(tensor.data_ptr());
+          for (int64_t begin = 0; begin < count; begin += kPartElements) {
+            const int n = static_cast<int>(std::min<int64_t>(kPartElements, count - begin));
+            const int rc = MPI_Allreduce(MPI_IN_PLACE, base + begin * tensor.element_size(), n,
+                                         type, mpi_op, comm);
+            if (rc != MPI_SUCCESS) return rc;
+          }
+          return MPI_SUCCESS;
+        },
+        op == ReduceOp::kAvg ? tensor : at::Tensor());
   }
   WorkPtr do_broadcast(at::Tensor& tensor, int root, const CollectiveInfo& info) override {
     const int count = checked_count(tensor, info);
-    MPI_Request request;
-    DDP_MPI_CHECK(
-        MPI_Ibcast(tensor.data_ptr(), count, movement_type(tensor, info), root, comm_, &request),
-        rank());
-    return make_work(started(request), 1, info);
+    const auto type = movement_type(tensor, info);
+    return enqueue(info, [comm = comm_, tensor, count, type, root] {
+      return MPI_Bcast(tensor.data_ptr(), count, type, root, comm);
+    });
   }
   WorkPtr do_all_gather(at::Tensor& output, const at::Tensor& input,
                         const CollectiveInfo& info) override {
     const int count = checked_count(input, info);
     checked_count(output, info);
     const auto type = movement_type(input, info);
-    MPI_Request request;
-    DDP_MPI_CHECK(MPI_Iallgather(input.data_ptr(), count, type, output.data_ptr(), count, type,
-                                 comm_, &request),
-                  rank());
-    return make_work(started(request), 1, info);
+    return enqueue(info, [comm = comm_, output, input, count, type] {
+      return MPI_Allgather(input.data_ptr(), count, type, output.data_ptr(), count, type, comm);
+    });
   }
   WorkPtr do_reduce_scatter(at::Tensor& output, const at::Tensor& input, ReduceOp op,
                             const CollectiveInfo& info) override {
     checked_count(input, info);
     const int count = checked_count(output, info);
     const auto [type, mpi_op] = reduction_of(input, op, info);
-    MPI_Request request;
-    DDP_MPI_CHECK(MPI_Ireduce_scatter_block(input.data_ptr(), output.data_ptr(), count, type,
-                                            mpi_op, comm_, &request),
-                  rank());
-    return make_work(started(request), 1, info, op == ReduceOp::kAvg ? output : at::Tensor());
+    return enqueue(
+        info,
+        [comm = comm_, output, input, count, type = type, mpi_op = mpi_op] {
+          return MPI_Reduce_scatter_block(input.data_ptr(), output.data_ptr(), count, type, mpi_op,
+                                          comm);
+        },
+        op == ReduceOp::kAvg ? output : at::Tensor());
   }
   WorkPtr do_all_to_all(at::Tensor& output, const at::Tensor& input,
                         const CollectiveInfo& info) override {
     checked_count(output, info);
     const int block = checked_count(input, info) / world_size();
     const auto type = movement_type(input, info);
-    MPI_Request request;
-    DDP_MPI_CHECK(MPI_Ialltoall(input.data_ptr(), block, type, output.data_ptr(), block, type,
-                                comm_, &request),
-                  rank());
-    return make_work(started(request), 1, info);
+    return enqueue(info, [comm = comm_, output, input, block, type] {
+      return MPI_Alltoall(input.data_ptr(), block, type, output.data_ptr(), block, type, comm);
+    });
   }
   WorkPtr do_barrier(const CollectiveInfo& info) override {
-    MPI_Request request;
-    DDP_MPI_CHECK(MPI_Ibarrier(comm_, &request), rank());
-    return make_work(started(request), 1, info);
+    return enqueue(info, [comm = comm_] { return MPI_Barrier(comm); });
   }
   // MPI_Comm_split of our communicator, keyed by our rank: the members keep their order, so a
-  // member's rank in the subgroup is its position in the sorted `ranks`. It blocks until every
-  // rank of this group has called it, without a timeout (MPI has none for it).
+  // member's rank in the subgroup is its position in the sorted `ranks`. A collective of the
+  // communicator, so it runs on the group's thread after those issued before it; it blocks until
+  // every rank of this group has called it, without a timeout (MPI has none for it).
   std::shared_ptr<ProcessGroup> do_new_group(const std::vector<int>& ranks,
                                              const CollectiveInfo& info) override {
     const bool member = std::binary_search(ranks.begin(), ranks.end(), rank());
     MPI_Comm sub = MPI_COMM_NULL;
-    const int rc = MPI_Comm_split(comm_, member ? 0 : MPI_UNDEFINED, rank(), &sub);
-    if (rc != MPI_SUCCESS) {
-      g_failed = true;
-      throw CommError(info, failure_message(info, "mpi", mpi_error_string(rc)));
-    }
+    auto work = std::make_shared<MpiWork>(info, timeout_message(info), std::nullopt, at::Tensor());
+    thread_->submit([comm = comm_, member, key = rank(),
+                     &sub] { return MPI_Comm_split(comm, member ? 0 : MPI_UNDEFINED, key, &sub); },
+                    work);
+    work->wait();
     if (!member) return nullptr;
     return std::make_shared<MpiProcessGroup>(sub, options());
   }
 
  private:
-  // A collective started by one call.
-  static MpiWork::StartPart started(MPI_Request request) {
-    return [request](int64_t) { return request; };
-  }
-  WorkPtr make_work(MpiWork::StartPart start_part, int64_t parts, const CollectiveInfo& info,
-                    at::Tensor divide = at::Tensor()) {
-    return std::make_shared<MpiWork>(std::move(start_part), parts, info, timeout_message(info),
-                                     options().timeout, std::move(divide));
+  // Queues `call` on the group's thread (Note [Collectives run on the group's thread]); the
+  // tensors it captured live until it ran. `divide`: kAvg's tensor.
+  WorkPtr enqueue(const CollectiveInfo& info, std::function<int()> call,
+                  at::Tensor divide = at::Tensor()) {
+    auto work = std::make_shared<MpiWork>(info, timeout_message(info), options().timeout,
+                                          std::move(divide));
+    thread_->submit(std::move(call), work);
+    return work;
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
+  std::unique_ptr<MpiThread> thread_ = std::make_unique<MpiThread>(options().timeout);
 };
 
 }  // namespace
