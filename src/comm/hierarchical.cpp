@@ -3,15 +3,11 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
-#include <condition_variable>
-#include <deque>
-#include <functional>
 #include <future>
 #include <map>
-#include <mutex>
-#include <thread>
 
 #include "ddp/common/error.h"
+#include "job_thread.h"
 
 namespace ddp::comm {
 
@@ -53,55 +49,6 @@ class FutureWork : public Work {
   std::shared_future<void> done_;
 };
 
-// One thread that runs jobs in the order they were posted: the three steps of each all_reduce,
-// on the host's and the cross-host groups, which no other thread uses.
-class StepThread {
- public:
-  StepThread() : thread_([this] { run(); }) {}
-  ~StepThread() {  // runs what was posted, then ends
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
-    }
-    wake_.notify_all();
-    thread_.join();
-  }
-  StepThread(const StepThread&) = delete;
-  StepThread& operator=(const StepThread&) = delete;
-
-  std::shared_future<void> post(std::function<void()> job) {
-    std::packaged_task<void()> task(std::move(job));
-    auto done = task.get_future().share();
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      jobs_.push_back(std::move(task));
-    }
-    wake_.notify_one();
-    return done;
-  }
-
- private:
-  void run() {
-    while (true) {
-      std::packaged_task<void()> job;
-      {
-        std::unique_lock<std::mutex> lock(mutex_);
-        wake_.wait(lock, [this] { return stop_ || !jobs_.empty(); });
-        if (jobs_.empty()) return;
-        job = std::move(jobs_.front());
-        jobs_.pop_front();
-      }
-      job();  // an exception goes to the job's future
-    }
-  }
-
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  std::deque<std::packaged_task<void()>> jobs_;
-  bool stop_ = false;
-  std::thread thread_;  // last: started once the rest is set
-};
-
 class HierarchicalGroup : public ProcessGroup {
  public:
   HierarchicalGroup(std::shared_ptr<ProcessGroup> inner, const std::vector<std::string>& hosts)
@@ -125,7 +72,7 @@ class HierarchicalGroup : public ProcessGroup {
       for (const auto& ranks : by_host) peers.push_back(ranks[i]);
       if (auto g = inner_->new_group(peers)) across_ = std::move(g);
     }
-    steps_ = std::make_unique<StepThread>();
+    steps_ = std::make_unique<JobThread>();
   }
   ~HierarchicalGroup() override { steps_.reset(); }  // its jobs use the groups: they end first
 
@@ -189,7 +136,7 @@ class HierarchicalGroup : public ProcessGroup {
   std::shared_ptr<ProcessGroup> inner_;
   std::shared_ptr<ProcessGroup> host_;    // this host's ranks
   std::shared_ptr<ProcessGroup> across_;  // the ranks of this local rank, one per host
-  std::unique_ptr<StepThread> steps_;
+  std::unique_ptr<JobThread> steps_;      // the steps of each all_reduce, on host_ and across_
 };
 
 }  // namespace

@@ -12,14 +12,13 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdlib>
-#include <deque>
 #include <functional>
 #include <mutex>
 #include <optional>
-#include <thread>
 #include <utility>
 
 #include "backends.h"
+#include "job_thread.h"
 
 namespace ddp::comm {
 namespace {
@@ -245,68 +244,6 @@ class MpiWork : public Work {
   int rc_ = MPI_SUCCESS;
 };
 
-// The group's thread (Note [Collectives run on the group's thread]).
-class MpiThread {
- public:
-  // `patience`: how long the destructor waits for the queued collectives (the group's timeout).
-  explicit MpiThread(std::chrono::milliseconds patience)
-      : patience_(patience), thread_([this] { run(); }) {}
-  // Runs what is queued, then ends the thread. A collective that failed, or that the other ranks
-  // never join (this rank left its training by an exception before waiting for it), may hold the
-  // thread forever: past the group's timeout it is left there, and the process ends without
-  // MPI_Finalize, which would wait for it too.
-  ~MpiThread() {
-    std::unique_lock<std::mutex> lock(mu_);
-    stop_ = true;
-    cv_.notify_all();
-    const bool ended = !g_failed.load() && cv_.wait_for(lock, patience_, [&] { return ended_; });
-    lock.unlock();
-    if (ended) {
-      thread_.join();
-    } else {
-      g_failed = true;
-      thread_.detach();
-    }
-  }
-  MpiThread(const MpiThread&) = delete;
-  MpiThread& operator=(const MpiThread&) = delete;
-
-  // Queues `call` (the MPI call; its return code) for `work` to report.
-  void submit(std::function<int()> call, std::shared_ptr<MpiWork> work) {
-    std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back({std::move(call), std::move(work)});
-    cv_.notify_all();
-  }
-
- private:
-  struct Task {
-    std::function<int()> call;
-    std::shared_ptr<MpiWork> work;
-  };
-  void run() {
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) break;  // stopping, nothing left
-      Task task = std::move(queue_.front());
-      queue_.pop_front();
-      lock.unlock();
-      task.work->finish(task.call());
-      lock.lock();
-    }
-    ended_ = true;
-    cv_.notify_all();
-  }
-
-  std::chrono::milliseconds patience_;
-  std::mutex mu_;
-  std::condition_variable cv_;  // work queued or stop asked (for run), ended (for the destructor)
-  std::deque<Task> queue_;
-  bool stop_ = false;
-  bool ended_ = false;
-  std::thread thread_;  // last: starts once the rest is built
-};
-
 int world_rank() {
   ensure_initialized();
   int rank = 0;
@@ -338,7 +275,11 @@ class MpiProcessGroup : public ProcessGroup {
   }
   // Not after MPI_Finalize (a group kept until exit), nor after a failure (peers may be gone).
   ~MpiProcessGroup() override {
-    thread_.reset();  // its queued collectives done first
+    // Its queued collectives first; one still running past the timeout (a collective the other
+    // ranks never join: this rank left by an exception before waiting for it) is left there,
+    // and the process ends without MPI_Finalize, which would wait for it too.
+    const auto patience = g_failed.load() ? std::chrono::milliseconds(0) : options().timeout;
+    if (!thread_.stop(patience)) g_failed = true;
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized && !g_failed.load()) MPI_Comm_free(&comm_);
@@ -415,9 +356,9 @@ class MpiProcessGroup : public ProcessGroup {
     const bool member = std::binary_search(ranks.begin(), ranks.end(), rank());
     MPI_Comm sub = MPI_COMM_NULL;
     auto work = std::make_shared<MpiWork>(info, timeout_message(info), std::nullopt, at::Tensor());
-    thread_->submit([comm = comm_, member, key = rank(),
-                     &sub] { return MPI_Comm_split(comm, member ? 0 : MPI_UNDEFINED, key, &sub); },
-                    work);
+    submit(work, [comm = comm_, member, key = rank(), &sub] {
+      return MPI_Comm_split(comm, member ? 0 : MPI_UNDEFINED, key, &sub);
+    });
     work->wait();
     if (!member) return nullptr;
     return std::make_shared<MpiProcessGroup>(sub, options());
@@ -430,12 +371,16 @@ class MpiProcessGroup : public ProcessGroup {
                   at::Tensor divide = at::Tensor()) {
     auto work = std::make_shared<MpiWork>(info, timeout_message(info), options().timeout,
                                           std::move(divide));
-    thread_->submit(std::move(call), work);
+    submit(work, std::move(call));
     return work;
+  }
+  // `call` (an MPI call; its return code) on the group's thread, for `work` to report.
+  void submit(std::shared_ptr<MpiWork> work, std::function<int()> call) {
+    thread_.post([work = std::move(work), call = std::move(call)] { work->finish(call()); });
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
-  std::unique_ptr<MpiThread> thread_ = std::make_unique<MpiThread>(options().timeout);
+  JobThread thread_;  // Note [Collectives run on the group's thread]
 };
 
 }  // namespace

@@ -1,0 +1,78 @@
+#pragma once
+// A thread that runs jobs one at a time in the order they were posted: what a group needs to run
+// its collectives away from the caller while keeping their order (every rank issues a group's
+// collectives in the same order). The hierarchical group's steps and the mpi backend's blocking
+// calls run on one each.
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <thread>
+
+namespace ddp::comm {
+
+class JobThread {
+ public:
+  JobThread() : thread_([this] { run(); }) {}
+  ~JobThread() { stop(std::chrono::milliseconds::max()); }
+  JobThread(const JobThread&) = delete;
+  JobThread& operator=(const JobThread&) = delete;
+
+  // The job's future: ready once it ran, holding what it threw.
+  std::shared_future<void> post(std::function<void()> job) {
+    std::packaged_task<void()> task(std::move(job));
+    auto done = task.get_future().share();
+    std::lock_guard<std::mutex> lock(mutex_);
+    jobs_.push_back(std::move(task));
+    wake_.notify_all();
+    return done;
+  }
+
+  // Runs what was posted, then ends the thread; false when that took longer than `patience`
+  // (a job stuck in a collective the other ranks never join): the thread is then left running.
+  // Once; the destructor calls it without a limit otherwise.
+  bool stop(std::chrono::milliseconds patience) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!thread_.joinable()) return ended_;
+    stop_ = true;
+    wake_.notify_all();
+    const bool ended = patience == std::chrono::milliseconds::max()
+                           ? (wake_.wait(lock, [&] { return ended_; }), true)
+                           : wake_.wait_for(lock, patience, [&] { return ended_; });
+    lock.unlock();
+    if (ended) {
+      thread_.join();
+    } else {
+      thread_.detach();
+    }
+    return ended;
+  }
+
+ private:
+  void run() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      wake_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+      if (jobs_.empty()) break;  // stopping, nothing left
+      std::packaged_task<void()> job = std::move(jobs_.front());
+      jobs_.pop_front();
+      lock.unlock();
+      job();  // an exception goes to the job's future
+      lock.lock();
+    }
+    ended_ = true;
+    wake_.notify_all();
+  }
+
+  std::mutex mutex_;
+  std::condition_variable wake_;  // a job posted or stop asked (run); the thread ended (stop)
+  std::deque<std::packaged_task<void()>> jobs_;
+  bool stop_ = false;
+  bool ended_ = false;
+  std::thread thread_;  // last: started once the rest is set
+};
+
+}  // namespace ddp::comm
