@@ -1,5 +1,7 @@
 #include "ddp/core/diloco.h"
 
+#include <fmt/format.h>
+
 #include "ddp/common/error.h"
 
 namespace ddp {
@@ -30,46 +32,80 @@ DiLoCo::DiLoCo(std::vector<at::Tensor> params, std::shared_ptr<comm::ProcessGrou
     throw InputError("DiLoCo: sync_every must be at least 1, got " +
                      std::to_string(options_.sync_every));
   }
+  if (options_.delay < 0 || options_.delay >= options_.sync_every) {
+    throw InputError(
+        fmt::format("DiLoCo: the delay must be at least 0 and below sync_every ({}), "
+                    "got {}",
+                    options_.sync_every, options_.delay));
+  }
   for (const auto& p : params_) global_.push_back(p.detach().clone());
 }
 
 bool DiLoCo::after_inner_step() {
   ++steps_;
-  if (steps_ - last_sync_ < options_.sync_every) return false;
-  synchronize();
+  const int64_t since = steps_ - last_sync_;
+  if (since == options_.sync_every - options_.delay) launch();
+  if (since < options_.sync_every) return false;
+  land();
   return true;
 }
 
 void DiLoCo::synchronize_if_pending() {
-  if (steps_ > last_sync_) synchronize();
+  if (work_) land();
+  if (steps_ > launched_at_) {  // steps no outer gradient carried (with a delay: its last ones)
+    launch();
+    land();
+  }
 }
 
 void DiLoCo::restart(std::vector<at::Tensor> momentum) {
+  DDP_CHECK(!work_, "DiLoCo::restart while an outer gradient is in flight");
   for (size_t i = 0; i < params_.size(); ++i) global_[i] = params_[i].detach().clone();
   momentum_ = std::move(momentum);
-  last_sync_ = steps_;
+  last_sync_ = launched_at_ = steps_;
 }
 
-// Algorithm 1's outer step: the outer gradient is the average over ranks of (global - local),
-// all-reduced as one flat tensor per dtype and device would be; here, one all-reduce of all
-// parameters concatenated (they share the model's dtype and device).
-void DiLoCo::synchronize() {
+// Algorithm 1's outer gradient, the average over ranks of (global - local): one all-reduce of
+// all parameters concatenated (they share the model's dtype and device), not waited for here.
+void DiLoCo::launch() {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> deltas;
   for (size_t i = 0; i < params_.size(); ++i) {
     deltas.push_back((global_[i] - params_[i].detach()).reshape({-1}));
   }
-  at::Tensor flat = at::cat(deltas);
-  group_->all_reduce(flat, comm::ReduceOp::kAvg)->wait();
+  outer_grad_ = at::cat(deltas);
+  work_ = group_->all_reduce(outer_grad_, comm::ReduceOp::kAvg);
+  launched_.clear();
+  if (options_.delay > 0) {
+    for (const auto& p : params_) launched_.push_back(p.detach().clone());
+  }
+  launched_at_ = steps_;
+}
+
+// Algorithm 1's outer step; each copy becomes the new global parameters, plus what it learnt
+// since launch() (with a delay; none without).
+void DiLoCo::land() {
+  at::NoGradGuard no_grad;
+  work_->wait();
+  work_.reset();
   std::vector<at::Tensor> grads;
   int64_t offset = 0;
   for (const auto& g : global_) {
-    grads.push_back(flat.narrow(0, offset, g.numel()).view(g.sizes()));
+    grads.push_back(outer_grad_.narrow(0, offset, g.numel()).view(g.sizes()));
     offset += g.numel();
   }
   outer_sgd_step(global_, momentum_, grads, options_.outer_lr, options_.outer_momentum,
                  options_.nesterov);
-  for (size_t i = 0; i < params_.size(); ++i) params_[i].detach().copy_(global_[i]);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    at::Tensor p = params_[i].detach();
+    if (launched_.empty()) {
+      p.copy_(global_[i]);
+    } else {
+      p.sub_(launched_[i]).add_(global_[i]);
+    }
+  }
+  outer_grad_ = at::Tensor();
+  launched_.clear();
   last_sync_ = steps_;
 }
 

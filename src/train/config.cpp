@@ -319,6 +319,9 @@ std::vector<ConfigKey> make_keys() {
                  "the same with DiLoCo's outer step (Nesterov SGD on the averaged change)"),
       int_key("sync-every", &C::sync_every, 1,
               "local-sgd, diloco: inner steps between synchronizations (H)"),
+      int_key("sync-delay", &C::sync_delay, 0,
+              "local-sgd, diloco: the last N inner steps before each synchronization run while "
+              "its all-reduce is in flight (Streaming DiLoCo's tau; below sync-every)"),
       float_key("outer-lr", &C::outer_lr, 0.0, true, "diloco: the outer optimizer's lr"),
       float_key("outer-momentum", &C::outer_momentum, 0.0, false,
                 "diloco: the outer optimizer's Nesterov momentum"),
@@ -479,6 +482,13 @@ void validate_sync(const Config& config) {
       throw InputError(
           fmt::format("key 'sync': {} cannot be combined with {}", config.sync, refused));
     }
+  }
+  if (config.sync_delay > 0 && config.sync == "ddp") {
+    throw InputError("key 'sync-delay': needs sync local-sgd or diloco");
+  }
+  if (config.sync_delay >= config.sync_every) {
+    throw InputError(fmt::format("key 'sync-delay': {} is not below sync-every ({})",
+                                 config.sync_delay, config.sync_every));
   }
   if (config.outer_momentum >= 1.0) {
     throw InputError(fmt::format("key 'outer-momentum': {} is not below 1", config.outer_momentum));

@@ -287,8 +287,9 @@ void Trainer::build_model() {
   if (config_.sync != "ddp") {  // each rank trains its own copy from here (no_sync every step)
     const DiLoCoOptions options =
         config_.sync == "local-sgd"
-            ? DiLoCoOptions::local_sgd(config_.sync_every)
-            : DiLoCoOptions{config_.sync_every, config_.outer_lr, config_.outer_momentum, true};
+            ? DiLoCoOptions::local_sgd(config_.sync_every, config_.sync_delay)
+            : DiLoCoOptions{config_.sync_every, config_.outer_lr, config_.outer_momentum, true,
+                            config_.sync_delay};
     diloco_ = std::make_unique<DiLoCo>(workload_.module->parameters(), dist_.group, options);
   }
   if (config_.zero) {

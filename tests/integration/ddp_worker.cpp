@@ -6,7 +6,8 @@
 //           unused | unused-find | mismatch | overlap | buffers | no-buffers | two-forwards |
 //           checkpoint-twice | checkpoint-twice-dynamic | grad-scaler | zero | clip | signatures
 //   ddp_worker BACKEND diloco REFERENCE.pt   rank r replays worker r of
-//       tests/python/diloco_reference.py through ddp::DiLoCo (DiLoCo, then local SGD) and checks
+//       tests/python/diloco_reference.py through ddp::DiLoCo (DiLoCo, local SGD, DiLoCo with a
+//       delay) and checks
 //       every synchronization's parameters against the reference's to 1e-6
 // clip: the reduced gradients clipped to a 2-norm of kMaxNorm before each step; rank 0 writes the
 // first step's before and after, and the norm, to RECORD (for tests/python/clip_check.py).
@@ -390,14 +391,17 @@ int check_diloco(const std::shared_ptr<ddp::comm::ProcessGroup>& group, const st
   int rounds = 0;
   for (const auto& [variant, options] :
        {std::pair{std::string("diloco"), ddp::DiLoCoOptions{ref::kH, 0.7, 0.9, true}},
-        std::pair{std::string("local_sgd"), ddp::DiLoCoOptions::local_sgd(ref::kH)}}) {
+        std::pair{std::string("local_sgd"), ddp::DiLoCoOptions::local_sgd(ref::kH)},
+        std::pair{std::string("diloco_delayed"),
+                  ddp::DiLoCoOptions{ref::kH, 0.7, 0.9, true, ref::kDelay}}}) {
     std::vector<at::Tensor> w = {reference.at("W0").clone(), reference.at("b0").clone()};
     ddp::DiLoCo diloco(w, group, options);
     int round = 0;
     for (int s = 0; s < ref::kRounds * ref::kH; ++s) {
       ref::inner_step(w, reference, group->rank(), s);
       if (diloco.after_inner_step()) {
-        const double error = ref::round_error(w, reference, variant, round++);
+        const double error =
+            ref::round_error(diloco.global_parameters(), reference, variant, round++);
         worst = std::max(worst, error);
         std::cout << fmt::format("rank {}: {} round {}: max error {:.3g}", group->rank(), variant,
                                  round, error)
@@ -406,7 +410,7 @@ int check_diloco(const std::shared_ptr<ddp::comm::ProcessGroup>& group, const st
     }
     rounds += round;
   }
-  return worst <= 1e-6 && rounds == 2 * ref::kRounds ? 0 : 4;
+  return worst <= 1e-6 && rounds == 3 * ref::kRounds ? 0 : 4;
 }
 
 }  // namespace

@@ -187,8 +187,9 @@ TEST(Ddp, FirstBucketIsLaunchedBeforeBackwardEnds) {
 
 // DiLoCo and local SGD (ddp/core/diloco.h) on real ranks: rank r replays replica r of the Python
 // reference written from the paper's Algorithm 1 (tests/python/diloco_reference.py, torch.optim.SGD
-// with Nesterov momentum as the outer optimizer); the outer gradient is averaged by an all-reduce
-// among the ranks, and every round's global parameters equal the reference's to 1e-6.
+// with Nesterov momentum as the outer optimizer), also with a delay (the all-reduce in flight
+// during the last steps of each round); the outer gradient is averaged by an all-reduce among the
+// ranks, and every round's global parameters equal the reference's to 1e-6.
 TEST(DiLoCo, RealRanksAverageTheirOuterGradientAsThePaper) {
   for (int world : {2, 3}) {
     ddp::testing::TempDir dir;
@@ -203,9 +204,11 @@ TEST(DiLoCo, RealRanksAverageTheirOuterGradientAsThePaper) {
     ASSERT_EQ(results.size(), static_cast<size_t>(world));
     for (size_t r = 0; r < results.size(); ++r) {
       EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
-      EXPECT_NE(results[r].output.find(fmt::format("rank {}: local_sgd round 3: ", r)),
-                std::string::npos)
-          << results[r].output;
+      for (const char* variant : {"diloco", "local_sgd", "diloco_delayed"}) {
+        EXPECT_NE(results[r].output.find(fmt::format("rank {}: {} round 3: ", r, variant)),
+                  std::string::npos)
+            << results[r].output;
+      }
     }
   }
 }

@@ -400,24 +400,30 @@ TEST(BucketTuning, AutoTrainsAsTheDefaultAndAResumeKeepsTheSizeChosen) {
 
 // --sync diloco resumes exactly: 4 epochs straight, and 2 then a resume to 4, write the same
 // weights bit for bit (each rank's inner optimizer and the outer momentum are in the checkpoint;
-// H = 3 steps of the epoch's 4, so an epoch's end synchronizes too).
+// H = 3 steps of the epoch's 4, so an epoch's end synchronizes too). Also with a delay of 2: the
+// all-reduce launched at step 1 lands at step 3, and the one launched at step 4 lands at the
+// epoch's end.
 TEST(Sync, DilocoResumesExactly) {
-  TempDir straight, resumed;
-  const std::vector<std::string> diloco = {"--sync",     "diloco", "--sync-every", "3",
-                                           "--outer-lr", "0.5",    "--epochs"};
-  auto run = [&](const TempDir& out, const char* epochs, std::vector<std::string> more = {}) {
-    std::vector<std::string> options = diloco;
-    options.push_back(epochs);
-    options.insert(options.end(), more.begin(), more.end());
-    for (const auto& r :
-         ddp::testing::run_env_ranks(2, job(out.path(), 10, options), std::chrono::seconds(120))) {
-      EXPECT_EQ(r.exit_code, 0) << r.output;
-    }
-  };
-  run(straight, "4");
-  run(resumed, "2");
-  run(resumed, "4", {"--resume", "auto"});
-  ddp::testing::expect_same_weights(straight.file("model.pt"), resumed.file("model.pt"));
+  for (const char* delay : {"0", "2"}) {
+    TempDir straight, resumed;
+    const std::vector<std::string> diloco = {"--sync",     "diloco",       "--sync-every",
+                                             "3",          "--sync-delay", delay,
+                                             "--outer-lr", "0.5",          "--epochs"};
+    auto run = [&](const TempDir& out, const char* epochs, std::vector<std::string> more = {}) {
+      std::vector<std::string> options = diloco;
+      options.push_back(epochs);
+      options.insert(options.end(), more.begin(), more.end());
+      for (const auto& r : ddp::testing::run_env_ranks(2, job(out.path(), 10, options),
+                                                       std::chrono::seconds(120))) {
+        EXPECT_EQ(r.exit_code, 0) << r.output;
+      }
+    };
+    run(straight, "4");
+    run(resumed, "2");
+    run(resumed, "4", {"--resume", "auto"});
+    SCOPED_TRACE(std::string("delay ") + delay);
+    ddp::testing::expect_same_weights(straight.file("model.pt"), resumed.file("model.pt"));
+  }
 }
 
 }  // namespace

@@ -7,7 +7,10 @@ WORKERS replicas of a linear model (y = x W^T + b, float64) start from the same 
 For each of ROUNDS outer rounds, each replica takes H inner steps of plain SGD (lr INNER_LR) on
 batches of its own; then the outer gradient is the mean over replicas of (theta - theta_i), and
 the outer optimizer, torch.optim.SGD, steps theta with it: DiLoCo's Nesterov momentum (lr 0.7,
-momentum 0.9) and local SGD (lr 1, momentum 0: the replicas averaged). OUT.pt holds a dict of
+momentum 0.9) and local SGD (lr 1, momentum 0: the replicas averaged). And DiLoCo with a delay
+(tau = DELAY, as in "Streaming DiLoCo with overlapping communication", 2025): the outer gradient
+is taken after H - tau inner steps, the last tau run while it is in flight, and each replica then
+continues from the new theta plus its own progress of those tau steps. OUT.pt holds a dict of
 tensors: "W0", "b0", "x.<worker>.<step>", "y.<worker>.<step>", and per variant and round
 "<variant>.<round>.W" and "<variant>.<round>.b".
 """
@@ -15,8 +18,10 @@ import sys
 
 import torch
 
-ROUNDS, H, INNER_LR, BATCH = 3, 4, 0.05, 8
-VARIANTS = {"diloco": (0.7, 0.9, True), "local_sgd": (1.0, 0.0, False)}
+ROUNDS, H, DELAY, INNER_LR, BATCH = 3, 4, 2, 0.05, 8
+# lr, momentum, nesterov, delay
+VARIANTS = {"diloco": (0.7, 0.9, True, 0), "local_sgd": (1.0, 0.0, False, 0),
+            "diloco_delayed": (0.7, 0.9, True, DELAY)}
 
 
 def inner_steps(theta, data):
@@ -42,14 +47,19 @@ def main():
             y = torch.randn(BATCH, 3, dtype=torch.float64)
             saved[f"x.{i}.{s}"], saved[f"y.{i}.{s}"] = x, y
             data[i].append((x, y))
-    for name, (lr, momentum, nesterov) in VARIANTS.items():
+    for name, (lr, momentum, nesterov, delay) in VARIANTS.items():
         theta = [saved["W0"].clone().requires_grad_(), saved["b0"].clone().requires_grad_()]
         outer = torch.optim.SGD(theta, lr=lr, momentum=momentum, nesterov=nesterov)
+        local = [[p.detach().clone() for p in theta] for _ in range(workers)]
         for r in range(ROUNDS):
-            replicas = [inner_steps(theta, data[i][r * H:(r + 1) * H]) for i in range(workers)]
+            first, last = r * H, (r + 1) * H
+            launched = [inner_steps(local[i], data[i][first:last - delay]) for i in range(workers)]
             for j, p in enumerate(theta):
-                p.grad = torch.stack([p.detach() - rep[j] for rep in replicas]).mean(0)
+                p.grad = torch.stack([p.detach() - rep[j] for rep in launched]).mean(0)
+            local = [inner_steps(launched[i], data[i][last - delay:last]) for i in range(workers)]
             outer.step()
+            local = [[theta[j].detach() + (local[i][j] - launched[i][j]) for j in range(2)]
+                     for i in range(workers)]
             saved[f"{name}.{r}.W"] = theta[0].detach().clone()
             saved[f"{name}.{r}.b"] = theta[1].detach().clone()
     torch.save(saved, out)

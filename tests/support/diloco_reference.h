@@ -12,7 +12,7 @@
 
 namespace ddp::testing::diloco {
 
-inline constexpr int kRounds = 3, kH = 4;
+inline constexpr int kRounds = 3, kH = 4, kDelay = 2;
 inline constexpr double kInnerLr = 0.05;
 
 // The reference's tensors by name ("W0", "x.<worker>.<step>", "diloco.<round>.W", ...).

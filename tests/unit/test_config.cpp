@@ -185,6 +185,17 @@ TEST(Config, CrossKeyValidation) {
   c.check_params_every = 10;
   EXPECT_EQ(input_error_of([&] { ddp::train::validate(c); }),
             "key 'sync': diloco cannot be combined with check-params-every");
+  c.check_params_every = 0;
+  c.sync_every = 10;
+  c.sync_delay = 9;
+  EXPECT_NO_THROW(ddp::train::validate(c));
+  c.sync_delay = 10;
+  EXPECT_EQ(input_error_of([&] { ddp::train::validate(c); }),
+            "key 'sync-delay': 10 is not below sync-every (10)");
+  c.sync = "ddp";
+  c.sync_delay = 1;
+  EXPECT_EQ(input_error_of([&] { ddp::train::validate(c); }),
+            "key 'sync-delay': needs sync local-sgd or diloco");
   // --bucket-cap-mb auto: the ranks re-bucket at steps they count alike, with the plain all-reduce.
   c = Config();
   c.bucket_cap_auto = true;

@@ -1,8 +1,9 @@
 // DiLoCo and local SGD (ddp/core/diloco.h) against a Python reference written from the paper's
 // Algorithm 1 with torch.optim.SGD as the outer optimizer (tests/python/diloco_reference.py):
 // linear-model replicas in float64, the same data, every outer round's parameters to 1e-6.
-// The outer step with two replicas averaged in this process; the DiLoCo class itself on a one-rank
-// group (on 2 and 3 real ranks: DiLoCo.* in tests/integration/test_ddp.cpp).
+// The outer step with two replicas averaged in this process; the DiLoCo class itself (with and
+// without a delay) on a one-rank group (on 2 and 3 real ranks: DiLoCo.* in
+// tests/integration/test_ddp.cpp).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -73,6 +74,41 @@ TEST(DiLoCo, TheClassSynchronizesEveryHStepsAsThePaperOnOneRank) {
     }
   }
   EXPECT_EQ(synced, kRounds);
+}
+
+// With a delay: the outer gradient is taken kDelay steps before each round's end, and the model
+// goes on from the new global parameters plus its progress of those steps.
+TEST(DiLoCo, WithADelayTheOuterStepLandsHStepsApartAsTheReference) {
+  auto ref = reference(1);
+  auto group = ddp::comm::create_process_group("local", ddp::comm::LaunchInfo{}, {}, false);
+  std::shared_ptr<ddp::comm::ProcessGroup> shared = std::move(group);
+  std::vector<at::Tensor> w = {ref.at("W0").clone(), ref.at("b0").clone()};
+  ddp::DiLoCo diloco(w, shared, {kH, 0.7, 0.9, true, kDelay});
+  int synced = 0;
+  for (int s = 0; s < kRounds * kH; ++s) {
+    inner_step(w, ref, 0, s);
+    if (diloco.after_inner_step()) {
+      EXPECT_EQ(s % kH, kH - 1);
+      EXPECT_LT(round_error(diloco.global_parameters(), ref, "diloco_delayed", synced), 1e-6)
+          << "round " << synced;
+      ++synced;
+    }
+  }
+  EXPECT_EQ(synced, kRounds);
+  // The last round's delayed steps are in no outer gradient yet: the model is not the global
+  // one until synchronize_if_pending (an epoch's end) carries them.
+  EXPECT_FALSE(w[0].equal(diloco.global_parameters()[0]));
+  diloco.synchronize_if_pending();
+  EXPECT_TRUE(w[0].equal(diloco.global_parameters()[0]));
+  EXPECT_TRUE(w[1].equal(diloco.global_parameters()[1]));
+}
+
+TEST(DiLoCo, ADelayOfHOrMoreIsRefused) {
+  auto group = ddp::comm::create_process_group("local", ddp::comm::LaunchInfo{}, {}, false);
+  std::shared_ptr<ddp::comm::ProcessGroup> shared = std::move(group);
+  std::vector<at::Tensor> w = {torch::zeros({2})};
+  EXPECT_THROW(ddp::DiLoCo(w, shared, {4, 0.7, 0.9, true, 4}), ddp::InputError);
+  EXPECT_THROW(ddp::DiLoCo(w, shared, {4, 0.7, 0.9, true, -1}), ddp::InputError);
 }
 
 }  // namespace

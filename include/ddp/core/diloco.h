@@ -6,6 +6,14 @@
 // parameters) and an outer optimizer, SGD with Nesterov momentum, steps the global parameters
 // with it, which every rank then takes as its copy. Local SGD is the special case outer_lr 1,
 // momentum 0: the copies are averaged.
+//
+// With a delay of tau steps (Douillard et al., "Streaming DiLoCo with overlapping communication",
+// 2025; torchft's fragment_sync_delay) the outer gradient of each round is taken at its step
+// H - tau and all-reduced while the last tau inner steps run; at step H the outer step lands and
+// each copy becomes the new global parameters plus its own progress of those tau steps (which
+// the next round's outer gradient then carries), so no step's work is discarded. Where the
+// all-reduce completes does not matter: the outer step lands at step H on every rank, so the
+// results are those of the schedule alone. tau = 0 is Algorithm 1.
 
 #include <ATen/ATen.h>
 
@@ -22,8 +30,11 @@ struct DiLoCoOptions {
   double outer_lr = 0.7;        // the paper's
   double outer_momentum = 0.9;  // the paper's
   bool nesterov = true;
+  int64_t delay = 0;  // tau: inner steps the outer all-reduce overlaps (below sync_every)
   // Local SGD: the copies are averaged every `sync_every` steps.
-  static DiLoCoOptions local_sgd(int64_t sync_every) { return {sync_every, 1.0, 0.0, false}; }
+  static DiLoCoOptions local_sgd(int64_t sync_every, int64_t delay = 0) {
+    return {sync_every, 1.0, 0.0, false, delay};
+  }
 };
 
 // One step of torch.optim.SGD(lr, momentum, nesterov, dampening 0, weight decay 0) on `params`
@@ -40,12 +51,14 @@ class DiLoCo {
          DiLoCoOptions options);
 
   // Call after each inner optimizer step; every `sync_every`-th call synchronizes (a collective
-  // of the group: every rank calls it as often). Returns whether it did.
+  // of the group: every rank calls it as often; with a delay, the all-reduce starts `delay`
+  // calls earlier). Returns whether the global parameters changed.
   bool after_inner_step();
 
   // Synchronizes now if an inner step was taken since the last synchronization (the trainer's
   // epoch end: evaluation, checkpoints and model.pt then see the global parameters, the same on
-  // every rank); H counts again from here. A collective, as after_inner_step.
+  // every rank): an outer step in flight lands first, then the steps it did not carry are
+  // synchronized at once; H counts again from here. A collective, as after_inner_step.
   void synchronize_if_pending();
 
   int64_t inner_steps() const { return steps_; }
@@ -54,12 +67,16 @@ class DiLoCo {
   // The outer optimizer's momentum buffers (empty before the first synchronization, or without
   // momentum): the same on every rank, for checkpoints.
   const std::vector<at::Tensor>& momentum() const { return momentum_; }
+  // The global parameters of the last synchronization (the model's own between them).
+  const std::vector<at::Tensor>& global_parameters() const { return global_; }
   // Resuming: the global parameters become the model's current ones (just loaded, the same on
-  // every rank), the momentum `momentum` (momentum()'s, or empty).
+  // every rank), the momentum `momentum` (momentum()'s, or empty). Not while an all-reduce is
+  // in flight (after synchronize_if_pending, none is).
   void restart(std::vector<at::Tensor> momentum);
 
  private:
-  void synchronize();
+  void launch();  // the outer gradient of the steps so far, all-reduced in the background
+  void land();    // waits for it, steps the global parameters, and the model's follow
 
   std::vector<at::Tensor> params_;  // the model's, trained by the inner optimizer
   std::vector<at::Tensor> global_;  // the global parameters of the last synchronization
@@ -67,7 +84,13 @@ class DiLoCo {
   std::shared_ptr<comm::ProcessGroup> group_;
   DiLoCoOptions options_;
   int64_t steps_ = 0;
-  int64_t last_sync_ = 0;  // steps_ at the last synchronization
+  int64_t last_sync_ = 0;    // steps_ at the last synchronization: H counts from here
+  int64_t launched_at_ = 0;  // steps_ at the last launch: later steps are in no outer gradient
+  // In flight between launch() and land(): the averaged outer gradient, its all-reduce, and the
+  // model's parameters it was taken from (with a delay: their progress since is kept).
+  at::Tensor outer_grad_;
+  comm::WorkPtr work_;
+  std::vector<at::Tensor> launched_;
 };
 
 }  // namespace ddp

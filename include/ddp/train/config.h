@@ -113,6 +113,7 @@ struct Config {
   // epoch's end), diloco (the same with the paper's outer Nesterov step on the averaged change).
   std::string sync = "ddp";
   int64_t sync_every = 50;
+  int64_t sync_delay = 0;  // inner steps each synchronization's all-reduce overlaps (tau)
   double outer_lr = 0.7;
   double outer_momentum = 0.9;
   bool elastic = false;  // a lost rank's peers go on (under `launcher --nnodes MIN:MAX`)
