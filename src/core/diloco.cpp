@@ -75,8 +75,7 @@ void DiLoCo::launch() {
   }
   outer_grad_ = at::cat(deltas);
   work_ = group_->all_reduce(outer_grad_, comm::ReduceOp::kAvg);
-  launched_.clear();
-  if (options_.delay > 0) {
+  if (options_.delay > 0) {  // land() clears them
     for (const auto& p : params_) launched_.push_back(p.detach().clone());
   }
   launched_at_ = steps_;

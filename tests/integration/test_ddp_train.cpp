@@ -405,6 +405,7 @@ TEST(BucketTuning, AutoTrainsAsTheDefaultAndAResumeKeepsTheSizeChosen) {
 // epoch's end.
 TEST(Sync, DilocoResumesExactly) {
   for (const char* delay : {"0", "2"}) {
+    SCOPED_TRACE(std::string("delay ") + delay);
     TempDir straight, resumed;
     const std::vector<std::string> diloco = {"--sync",     "diloco",       "--sync-every",
                                              "3",          "--sync-delay", delay,
@@ -421,7 +422,6 @@ TEST(Sync, DilocoResumesExactly) {
     run(straight, "4");
     run(resumed, "2");
     run(resumed, "4", {"--resume", "auto"});
-    SCOPED_TRACE(std::string("delay ") + delay);
     ddp::testing::expect_same_weights(straight.file("model.pt"), resumed.file("model.pt"));
   }
 }

@@ -58,8 +58,9 @@ def main():
                 p.grad = torch.stack([p.detach() - rep[j] for rep in launched]).mean(0)
             local = [inner_steps(launched[i], data[i][last - delay:last]) for i in range(workers)]
             outer.step()
-            local = [[theta[j].detach() + (local[i][j] - launched[i][j]) for j in range(2)]
-                     for i in range(workers)]
+            # each replica: the new theta plus its progress since the outer gradient was taken
+            for i, (now, then) in enumerate(zip(local, launched)):
+                local[i] = [p.detach() + (n - t) for p, n, t in zip(theta, now, then)]
             saved[f"{name}.{r}.W"] = theta[0].detach().clone()
             saved[f"{name}.{r}.b"] = theta[1].detach().clone()
     torch.save(saved, out)
