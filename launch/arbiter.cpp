@@ -3,23 +3,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <thread>
-
-#include "ddp/common/error.h"
 
 namespace ddp::launch {
 namespace {
 
-using comm::ElasticKeys;
-using comm::NodeEvent;
-using comm::StoreOp;
-
-constexpr std::chrono::seconds kReplyWithin{30};  // node 0's own store, on this host
-// A node's requests to node 0: short, so that a link that is down holds its launcher's loop
-// (which relays the workers' output) for a second at most.
-constexpr std::chrono::seconds kNodeReplyWithin{1};
-constexpr auto kReformDelay = std::chrono::milliseconds(100);
-constexpr auto kBeatEvery = std::chrono::milliseconds(100);
+using Kind = ArbiterEvent::Kind;
+using Do = ArbiterAction::Kind;
 
 void remove(std::vector<std::string>& ids, const std::string& id) {
   ids.erase(std::remove(ids.begin(), ids.end(), id), ids.end());
@@ -31,6 +20,13 @@ bool contains(const std::vector<std::string>& ids, const std::string& id) {
 
 double seconds_of(Clock::duration d) {
   return std::chrono::duration<double>(d).count();
+}
+
+ArbiterAction note(std::string text) {
+  ArbiterAction a;
+  a.kind = Do::kNote;
+  a.text = std::move(text);
+  return a;
 }
 
 }  // namespace
@@ -45,8 +41,19 @@ int node_of_worker(const std::string& id) {
   return id.find('.', first + 1) == std::string::npos ? 0 : std::stoi(id.substr(0, first));
 }
 
+int local_rank_of_worker(const std::string& id) {
+  const size_t last = id.rfind('.');
+  const size_t before = id.rfind('.', last - 1);
+  const size_t begin = before == std::string::npos ? 0 : before + 1;
+  return std::stoi(id.substr(begin, last - begin));
+}
+
 int incarnation_of_worker(const std::string& id) {
   return std::stoi(id.substr(id.rfind('.') + 1));
+}
+
+std::string next_incarnation(const std::string& id) {
+  return id.substr(0, id.rfind('.') + 1) + std::to_string(incarnation_of_worker(id) + 1);
 }
 
 bool first_generation_due(int nodes_in, int min_nodes, int max_nodes, Clock::duration waited,
@@ -54,35 +61,156 @@ bool first_generation_due(int nodes_in, int min_nodes, int max_nodes, Clock::dur
   return nodes_in >= max_nodes || (nodes_in >= min_nodes && waited >= last_call);
 }
 
-Arbiter::Arbiter(comm::StoreConnection& store, Settings settings,
-                 std::vector<std::string> local_ids, Notes note)
-    : store_(store), settings_(settings), note_(std::move(note)), members_(std::move(local_ids)) {}
+Arbiter::Arbiter(Settings settings, Clock::time_point now)
+    : settings_(settings), round_began_(now) {}
 
-void Arbiter::set(const std::string& key, const std::string& value) {
-  store_.request({StoreOp::kSet, {key, value}}, kReplyWithin);
-}
-bool Arbiter::has(const std::string& key) {
-  return store_.request({StoreOp::kCheck, {key}}, kReplyWithin).fields.at(0) == "1";
-}
-int64_t Arbiter::add(const std::string& key, int64_t delta) {
-  return comm::parse_integer(
-      store_.request({StoreOp::kAdd, {key, std::to_string(delta)}}, kReplyWithin).fields.at(0));
-}
-std::string Arbiter::get(const std::string& key) {
-  return store_.request({StoreOp::kGet, {key, "0"}}, kReplyWithin).fields.at(0);
+std::vector<ArbiterAction> Arbiter::on(const ArbiterEvent& e) {
+  Actions out;
+  if (phase_ == Phase::kEnded) return out;
+  switch (e.kind) {
+    case Kind::kTick:
+      tick(e.now, out);
+      break;
+    case Kind::kNode:
+      node_in(e, out);
+      break;
+    case Kind::kRestarted:
+      joining_.insert(joining_.end(), e.ids.begin(), e.ids.end());
+      break;
+    case Kind::kLost:
+      lose(e.ids, e.what, e.exit_code, e.now, out);
+      break;
+    case Kind::kDone:
+      done_.insert(e.ids.begin(), e.ids.end());
+      if (finished()) end(0, "every member finished", out);
+      break;
+    case Kind::kReady:
+      for (const auto& id : e.ids) {
+        if (!contains(joining_, id) || contains(ready_, id)) continue;
+        ready_.push_back(id);
+        if (phase_ != Phase::kRunning) continue;  // the first generation takes it in
+        ArbiterAction grow;
+        grow.kind = Do::kGrow;
+        grow.ids = {id};
+        grow.generation = generation_;
+        out.push_back(grow);
+      }
+      break;
+    case Kind::kHolds:
+      holders_.insert(e.ids.begin(), e.ids.end());
+      break;
+    case Kind::kSpeaks:
+      speaks_ = true;
+      break;
+    case Kind::kCheckpoint:
+      checkpoint_ = e.what;
+      break;
+    case Kind::kReform:
+      if (phase_ == Phase::kRunning && !reform_seen_) reform_seen_ = e.now;
+      break;
+    case Kind::kBeat: {
+      const auto it = nodes_.find(e.node);
+      if (it == nodes_.end() || it->second.beat == e.count) break;
+      Node& node = it->second;
+      if (!node.in) out.push_back(note(fmt::format("elastic: node {} is back", e.node)));
+      node = Node{true, e.count, e.now};
+      break;
+    }
+  }
+  return out;
 }
 
-void Arbiter::publish() {
-  set(ElasticKeys::generation(generation_), comm::format_members(members_));
-  set(ElasticKeys::latest(), std::to_string(generation_));
+void Arbiter::tick(Clock::time_point now, Actions& out) {
+  if (phase_ == Phase::kForming) {
+    const int in = static_cast<int>(registered_.size());
+    if (now - round_began_ > settings_.form_within && in < settings_.min_nodes) {
+      std::vector<int> missing;
+      for (const auto& entry : nodes_) {
+        if (registered_.count(entry.first) == 0) missing.push_back(entry.first);
+      }
+      return end(1,
+                 fmt::format("{} node(s) registered their workers within {:.0f} s, fewer than the "
+                             "{} of --nnodes {}:{}{}",
+                             in, seconds_of(settings_.form_within), settings_.min_nodes,
+                             settings_.min_nodes, settings_.max_nodes,
+                             missing.empty() ? ""
+                                             : fmt::format(" (waited for node(s) {})",
+                                                           fmt::join(missing, ", "))),
+                 out);
+    }
+    if (registered_.count(0) == 0 ||
+        !first_generation_due(in, settings_.min_nodes, settings_.max_nodes, now - round_began_,
+                              settings_.node_timeout)) {
+      return;
+    }
+    phase_ = Phase::kRunning;
+    holders_.insert(members_.begin(), members_.end());  // Note [Committed state has an owner]
+    take_in_ready_joiners();
+    publish(out);
+    if (settings_.max_nodes > 1 || round_ > 0) {
+      out.push_back(note(fmt::format("elastic: {}generation {} of {} worker(s) on {} node(s): {}",
+                                     round_ > 0 ? fmt::format("round {}: ", round_) : "",
+                                     generation_, members_.size(), in, fmt::join(members_, ","))));
+    }
+    return;
+  }
+  // Each other node beats every 100 ms; one whose beat stood still for the node timeout is out of
+  // the job with its workers, and back when its beats resume.
+  for (auto& [n, node] : nodes_) {
+    if (!node.in || now - node.heard <= settings_.node_timeout) continue;
+    node.in = false;
+    std::vector<std::string> ids;
+    for (const auto* list : {&members_, &joining_}) {
+      for (const auto& id : *list) {
+        if (node_of_worker(id) == n) ids.push_back(id);
+      }
+    }
+    const std::string what =
+        fmt::format("node {}: not heard from for {:.1f} s (its link or its launcher is down)", n,
+                    seconds_of(now - node.heard));
+    if (const std::string why = below_min(); !why.empty()) {
+      out.push_back(note("elastic: " + what));
+      return end(1, why, out);
+    }
+    const int64_t before = generation_;
+    lose(ids, what, 1, now, out);
+    if (phase_ != Phase::kRunning) return;
+    out.push_back(note(fmt::format("elastic: {}{}", what,
+                                   generation_ == before ? "" : "; " + describe_generation())));
+  }
+  if (!reform_seen_ || now - *reform_seen_ < settings_.reform_delay) return;
+  take_in_ready_joiners();
+  publish(out);
+  out.push_back(note("elastic: " + describe_generation()));
 }
 
-bool Arbiter::lose(const std::string& id, const std::string& what) {
-  return lose_all({id}, what);
+std::string Arbiter::describe_generation() const {
+  return fmt::format("generation {} of {} worker(s): {}", generation_, members_.size(),
+                     fmt::join(members_, ","));
 }
 
-// Out of the group at once: one generation without all of `ids`, whose step in flight is aborted.
-bool Arbiter::lose_all(const std::vector<std::string>& ids, const std::string& what) {
+void Arbiter::node_in(const ArbiterEvent& e, Actions& out) {
+  if (e.node != 0) nodes_[e.node] = Node{true, -1, e.now};
+  const bool join = phase_ == Phase::kRunning;
+  (join ? joining_ : members_).insert((join ? joining_ : members_).end(), e.ids.begin(),
+                                     e.ids.end());
+  if (!join) registered_.insert(e.node);
+  if (e.node == 0) return;  // node 0's workers are started by its own launcher
+  ArbiterAction admit;
+  admit.kind = Do::kAdmit;
+  admit.node = e.node;
+  admit.round = round_;
+  admit.join = join;
+  out.push_back(admit);
+  out.push_back(note(fmt::format("elastic: node {} is in the job with worker(s) {}{}", e.node,
+                                 fmt::join(e.ids, ","),
+                                 join ? ", which join the running group" : "")));
+}
+
+// Out of the group at once: one generation without all of `ids` (Note [Committed state has an
+// owner] says when there is none).
+void Arbiter::lose(const std::vector<std::string>& ids, const std::string& what, int exit_code,
+                   Clock::time_point now, Actions& out) {
   std::vector<std::string> ranks;
   for (const auto& id : ids) {
     remove(joining_, id);
@@ -90,30 +218,141 @@ bool Arbiter::lose_all(const std::vector<std::string>& ids, const std::string& w
     const auto it = std::find(members_.begin(), members_.end(), id);
     if (it != members_.end()) ranks.push_back(std::to_string(it - members_.begin()));
   }
-  if (ranks.empty()) return false;
+  if (ranks.empty()) return restart_lost_workers(ids, out);  // joiners, not yet members
   for (const auto& id : ids) remove(members_, id);
-  if (!formed_) return true;  // the first generation is not published yet
-  set(ElasticKeys::abort(generation_),
-      fmt::format("{} {} of generation {}, {}", ranks.size() == 1 ? "rank" : "ranks",
-                  fmt::join(ranks, ","), generation_, what));
+  if (phase_ == Phase::kForming) {
+    return restart_group(fmt::format("{} before the first generation formed", what), exit_code,
+                         now, out);
+  }
+  if (!speaks_) {  // torchrun's agent: the whole group again
+    return restart_group(fmt::format("{} (the program does not take part in elastic membership)",
+                                     what),
+                         exit_code, now, out);
+  }
+  if (!any_holder()) {
+    const std::string lost =
+        fmt::format("no worker holding the group's trained state is left (lost: {})", what);
+    if (checkpoint_.empty()) {
+      return end(std::max(1, exit_code),
+                 lost +
+                     "; the group wrote no checkpoint to go back to (ddp_train --save-every N "
+                     "writes one every N epochs)",
+                 out);
+    }
+    return restart_group(
+        fmt::format("{}; going back to the newest checkpoint, {}", lost, checkpoint_), exit_code,
+        now, out);
+  }
+  ArbiterAction notice;
+  notice.kind = Do::kAbortNotice;
+  notice.generation = generation_;
+  notice.text = fmt::format("{} {} of generation {}, {}", ranks.size() == 1 ? "rank" : "ranks",
+                            fmt::join(ranks, ","), generation_, what);
+  out.push_back(notice);
+  // A ready joiner is taken into this generation: waiting for the next grow would strand it.
+  take_in_ready_joiners();
+  publish(out);
+  restart_lost_workers(ids, out);
+}
+
+void Arbiter::restart_lost_workers(const std::vector<std::string>& ids, Actions& out) {
+  if (phase_ != Phase::kRunning || !speaks_) return;
+  for (const auto& id : ids) {
+    if (node_of_worker(id) != 0 || restarts_ >= settings_.max_restarts) continue;
+    ++restarts_;
+    ArbiterAction restart;
+    restart.kind = Do::kRestartWorker;
+    restart.ids = {next_incarnation(id)};
+    joining_.push_back(restart.ids[0]);
+    out.push_back(restart);
+  }
+}
+
+void Arbiter::restart_group(const std::string& why, int exit_code, Clock::time_point now,
+                            Actions& out) {
+  if (restarts_ >= settings_.max_restarts) {
+    return end(std::max(1, exit_code),
+               fmt::format("{}; no restart left (--max-restarts {})", why, settings_.max_restarts),
+               out);
+  }
+  ++restarts_;
+  if (generation_ >= 0) {  // members still waiting on it (another node's) give it up at once
+    ArbiterAction notice;
+    notice.kind = Do::kAbortNotice;
+    notice.generation = generation_;
+    notice.text = "the job starts every worker again: " + why;
+    out.push_back(notice);
+  }
+  ++round_;
+  phase_ = Phase::kForming;
+  round_began_ = now;
+  registered_.clear();
+  members_.clear();
+  joining_.clear();
+  ready_.clear();
+  done_.clear();
+  holders_.clear();
+  reform_seen_.reset();
+  ArbiterAction restart;
+  restart.kind = Do::kRestartGroup;
+  restart.round = round_;
+  restart.text = why;
+  out.push_back(restart);
+  out.push_back(note(fmt::format("elastic: {}; every worker starts again (restart {} of {})", why,
+                                 restarts_, settings_.max_restarts)));
+}
+
+void Arbiter::end(int exit_code, const std::string& why, Actions& out) {
+  phase_ = Phase::kEnded;
+  ArbiterAction a;
+  a.kind = Do::kEnd;
+  a.exit_code = exit_code;
+  a.text = why;
+  out.push_back(a);
+}
+
+void Arbiter::publish(Actions& out) {
   ++generation_;
   reform_seen_.reset();
-  publish();
-  return true;
+  ArbiterAction a;
+  a.kind = Do::kPublish;
+  a.generation = generation_;
+  a.ids = members_;
+  out.push_back(a);
 }
 
-void Arbiter::join(const std::string& id) {
-  joining_.push_back(id);
+void Arbiter::take_in_ready_joiners() {
+  for (const auto& id : ready_) {
+    members_.push_back(id);
+    remove(joining_, id);
+  }
+  ready_.clear();
 }
 
-void Arbiter::done(const std::string& id) {
-  done_.insert(id);
+bool Arbiter::any_holder() const {
+  return std::any_of(members_.begin(), members_.end(),
+                     [&](const std::string& id) { return holds_state(id); });
 }
 
-bool Arbiter::finished() const {
-  return formed_ && !members_.empty() &&
-         std::all_of(members_.begin(), members_.end(),
-                     [&](const std::string& id) { return done_.count(id) != 0; });
+std::vector<std::string> Arbiter::not_known_holders() const {
+  std::vector<std::string> out;
+  for (const auto* list : {&members_, &joining_}) {
+    for (const auto& id : *list) {
+      if (!holds_state(id)) out.push_back(id);
+    }
+  }
+  return out;
+}
+
+std::vector<int> Arbiter::other_nodes() const {
+  std::vector<int> out;
+  for (const auto& entry : nodes_) out.push_back(entry.first);
+  return out;
+}
+
+bool Arbiter::node_in(int node) const {
+  const auto it = nodes_.find(node);
+  return node == 0 || (it != nodes_.end() && it->second.in);
 }
 
 int Arbiter::nodes_in() const {
@@ -122,237 +361,16 @@ int Arbiter::nodes_in() const {
 }
 
 std::string Arbiter::below_min() const {
-  if (!formed_) return "";
   const int in = nodes_in();
-  if (in >= settings_.min_nodes) return "";
+  if (phase_ != Phase::kRunning || in >= settings_.min_nodes) return "";
   return fmt::format("{} node(s) left in the job, fewer than the {} of --nnodes {}:{}", in,
                      settings_.min_nodes, settings_.min_nodes, settings_.max_nodes);
 }
 
-void Arbiter::poll() {
-  read_events();
-  check_beats();
-  if (!formed_) {
-    const int in = nodes_in();
-    if (!first_generation_due(in, settings_.min_nodes, settings_.max_nodes, Clock::now() - started_,
-                              settings_.node_timeout)) {
-      return;
-    }
-    formed_ = true;
-    publish();
-    if (settings_.max_nodes > 1) {
-      note_(fmt::format("elastic: generation 0 of {} worker(s) on {} node(s): {}", members_.size(),
-                        in, comm::format_members(members_)));
-    }
-    return;
-  }
-  take_ready_joiners();
-  if (!reform_seen_) {
-    if (!has(ElasticKeys::reform(generation_))) return;
-    reform_seen_ = Clock::now();
-  }
-  if (Clock::now() - *reform_seen_ < kReformDelay) return;
-  reform_seen_.reset();
-  for (const auto& id : ready_) {
-    members_.push_back(id);
-    remove(joining_, id);
-  }
-  ready_.clear();
-  ++generation_;
-  publish();
-  note_(fmt::format("elastic: generation {} of {} worker(s): {}", generation_, members_.size(),
-                    comm::format_members(members_)));
-}
-
-void Arbiter::take_ready_joiners() {
-  for (const auto& id : joining_) {
-    if (contains(ready_, id) || !has(ElasticKeys::ready(id))) continue;
-    ready_.push_back(id);
-    set(ElasticKeys::grow(generation_), id);
-  }
-}
-
-void Arbiter::read_events() {
-  if (settings_.max_nodes == 1) return;
-  const int64_t written = add(ElasticKeys::events(), 0);
-  // An event is numbered before it is written: one not written yet is read at the next poll. A
-  // number whose reply its node never got (the link failed then) stays a hole: it is passed over
-  // after the node timeout.
-  while (events_read_ < written) {
-    const std::string key = ElasticKeys::event(events_read_ + 1);
-    if (!has(key)) {
-      if (!hole_since_) hole_since_ = Clock::now();
-      if (Clock::now() - *hole_since_ < settings_.node_timeout) return;
-      ++events_read_;
-      hole_since_.reset();
-      continue;
-    }
-    hole_since_.reset();
-    ++events_read_;
-    on_event(comm::parse_event(get(key)));
-  }
-}
-
-void Arbiter::on_event(const NodeEvent& e) {
-  switch (e.kind) {
-    case NodeEvent::Kind::kNode: {
-      Node& node = nodes_[e.node];
-      node = Node{true, -1, Clock::now()};
-      for (const auto& id : comm::parse_members(e.ids))
-        (formed_ ? joining_ : members_).push_back(id);
-      set(ElasticKeys::admitted(e.node), formed_ ? "join" : "initial");
-      note_(fmt::format("elastic: node {} is in the job with worker(s) {}{}", e.node, e.ids,
-                        formed_ ? ", which join the running group" : ""));
-      break;
-    }
-    case NodeEvent::Kind::kJoin:
-      join(e.ids);
-      break;
-    case NodeEvent::Kind::kLost:
-      if (lose(e.ids, e.what)) {
-        note_(fmt::format(
-            "elastic: node {}'s worker {} lost: {}; generation {} of {} worker(s): {}", e.node,
-            e.ids, e.what, generation_, members_.size(), comm::format_members(members_)));
-      }
-      break;
-    case NodeEvent::Kind::kDone:
-      done(e.ids);
-      break;
-  }
-}
-
-// Each node beats every 100 ms; one whose beat stood still for the node timeout is out of the job
-// with its workers, and back when its beats resume.
-void Arbiter::check_beats() {
-  const auto now = Clock::now();
-  if (nodes_.empty() || now - beats_checked_ < kBeatEvery) return;
-  beats_checked_ = now;
-  for (auto& [n, node] : nodes_) {
-    const int64_t beat = add(ElasticKeys::beat(n), 0);
-    if (beat != node.beat) {
-      if (!node.in) note_(fmt::format("elastic: node {} is back", n));
-      node.in = true;
-      node.beat = beat;
-      node.heard = now;
-    } else if (node.in && now - node.heard > settings_.node_timeout) {
-      node.in = false;
-      drop_node(n, now - node.heard);
-    }
-  }
-}
-
-void Arbiter::drop_node(int node, Clock::duration silent) {
-  std::vector<std::string> ids;
-  for (const auto* list : {&members_, &joining_}) {
-    for (const auto& id : *list) {
-      if (node_of_worker(id) == node) ids.push_back(id);
-    }
-  }
-  const std::string what =
-      fmt::format("node {}: not heard from for {:.1f} s (its link or its launcher is down)", node,
-                  seconds_of(silent));
-  const bool members = lose_all(ids, what);
-  note_(fmt::format("elastic: {}{}", what,
-                    members ? fmt::format("; generation {} of {} worker(s): {}", generation_,
-                                          members_.size(), comm::format_members(members_))
-                            : ""));
-}
-
-void Arbiter::announce_end(const std::string& how, Clock::duration within) {
-  set(ElasticKeys::finished(), how);
-  const auto deadline = Clock::now() + within;
-  for (const auto& [n, node] : nodes_) {
-    while (node.in && Clock::now() < deadline && !has(ElasticKeys::bye(n))) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-  }
-}
-
-NodeLink::NodeLink(std::string host, int port, std::string token, int node,
-                   Clock::duration node_timeout, Notes note)
-    : host_(std::move(host)),
-      port_(port),
-      token_(std::move(token)),
-      node_(node),
-      node_timeout_(node_timeout),
-      note_(std::move(note)) {}
-
-// Any failure drops the connection; the next request makes a new one.
-comm::StoreMessage NodeLink::request(const comm::StoreMessage& message) {
-  try {
-    if (!store_) store_.emplace(host_, port_, token_, kNodeReplyWithin);
-    comm::StoreMessage reply = store_->request(message, kNodeReplyWithin);
-    reached_ = Clock::now();
-    return reply;
-  } catch (const InputError&) {
-    throw;  // refused (another job's store): no retry helps
-  } catch (const Error&) {
-    store_.reset();
-    throw;
-  }
-}
-
-std::optional<bool> NodeLink::register_node(const std::vector<std::string>& ids,
-                                            Clock::duration within,
-                                            const std::function<bool()>& stop) {
-  const auto deadline = Clock::now() + within;
-  report({NodeEvent::Kind::kNode, node_, comm::format_members(ids), ""});
-  while (Clock::now() < deadline && !stop()) {
-    try {
-      tick();
-      if (all_sent() &&
-          request({StoreOp::kCheck, {ElasticKeys::admitted(node_)}}).fields.at(0) == "1") {
-        return request({StoreOp::kGet, {ElasticKeys::admitted(node_), "0"}}).fields.at(0) == "join";
-      }
-    } catch (const InputError&) {
-      throw;
-    } catch (const Error&) {
-      // node 0 is not up yet, or cannot be reached: again
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  if (stop()) return std::nullopt;
-  throw Error(
-      fmt::format("node {}: node 0's launcher at {}:{} did not admit this node within {:.0f} s",
-                  node_, host_, port_, seconds_of(within)));
-}
-
-void NodeLink::report(NodeEvent event) {
-  outbox_.push_back(std::move(event));
-}
-
-std::optional<std::string> NodeLink::tick() {
-  try {
-    request({StoreOp::kAdd, {ElasticKeys::beat(node_), "1"}});
-    if (was_cut_off_)
-      note_(fmt::format("elastic: node 0 can be reached again from node {}", node_));
-    was_cut_off_ = false;
-    while (!outbox_.empty()) {
-      // The number is kept until the event is written under it: the arbiter reads them in order.
-      if (!numbered_) {
-        numbered_ = comm::parse_integer(
-            request({StoreOp::kAdd, {ElasticKeys::events(), "1"}}).fields.at(0));
-      }
-      request(
-          {StoreOp::kSet, {ElasticKeys::event(*numbered_), comm::format_event(outbox_.front())}});
-      numbered_.reset();
-      outbox_.pop_front();
-    }
-    if (request({StoreOp::kCheck, {ElasticKeys::finished()}}).fields.at(0) == "1") {
-      const std::string how = request({StoreOp::kGet, {ElasticKeys::finished(), "0"}}).fields.at(0);
-      request({StoreOp::kSet, {ElasticKeys::bye(node_), "1"}});
-      return how;
-    }
-  } catch (const InputError&) {
-    throw;
-  } catch (const Error& e) {
-    if (!was_cut_off_ && cut_off()) {
-      note_(fmt::format("elastic: node 0 ({}:{}) not reached from node {} for {:.1f} s: {}", host_,
-                        port_, node_, seconds_of(Clock::now() - reached_), e.what()));
-      was_cut_off_ = true;
-    }
-  }
-  return std::nullopt;
+bool Arbiter::finished() const {
+  return phase_ == Phase::kRunning && !members_.empty() &&
+         std::all_of(members_.begin(), members_.end(),
+                     [&](const std::string& id) { return done_.count(id) != 0; });
 }
 
 }  // namespace ddp::launch

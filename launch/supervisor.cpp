@@ -20,9 +20,10 @@
 #include <memory>
 #include <optional>
 
-#include "arbiter.h"
+#include "arbiter_service.h"
 #include "ddp/comm/diagnose.h"
 #include "ddp/comm/elastic_keys.h"
+#include "node_link.h"
 #include "ddp/common/error.h"
 #include "ddp/common/files.h"
 #include "ddp/common/socket.h"
@@ -254,101 +255,174 @@ class Supervisor {
   }
 
   // Elastic (Note [Elastic membership] and Note [Elastic nodes] in ddp/comm/elastic_keys.h):
-  // node 0's launcher serves the store and arbitrates the generations; every launcher restarts a
-  // failed worker alone, and the others go on.
+  // node 0's launcher serves the store and its arbiter decides the generations; a failed worker
+  // is restarted alone and the others go on, or, when nothing holds the group's state any more or
+  // the program does not take part, every worker starts again (Note [Committed state has an
+  // owner] in arbiter.h).
   int run_elastic() {
     if (o_.node_rank > 0) return run_elastic_node();
-    const int port = o_.master_port != 0 ? o_.master_port : o_.nnodes == 1 ? free_port() : 29500;
-    port_ = port;
+    port_ = o_.master_port != 0 ? o_.master_port : o_.nnodes == 1 ? free_port() : 29500;
     // On one node the store listens where its workers look for it; on several, on every
     // interface (the others reach it at --master-addr, which names this host).
     const std::string listen = o_.nnodes == 1 ? o_.master_addr : "";
-    comm::StoreServer server(listen, port, o_.job_token);
-    comm::StoreConnection store(o_.nnodes == 1 ? o_.master_addr : "127.0.0.1", port, o_.job_token,
+    comm::StoreServer server(listen, port_, o_.job_token);
+    comm::StoreConnection store(o_.nnodes == 1 ? o_.master_addr : "127.0.0.1", port_, o_.job_token,
                                 std::chrono::seconds(30));
     note(fmt::format(
         "elastic: node 0 of {}:{}: starting {} worker(s) of {} (store {}:{}, up to {} "
         "restart(s))",
-        o_.min_nnodes, o_.nnodes, o_.nproc, program_, o_.master_addr, port, o_.max_restarts));
+        o_.min_nnodes, o_.nnodes, o_.nproc, program_, o_.master_addr, port_, o_.max_restarts));
+    ArbiterService service(store, {o_.min_nnodes, o_.nnodes, node_timeout(), o_.max_restarts},
+                           note);
     workers_.clear();
-    std::vector<std::string> ids;
-    for (int local = 0; local < o_.nproc; ++local) {
-      workers_.push_back(spawn_elastic(local, 0, false));
-      ids.push_back(workers_.back().elastic_id);
+    const std::vector<std::string> first = start_round(false, 0);
+    if (const auto code = carry_out(service.start_round(first, worker_port_), service)) {
+      return *code;
     }
-    Arbiter arbiter(store, {o_.min_nnodes, o_.nnodes, node_timeout()}, ids, note);
     while (true) {
       pump(20);
       if (const int sig = stop_signal(); sig != 0) {
-        arbiter.announce_end("failed: node 0's launcher was stopped", std::chrono::seconds(2));
+        service.announce_end("failed: node 0's launcher was stopped", std::chrono::seconds(2));
         return 128 + sig;
       }
       reap();
-      for (Worker* w : newly_ended()) {
-        if (exit_code_of(w->status) == 0) {
-          arbiter.done(w->elastic_id);
-          continue;
-        }
-        failed_status_ = w->status;
-        const bool member = arbiter.lose(w->elastic_id, loss_of(*w));
-        note_lost(*w, member ? fmt::format("; generation {} of {} worker(s): {}",
-                                           arbiter.generation(), arbiter.members().size(),
-                                           comm::format_members(arbiter.members()))
-                             : "");
-        if (const auto id = restart(*w)) arbiter.join(*id);  // w is invalid from here
-      }
-      arbiter.poll();
-      if (const auto code = elastic_end(arbiter)) return *code;
+      std::vector<ArbiterAction> actions = report_ends(service);
+      for (auto& a : service.poll()) actions.push_back(std::move(a));
+      if (const auto code = carry_out(actions, service)) return *code;
     }
   }
 
-  // The job's end, when the arbiter knows it: every member finished (0), or too few are left.
-  std::optional<int> elastic_end(Arbiter& arbiter) {
-    if (arbiter.finished()) {  // the training is over: joiners are too late
-      if (any_running()) {
-        note("elastic: the group finished; stopping the worker(s) still waiting to join");
-        stop_group(SIGTERM);
+  // Node 0's workers that ended since the last call, told to the arbiter (the failed ones in one
+  // event: workers killed together are one decision). Returns what the arbiter decided.
+  std::vector<ArbiterAction> report_ends(ArbiterService& service) {
+    std::vector<std::string> done, lost, lines;
+    std::string what;
+    int code = 0;
+    for (Worker* w : newly_ended()) {
+      if (exit_code_of(w->status) == 0) {
+        done.push_back(w->elastic_id);
+        continue;
       }
-      drain(Clock::now() + std::chrono::seconds(1));
-      arbiter.announce_end("done", node_timeout());
-      return 0;
+      if (lost.empty()) code = exit_code_of(w->status);
+      failed_status_ = w->status;
+      lost.push_back(w->elastic_id);
+      what += (what.empty() ? "" : "; ") + loss_of(*w);
+      lines.push_back(fmt::format("elastic: worker {} (local rank {}, pid {}) lost: {}",
+                                  w->elastic_id, w->local_rank, w->pid,
+                                  describe_status(w->status)));
     }
-    std::string why = arbiter.below_min();
-    if (why.empty() && arbiter.nobody_left()) why = "no worker of the job is left, and no restart";
-    if (!why.empty()) {
-      note(fmt::format("elastic: {}: {}", why, any_running() ? "stopping" : "the job failed"));
-      stop_group(SIGTERM);
-      arbiter.announce_end("failed: " + why, node_timeout());
-      return std::max(1, exit_code_of(failed_status_));
+    std::vector<ArbiterAction> actions;
+    if (!done.empty()) actions = service.done(done);
+    if (lost.empty()) return actions;
+    const int64_t generation = service.arbiter().generation();
+    for (auto& a : service.lost(lost, what, code)) actions.push_back(std::move(a));
+    const Arbiter& arbiter = service.arbiter();
+    if (arbiter.phase() == Arbiter::Phase::kRunning && arbiter.generation() != generation) {
+      lines.back() += "; " + arbiter.describe_generation();
+    }
+    for (const auto& line : lines) note(line);
+    return actions;
+  }
+
+  // The arbiter's decisions on processes; returns the launcher's exit code when the job ended.
+  std::optional<int> carry_out(std::vector<ArbiterAction> actions, ArbiterService& service) {
+    for (size_t i = 0; i < actions.size(); ++i) {
+      const ArbiterAction& a = actions[i];
+      switch (a.kind) {
+        case ArbiterAction::Kind::kRestartWorker:  // within the arbiter's count of node 0's
+          ++restarts_;
+          restart_worker(local_rank_of_worker(a.ids.at(0)), incarnation_of_worker(a.ids.at(0)));
+          break;
+        case ArbiterAction::Kind::kRestartGroup: {
+          ++restarts_;
+          stop_for_new_round();
+          const std::vector<std::string> ids = start_round(false, a.round);
+          for (auto& more : service.start_round(ids, worker_port_)) actions.push_back(more);
+          break;
+        }
+        case ArbiterAction::Kind::kEnd:
+          return end_elastic(a, service);
+        default:
+          break;  // the service's own
+      }
     }
     return std::nullopt;
   }
 
-  void note_lost(const Worker& w, const std::string& then) {
-    note(fmt::format("elastic: worker {} (local rank {}, pid {}) lost: {}{}", w.elastic_id,
-                     w.local_rank, w.pid, describe_status(w.status), then));
+  int end_elastic(const ArbiterAction& end, ArbiterService& service) {
+    if (end.exit_code == 0) {
+      note("elastic: " + end.text + ": " + members_with_pids(service.arbiter().members()));
+      if (any_running()) {  // the training is over: joiners are too late
+        note("elastic: the group finished; stopping the worker(s) still waiting to join");
+        stop_group(SIGTERM);
+      }
+      drain(Clock::now() + std::chrono::seconds(1));
+      service.announce_end("done", node_timeout());
+      return 0;
+    }
+    note(fmt::format("elastic: {}: {}", end.text, any_running() ? "stopping" : "the job failed"));
+    stop_group(SIGTERM);
+    service.announce_end("failed: " + end.text, node_timeout());
+    return end.exit_code;
+  }
+
+  // "worker 0.0 (pid 4242), worker 1.1 (pid 4250)": who finished, for the tests that compare
+  // survivors' processes.
+  std::string members_with_pids(const std::vector<std::string>& ids) const {
+    std::vector<std::string> out;
+    for (const auto& id : ids) {
+      const auto it = std::find_if(workers_.begin(), workers_.end(),
+                                   [&](const Worker& w) { return w.elastic_id == id; });
+      if (it != workers_.end()) out.push_back(fmt::format("worker {} (pid {})", id, it->pid));
+    }
+    return fmt::format("{}", fmt::join(out, ", "));
+  }
+
+  // Every worker of a round fresh (not joining), each local rank's next incarnation, with a new
+  // rendezvous port on node 0 (`worker_port`: another node's, as node 0 chose). Returns their ids.
+  std::vector<std::string> start_round(bool join, int round, int worker_port = 0) {
+    worker_port_ = worker_port != 0 ? worker_port : free_port();
+    std::vector<std::string> ids;
+    for (int local = 0; local < o_.nproc; ++local) {
+      workers_.push_back(spawn_elastic(local, next_incarnation_of(local), join));
+      ids.push_back(workers_.back().elastic_id);
+    }
+    if (round > 0) {
+      note(fmt::format("elastic: round {}: {} worker(s) started again{}", round, ids.size(),
+                       join ? ", to join" : ", to resume from the newest checkpoint"));
+    }
+    return ids;
+  }
+
+  // Before every worker starts again: the running ones are stopped (no news: the arbiter decided
+  // it).
+  void stop_for_new_round() {
+    if (any_running()) stop_group(SIGTERM);
+    newly_ended();
+  }
+
+  int next_incarnation_of(int local) const {
+    int incarnation = 0;
+    for (const Worker& w : workers_) {
+      if (w.local_rank == local) {
+        incarnation = std::max(incarnation, incarnation_of_worker(w.elastic_id) + 1);
+      }
+    }
+    return incarnation;
   }
 
   // A node other than node 0: registers its workers with node 0's arbiter, starts them, reports
-  // their ends and restarts (Note [Elastic nodes]). While node 0 cannot be reached for the node
-  // timeout, the arbiter has dropped this node: its workers are stopped, and started again to join
-  // the group once node 0 can be reached.
+  // their ends and restarts (Note [Elastic nodes]); starts them all again when node 0 says so.
+  // While node 0 cannot be reached for the node timeout, the arbiter has dropped this node: its
+  // workers are stopped, and started again to join the group once node 0 can be reached.
   int run_elastic_node() {
     port_ = o_.master_port != 0 ? o_.master_port : 29500;
     check_resolvable(o_.master_addr);
     NodeLink link(o_.master_addr, port_, o_.job_token, o_.node_rank, node_timeout(), note);
-    std::vector<std::string> ids;
-    for (int local = 0; local < o_.nproc; ++local) {
-      ids.push_back(elastic_worker_id(true, o_.node_rank, local, 0));
-    }
     note(fmt::format("elastic: node {} of {}:{}: registering {} worker(s) with node 0 at {}:{}",
                      o_.node_rank, o_.min_nnodes, o_.nnodes, o_.nproc, o_.master_addr, port_));
-    const auto admitted = link.register_node(ids, kRejoinWithin, [] { return g_stop_signal != 0; });
-    if (!admitted) return 128 + stop_signal();
     workers_.clear();
-    for (int local = 0; local < o_.nproc; ++local) {
-      workers_.push_back(spawn_elastic(local, 0, *admitted));
-    }
+    if (!join_round(link, 0)) return 128 + stop_signal();
     while (true) {
       pump(std::max(1, static_cast<int>(o_.monitor_interval * 1000)));
       if (const int sig = stop_signal(); sig != 0) return 128 + sig;
@@ -360,17 +434,24 @@ class Supervisor {
         }
         failed_status_ = w->status;
         link.report({comm::NodeEvent::Kind::kLost, o_.node_rank, w->elastic_id, loss_of(*w)});
-        note_lost(*w, "");
+        note(fmt::format("elastic: worker {} (local rank {}, pid {}) lost: {}", w->elastic_id,
+                         w->local_rank, w->pid, describe_status(w->status)));
         if (link.cut_off()) {
           to_restart_.push_back(w->local_rank);
         } else if (const auto id = restart(*w)) {
           link.report({comm::NodeEvent::Kind::kJoin, o_.node_rank, *id, ""});
         }
       }
-      if (const auto end = link.tick()) {
+      const NodeLink::News news = link.tick();
+      if (news.ended) {
         if (any_running()) stop_group(SIGTERM);
-        note(fmt::format("elastic: node 0 says the job ended: {}", *end));
-        return *end == "done" ? 0 : std::max(1, exit_code_of(failed_status_));
+        note(fmt::format("elastic: node 0 says the job ended: {}", *news.ended));
+        return *news.ended == "done" ? 0 : std::max(1, exit_code_of(failed_status_));
+      }
+      if (news.round) {
+        stop_for_new_round();
+        to_restart_.clear();
+        if (!join_round(link, *news.round)) return 128 + stop_signal();
       }
       if (const auto code = follow_the_link(link)) return *code;
       // Workers that all finished wait for node 0's word that the job did (tick() above); one
@@ -382,6 +463,20 @@ class Supervisor {
         return std::max(1, exit_code_of(failed_status_));
       }
     }
+  }
+
+  // Registers this node's next workers for round `round` and starts them as node 0 admits them;
+  // false when the launcher was told to stop meanwhile.
+  bool join_round(NodeLink& link, int round) {
+    std::vector<std::string> ids;
+    for (int local = 0; local < o_.nproc; ++local) {
+      ids.push_back(elastic_worker_id(true, o_.node_rank, local, next_incarnation_of(local)));
+    }
+    const auto admitted =
+        link.register_node(ids, round, kRejoinWithin, [] { return g_stop_signal != 0; });
+    if (!admitted) return false;
+    start_round(admitted->join, round, admitted->worker_port);
+    return true;
   }
 
   // A node cut off from node 0 for the node timeout is out of the group: its workers are stopped,
@@ -480,16 +575,16 @@ class Supervisor {
     return restart_local(w.local_rank, incarnation_of_worker(w.elastic_id) + 1);
   }
 
+  // A node other than node 0: `local` again, to join the group, while its restarts last.
   std::optional<std::string> restart_local(int local, int incarnation = -1) {
     if (restarts_ >= o_.max_restarts) return std::nullopt;
     ++restarts_;
-    if (incarnation < 0) {  // the next after the newest of this local rank
-      for (const Worker& w : workers_) {
-        if (w.local_rank == local) {
-          incarnation = std::max(incarnation, incarnation_of_worker(w.elastic_id) + 1);
-        }
-      }
-    }
+    return restart_worker(local, incarnation < 0 ? next_incarnation_of(local) : incarnation);
+  }
+
+  // Starts worker `<local>.<incarnation>` to join the running group (the restart is counted by
+  // the caller); returns its id.
+  std::string restart_worker(int local, int incarnation) {
     workers_.push_back(spawn_elastic(local, incarnation, true));
     const Worker& joiner = workers_.back();
     note(fmt::format("elastic: restart {} of {}: worker {} (pid {}) joins when ready", restarts_,
@@ -497,14 +592,21 @@ class Supervisor {
     return joiner.elastic_id;
   }
 
+  // The workers' environment under elastic: MASTER_PORT is their own rendezvous (a program that
+  // is not ddp_train --elastic forms its group there, as under torchrun), DDP_ELASTIC_STORE the
+  // arbiter's store.
   Worker spawn_elastic(int local_rank, int incarnation, bool join) {
     auto env = inherited_;
-    for (auto& [k, v] : worker_env(o_, local_rank, port_, incarnation, inherited_)) env[k] = v;
+    for (auto& [k, v] : worker_env(o_, local_rank, worker_port_, incarnation, inherited_)) {
+      env[k] = v;
+    }
     const std::string id = elastic_worker_id(o_.nnodes > 1, o_.node_rank, local_rank, incarnation);
     env["DDP_ELASTIC_ID"] = id;
+    env["DDP_ELASTIC_STORE"] = fmt::format("{}:{}", o_.master_addr, port_);
     if (join) env["DDP_ELASTIC_JOIN"] = "1";
     Worker w = spawn(local_rank, env);
     w.elastic_id = id;
+    note(fmt::format("elastic: worker {} (local rank {}) started: pid {}", id, local_rank, w.pid));
     return w;
   }
 
@@ -743,7 +845,8 @@ class Supervisor {
   std::string program_;
   std::map<std::string, std::string> inherited_;  // the launcher's environment
   std::vector<Worker> workers_;
-  int port_ = 0;  // the rendezvous port of the current group
+  int port_ = 0;  // the rendezvous port of the current group (elastic: the arbiter's store)
+  int worker_port_ = 0;  // elastic: the workers' MASTER_PORT, of the current round
   // Elastic: the restarts so far, the status of the last worker that failed, and the local ranks
   // to start again once this node can reach node 0 (a node other than node 0).
   int restarts_ = 0;

@@ -1,6 +1,7 @@
 #include "ddp/comm/elastic.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 
 #include "backends.h"
 #include "ddp/common/error.h"
+#include "ddp/common/log.h"
 #include "store_client.h"
 
 namespace ddp::comm {
@@ -30,13 +32,14 @@ constexpr auto kAbortPoll = std::chrono::milliseconds(20);
 
 }  // namespace
 
-ElasticAgent::ElasticAgent(const LaunchInfo& launch, std::string id,
-                           std::chrono::milliseconds timeout)
+ElasticAgent::ElasticAgent(const LaunchInfo& launch, std::string id, ElasticAgentOptions options)
     : launch_(launch),
       id_(std::move(id)),
-      timeout_(timeout),
-      store_(c10::make_intrusive<StoreClient>(launch.master_addr, launch.master_port,
-                                              launch.job_token, timeout)) {}
+      options_(std::move(options)),
+      store_(c10::make_intrusive<StoreClient>(options_.store_host, options_.store_port,
+                                              options_.token, options_.timeout)) {
+  store_->set(ElasticKeys::speaks(id_), bytes_of("1"));
+}
 
 ElasticAgent::~ElasticAgent() {
   try {
@@ -47,7 +50,7 @@ ElasticAgent::~ElasticAgent() {
 }
 
 Membership ElasticAgent::next_membership(int64_t after) {
-  const auto deadline = Clock::now() + timeout_;
+  const auto deadline = Clock::now() + options_.timeout;
   int64_t g = after + 1;
   while (true) {
     const std::string key = ElasticKeys::generation(g);
@@ -57,10 +60,10 @@ Membership ElasticAgent::next_membership(int64_t after) {
       store_->wait({key}, std::max(left, std::chrono::milliseconds(1)));
     } catch (const std::exception&) {
       // Not a CommError: no later generation can be had either.
-      throw Error(
-          fmt::format("worker {}: the launcher published no generation after {} within "
-                      "{} ms",
-                      id_, after, timeout_.count()));
+      throw Error(fmt::format(
+          "worker {}: the launcher ({}:{}) published no generation after {} that includes it "
+          "within {} ms",
+          id_, options_.store_host, options_.store_port, after, options_.timeout.count()));
     }
     Membership m;
     m.generation = g;
@@ -80,8 +83,8 @@ std::unique_ptr<ProcessGroup> ElasticAgent::make_group(const Membership& m,
   // A connection of the group's own, whose waits end when the launcher aborts the generation: a
   // member that dies while the others connect to it (or take the state from it) leaves no one
   // waiting for the rendezvous timeout.
-  auto store = c10::make_intrusive<StoreClient>(launch_.master_addr, launch_.master_port,
-                                                launch_.job_token, timeout_);
+  auto store = c10::make_intrusive<StoreClient>(options_.store_host, options_.store_port,
+                                                options_.token, options_.timeout);
   store->abort_waits_when_set(ElasticKeys::abort(m.generation));
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>(
       ElasticKeys::generation(m.generation) + "/group", store);
@@ -111,6 +114,9 @@ StepDecision ElasticAgent::vote(const Membership& m, int64_t round, bool ok) {
     return parse_decision(text_of(store_->compareSet(decision, {}, bytes_of(to_string(d)))));
   };
   if (!ok) return decide(StepDecision::kAbort);
+  // Who has voted, should the decision be late: one key per member, on this thread, which the
+  // next step's computation hides.
+  store_->set(ElasticKeys::voted(m.generation, m.rank), bytes_of(std::to_string(round)));
   // One counter for all rounds: every member votes once a round, so round r is complete at
   // r x members (a member that fails writes "abort" instead, and the generation ends).
   if (store_->add(ElasticKeys::votes(m.generation), 1) == round * m.world_size()) {
@@ -123,13 +129,32 @@ StepDecision ElasticAgent::vote(const Membership& m, int64_t round, bool ok) {
   }
   // The last vote follows at once (the votes follow an all-reduce that every member left
   // together): one get that waits. The launcher's abort notice is looked for only while the
-  // decision is late.
+  // decision is late, and the wait ends at the vote timeout.
+  const auto deadline = Clock::now() + options_.vote_timeout;
   while (true) {
     if (const auto d = static_cast<StoreClient&>(*store_).get_within(decision, kAbortPoll)) {
       return parse_decision(text_of(*d));
     }
     if (store_->check({ElasticKeys::abort(m.generation)})) return decide(StepDecision::kAbort);
+    if (Clock::now() < deadline) continue;
+    const std::string why = fmt::format(
+        "no decision on its step {} of generation {} within {} ms: waited for the vote(s) of {}",
+        round, m.generation, options_.vote_timeout.count(), missing_votes(m, round));
+    log::warn("elastic: worker {}: {}", id_, why);
+    report_failure(m, why);
+    return decide(StepDecision::kAbort);
   }
+}
+
+std::string ElasticAgent::missing_votes(const Membership& m, int64_t round) {
+  std::vector<std::string> missing;
+  for (int r = 0; r < m.world_size(); ++r) {
+    const std::string key = ElasticKeys::voted(m.generation, r);
+    const bool voted = store_->check({key}) && std::stoll(text_of(store_->get(key))) >= round;
+    if (!voted) missing.push_back(fmt::format("rank {} (worker {})", r, m.members[r]));
+  }
+  return missing.empty() ? "none (all voted; the decision is lost)"
+                         : fmt::format("{}", fmt::join(missing, ", "));
 }
 
 void ElasticAgent::vote_in_background(const Membership& m, int64_t round) {
@@ -160,12 +185,26 @@ std::string ElasticAgent::lost_in(int64_t g) {
   return store_->check({key}) ? text_of(store_->get(key)) : std::string();
 }
 
+void ElasticAgent::report_failure(const Membership& m, const std::string& why) {
+  const std::string notice =
+      fmt::format("rank {} of generation {}, worker {}: {}", m.rank, m.generation, id_, why);
+  store_->compareSet(ElasticKeys::abort(m.generation), {}, bytes_of(notice));
+}
+
 void ElasticAgent::request_next_generation(const Membership& m) {
   store_->set(ElasticKeys::reform(m.generation), bytes_of(id_));
 }
 
 void ElasticAgent::announce_ready() {
   store_->set(ElasticKeys::ready(id_), bytes_of("1"));
+}
+
+void ElasticAgent::announce_holds() {
+  store_->set(ElasticKeys::holds(id_), bytes_of("1"));
+}
+
+void ElasticAgent::announce_checkpoint(const std::string& which) {
+  store_->set(ElasticKeys::checkpoint(), bytes_of(which));
 }
 
 }  // namespace ddp::comm

@@ -63,8 +63,26 @@ std::string ElasticKeys::reform(int64_t g) {
 std::string ElasticKeys::grow(int64_t g) {
   return fmt::format("elastic/gen/{}/grow", g);
 }
+std::string ElasticKeys::voted(int64_t g, int rank) {
+  return fmt::format("elastic/gen/{}/voted/{}", g, rank);
+}
 std::string ElasticKeys::ready(const std::string& id) {
   return "elastic/ready/" + id;
+}
+std::string ElasticKeys::speaks(const std::string& id) {
+  return "elastic/speaks/" + id;
+}
+std::string ElasticKeys::holds(const std::string& id) {
+  return "elastic/holds/" + id;
+}
+std::string ElasticKeys::checkpoint() {
+  return "elastic/checkpoint";
+}
+std::string ElasticKeys::round() {
+  return "elastic/round";
+}
+std::string ElasticKeys::worker_port(int round) {
+  return fmt::format("elastic/round/{}/port", round);
 }
 std::string ElasticKeys::events() {
   return "elastic/events";
@@ -72,8 +90,8 @@ std::string ElasticKeys::events() {
 std::string ElasticKeys::event(int64_t k) {
   return fmt::format("elastic/event/{}", k);
 }
-std::string ElasticKeys::admitted(int node) {
-  return fmt::format("elastic/node/{}/admitted", node);
+std::string ElasticKeys::admitted(int node, int round) {
+  return fmt::format("elastic/node/{}/admitted/{}", node, round);
 }
 std::string ElasticKeys::beat(int node) {
   return fmt::format("elastic/node/{}/beat", node);

@@ -110,8 +110,10 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
     state.push_back(item.value());
     state_names.push_back(item.key());
   }
-  verify_same_across_ranks(*group_, state_names, state);
-  broadcast_coalesced(*group_, state);
+  if (options_.init_sync()) {
+    verify_same_across_ranks(*group_, state_names, state);
+    broadcast_coalesced(*group_, state);
+  }
   core::ReducerOptions reducer_options;
   reducer_options.bucket_cap_bytes = core::mib_to_bytes(options_.bucket_cap_mb());
   reducer_options.first_bucket_bytes = core::mib_to_bytes(options_.first_bucket_mb());

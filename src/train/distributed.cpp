@@ -45,6 +45,32 @@ std::string elastic_backend(const torch::Device& device) {
   return device.is_cuda() ? "nccl" : "gloo";
 }
 
+// The launcher's store, DDP_ELASTIC_STORE ("host:port"), and the waits of the protocol.
+comm::ElasticAgentOptions elastic_agent_options(const comm::Env& env,
+                                                const comm::LaunchInfo& launch,
+                                                const comm::ProcessGroupOptions& group) {
+  comm::ElasticAgentOptions o;
+  const auto store = env.find("DDP_ELASTIC_STORE");
+  const std::string text = store == env.end() ? "" : store->second;
+  const size_t colon = text.rfind(':');
+  try {
+    o.store_port = colon == std::string::npos ? 0 : std::stoi(text.substr(colon + 1));
+  } catch (const std::exception&) {
+    o.store_port = 0;
+  }
+  if (o.store_port <= 0) {
+    throw InputError(fmt::format(
+        "environment variable DDP_ELASTIC_STORE: expected the launcher's store as host:port, got "
+        "'{}' (start ddp_train --elastic under launcher --nnodes MIN:MAX)",
+        text));
+  }
+  o.store_host = text.substr(0, colon);
+  o.token = launch.job_token;
+  o.timeout = group.rendezvous_timeout;
+  o.vote_timeout = group.timeout;
+  return o;
+}
+
 }  // namespace
 
 int threads_per_rank(int configured, bool omp_num_threads_set, int default_threads,
@@ -147,8 +173,8 @@ Distributed init_distributed(const Config& config, const comm::Env& env) {
           "(CUDA) (the launcher serves the job's store and restarts a lost worker; Open MPI "
           "cannot survive one)");
     }
-    d.agent =
-        std::make_shared<comm::ElasticAgent>(d.launch, id->second, d.options.rendezvous_timeout);
+    d.agent = std::make_shared<comm::ElasticAgent>(
+        d.launch, id->second, elastic_agent_options(env, d.launch, d.options));
     const auto join = env.find("DDP_ELASTIC_JOIN");
     d.joining = join != env.end() && join->second == "1";
     if (d.joining) d.agent->announce_ready();
@@ -159,8 +185,8 @@ Distributed init_distributed(const Config& config, const comm::Env& env) {
   }
 
   if (config.elastic) {
-    log::info("elastic: worker {}, generation {} of {} rank(s): {}", d.agent->id(),
-              d.membership.generation, d.membership.world_size(),
+    log::info("elastic: worker {} (pid {}), generation {} of {} rank(s): {}", d.agent->id(),
+              ::getpid(), d.membership.generation, d.membership.world_size(),
               comm::format_members(d.membership.members));
     return d;  // a joiner's first collectives are the model's and the state's (Trainer)
   }

@@ -220,9 +220,12 @@ Trainer::Trainer(Config config, Distributed dist)
   progress_style_ =
       progress_style(config_.progress, ::isatty(STDOUT_FILENO) != 0,
                      dist_.launch.launcher == comm::Launcher::kMpirun, dist_.is_main());
+  elastic_ = std::make_unique<ElasticMember>(
+      dist_, static_cast<ElasticTrainee&>(*this), timeline_.get(),
+      ElasticMember::Options{config_.output_dir, config_.record_samples, config_.log_level});
   // A group the launcher (or torchrun) restarted continues from its last checkpoint; an elastic
-  // worker that joins a running group takes its state instead (heal()).
-  const bool joiner = dist_.agent && dist_.joining;
+  // worker that joins a running group takes its state instead.
+  const bool joiner = elastic_->enabled() && dist_.joining;
   if (config_.resume.empty() && dist_.launch.restart_count != 0 && !joiner) {
     log::info("restart {} of the job: resuming from the newest checkpoint in '{}'",
               dist_.launch.restart_count, config_.output_dir);
@@ -241,26 +244,24 @@ Trainer::Trainer(Config config, Distributed dist)
     torch::set_num_threads(threads);
   }
   config_.batch_size = batch_size_per_rank(config_, dist_.world_size());
+  batch_world_ = dist_.world_size();
+  bool resumed = false;
   if (joiner) {
-    try {
-      build_model();  // DDP's broadcast is a collective of the group it joins
-      heal();
-    } catch (const comm::CommError& e) {
-      if (!optimizer_) throw;  // its model is not even built
-      reform({fmt::format("the group failed while worker {} joined ({})", dist_.agent->id(),
-                          e.what())});
-    }
-  } else {
-    build_model();
+    build_model(/*init_sync=*/false);  // the group's state comes whole with the heal
+    elastic_->join();
+  } else if (!elastic_->attempt([&] {
+               build_model(/*init_sync=*/true);
+               resumed = resume_if_asked();  // may change batch_size
+             })) {
+    resumed = step_ > 0;  // --elastic: re-formed meanwhile, and healed
   }
-  const bool resumed = !joiner && !config_.resume.empty() && resume();  // may change batch_size
   schedule_ = lr_schedule_of(config_, dist_.world_size());
   if (dist_.is_main()) write_run_files(resumed);
 }
 
 Trainer::~Trainer() = default;
 
-void Trainer::build_model() {
+void Trainer::build_model(bool init_sync) {
   models::NormFactory norm;
   if (config_.sync_bn) {
     norm = [group = dist_.group](int64_t channels) {
@@ -278,12 +279,10 @@ void Trainer::build_model() {
     log::info("initial weights from {}", config_.init_weights);
   }
   set_up_amp();
-  // Before the first collective: an elastic joiner whose group fails in it re-forms and needs
+  // Before the first collective: an elastic member whose group fails in it re-forms and needs
   // an optimizer for the state it is then given.
   if (!config_.zero) optimizer_ = make_optimizer(config_, workload_.module->parameters());
-  // Collective: checks the model is the same everywhere, broadcasts rank 0's weights.
-  model_ = DistributedDataParallel(workload_.module, dist_.group, config_.ddp);
-  register_comm_hook(model_, config_, dist_.group);
+  wrap_model(init_sync);
   if (config_.sync != "ddp") {  // each rank trains its own copy from here (no_sync every step)
     const DiLoCoOptions options =
         config_.sync == "local-sgd"
@@ -297,6 +296,18 @@ void Trainer::build_model() {
         workload_.module->parameters(), dist_.group,
         [this](std::vector<torch::Tensor> shard) { return make_optimizer(config_, shard); });
   }
+}
+
+void Trainer::wrap_model(bool init_sync) {
+  // Collective unless init_sync is off: checks the model is the same everywhere, broadcasts rank
+  // 0's weights.
+  model_ = DistributedDataParallel(workload_.module, dist_.group,
+                                   DistributedDataParallelOptions(config_.ddp).init_sync(init_sync));
+  register_comm_hook(model_, config_, dist_.group);
+}
+
+bool Trainer::resume_if_asked() {
+  return !config_.resume.empty() && resume();
 }
 
 void Trainer::set_up_amp() {
@@ -346,8 +357,9 @@ TrainResult Trainer::run() {
 TrainResult Trainer::train() {
   TrainResult result;
   result.metrics_path = (std::filesystem::path(config_.output_dir) / "metrics.jsonl").string();
-  std::optional<MetricsWriter> metrics_file;  // rank 0 owns the files
-  if (dist_.is_main()) metrics_file.emplace(result.metrics_path, /*append=*/start_epoch_ > 0);
+  // Rank 0 owns the files; a joiner that is rank 0 after a change goes on with them.
+  if (dist_.is_main() && !metrics_file_)
+    metrics_file_.emplace(result.metrics_path, /*append=*/start_epoch_ > 0 || dist_.joining);
   if (start_epoch_ >= config_.epochs) {
     log::info("the checkpoint is at epoch {} of {}: nothing left to train", start_epoch_,
               config_.epochs);
@@ -365,31 +377,16 @@ TrainResult Trainer::train() {
       global);
 
   if (config_.bucket_cap_auto) start_bucket_tuning();
-  for (int64_t epoch = start_epoch_; epoch < config_.epochs; ++epoch) {
+  for (int64_t epoch = start_epoch_; epoch < config_.epochs;) {
     EpochMetrics m;
     m.epoch = epoch + 1;
-    bool reformed = true;
-    try {
-      result.stopped_by_signal = !train_epoch(epoch, m);
-      if (result.stopped_by_signal) return result;
-      end_of_epoch(m, result, metrics_file);
-      reformed = false;
-    } catch (const MembershipChange& change) {
-      reform(change);
-    } catch (const comm::CommError& e) {
-      if (!dist_.agent) throw;
-      // --elastic: the epoch's evaluation or checkpoint failed: the next generation enters the
-      // epoch with nothing left to train, and does them again.
-      reform({fmt::format("epoch {}'s end failed ({})", m.epoch, e.what())});
-    }
-    if (reformed) {
-      // Rank 0 may be another worker now: it goes on with the metrics file.
-      if (dist_.is_main() && !metrics_file) metrics_file.emplace(result.metrics_path, true);
-      if (!dist_.is_main()) metrics_file.reset();
-      epoch = start_epoch_ - 1;  // heal() set where the new generation goes on
-      continue;
-    }
+    // --elastic: a change of the group's members ends the attempt; the group re-forms and every
+    // member takes one state (elastic_member.h).
+    const bool kept = elastic_->attempt([&] {
+      result.stopped_by_signal = !train_epoch(epoch, m) || end_of_epoch(m, result);
+    });
     if (result.stopped_by_signal) return result;
+    epoch = kept ? epoch + 1 : start_epoch_;  // re-formed: on from where the state taken is
   }
 
   const EpochMetrics& final = result.epochs.back();
@@ -398,33 +395,29 @@ TrainResult Trainer::train() {
   return result;
 }
 
-void Trainer::end_of_epoch(EpochMetrics& m, TrainResult& result,
-                           std::optional<MetricsWriter>& metrics_file) {
-  {
-    const bool last = m.epoch == config_.epochs;
+bool Trainer::end_of_epoch(EpochMetrics& m, TrainResult& result) {
+  const bool last = m.epoch == config_.epochs;
 
-    // Every eval_every epochs, and always after the last one (all ranks).
-    if (last || (config_.eval_every > 0 && m.epoch % config_.eval_every == 0)) {
-      evaluate_epoch(m, last);
-    }
-
-    // Log and record the epoch (rank 0; once, though --elastic may end an epoch again).
-    log::info("epoch {}/{}: {}, {:.0f} samples/s, {:.2f} s, lr {:.4g}", m.epoch, config_.epochs,
-              describe(m), m.samples_per_s, m.epoch_seconds, m.lr);
-    if (result.epochs.empty() || result.epochs.back().epoch < m.epoch) {
-      m.membership_changes = std::move(membership_records_);
-      membership_records_.clear();
-      if (metrics_file) metrics_file->write(m);
-      result.epochs.push_back(m);
-    }
-
-    // Checkpoint every save_every epochs and after the last one (all ranks; rank 0 writes).
-    const bool save = last || (config_.save_every > 0 && m.epoch % config_.save_every == 0);
-    if (save) checkpoint_epoch(m.epoch);
-
-    // A SIGTERM during the evaluation or the checkpoint stops the run here (all ranks).
-    result.stopped_by_signal = !last && stop_after_epoch(m.epoch, save);
+  // Every eval_every epochs, and always after the last one (all ranks).
+  if (last || (config_.eval_every > 0 && m.epoch % config_.eval_every == 0)) {
+    evaluate_epoch(m, last);
   }
+
+  // Log and record the epoch (rank 0; once, though --elastic may end an epoch again).
+  log::info("epoch {}/{}: {}, {:.0f} samples/s, {:.2f} s, lr {:.4g}", m.epoch, config_.epochs,
+            describe(m), m.samples_per_s, m.epoch_seconds, m.lr);
+  if (result.epochs.empty() || result.epochs.back().epoch < m.epoch) {
+    m.membership_changes = elastic_->take_records();
+    if (metrics_file_) metrics_file_->write(m);
+    result.epochs.push_back(m);
+  }
+
+  // Checkpoint every save_every epochs and after the last one (all ranks; rank 0 writes).
+  const bool save = last || (config_.save_every > 0 && m.epoch % config_.save_every == 0);
+  if (save) checkpoint_epoch(m.epoch);
+
+  // A SIGTERM during the evaluation or the checkpoint stops the run here (all ranks).
+  return !last && stop_after_epoch(m.epoch, save);
 }
 
 void Trainer::evaluate_epoch(EpochMetrics& m, bool last) {
@@ -480,15 +473,8 @@ struct Trainer::EpochPass {
 
 bool Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
   EpochPass pass = begin_epoch(epoch);
-  try {
-    return train_steps(pass, m);
-  } catch (const comm::CommError& e) {
-    if (!dist_.agent) throw;
-    // --elastic: a collective between steps (a check, the epoch's metrics) failed; every step up
-    // to pass.step was committed by all members.
-    position_ = position_of(pass);
-    throw MembershipChange{fmt::format("a collective after step {} failed ({})", step_, e.what())};
-  }
+  elastic_->reached(position_of(pass));  // --elastic: a failure from here goes on from here
+  return train_steps(pass, m);
 }
 
 bool Trainer::train_steps(EpochPass& pass, EpochMetrics& m) {
@@ -501,20 +487,14 @@ bool Trainer::train_steps(EpochPass& pass, EpochMetrics& m) {
     model_->zero_grad();  // dropped: the next backward's gradients become .grad (see the header)
 
     // Forward and backward of each micro-batch; the last backward reduces their gradients.
+    // --elastic: applied only where every member's gradients were reduced; a step that failed
+    // anywhere is dropped everywhere (elastic_member.h).
     std::pair<torch::Tensor, int64_t> reduced;
-    std::vector<std::string> ids;  // --record-samples: every rank's, gathered before the vote
-    bool ok = true;
-    try {
+    std::vector<std::string> ids;  // --record-samples: every rank's
+    elastic_->commit([&] {
       reduced = step_gradients(pass, *batches);
       if (config_.record_samples) ids = gather_sample_ids(pass);
-    } catch (const comm::CommError& e) {
-      if (!dist_.agent) throw;
-      log::warn("elastic: step {} failed: {}", step_ + 1, e.what());
-      ok = false;
-    }
-    // --elastic: a member applies only a step whose gradients every member reduced (a dropped
-    // step throws).
-    const bool grow = dist_.agent && commit_step(pass, ok);
+    });
     optimizer_step();  // on the reduced gradients, the same on every rank (not under --sync)
     ++step_;
     if (bucket_tuner_) tune_buckets(seconds_since(step_start));
@@ -522,25 +502,20 @@ bool Trainer::train_steps(EpochPass& pass, EpochMetrics& m) {
       const Phase phase = step_phase(*dist_.group, timeline_.get(), "synchronization", step_);
       diloco_->after_inner_step();
     }
-    // Counted at once: a failure from here on (--elastic) goes on after this step.
     pass.count_step(reduced.first, reduced.second);
-    if (config_.record_samples) record_samples(pass, ids);
+    const std::string line = config_.record_samples ? record_samples(pass, ids) : "";
+    elastic_->reached(position_of(pass), line);  // --elastic: may re-form: a worker joins
 
     // Every check_params_every steps: are the ranks still training the same model?
     if (config_.check_params_every > 0 && step_ % config_.check_params_every == 0) {
       check_parameters();
     }
-
-    if (grow) {
-      position_ = position_of(pass);
-      throw MembershipChange{"a worker joins"};
-    }
     if (stop_after_step(pass)) {  // --checkpoint-on-signal
-      if (dist_.agent) settle_vote(pass);
+      elastic_->settle();
       return false;
     }
   }
-  if (dist_.agent) settle_vote(pass);  // before the epoch's collectives and its checkpoint
+  elastic_->settle();  // --elastic: the last step's decision, before the epoch's collectives
   if (config_.uneven) {
     model_->finish_join();
     step_ += pass.steps - pass.step;  // the steps this rank joined: the same count everywhere
@@ -680,14 +655,6 @@ torch::Tensor Trainer::epoch_sequence(int64_t epoch, int64_t world) const {
   return sampler.sequence(config_.uneven);
 }
 
-torch::Tensor Trainer::untrained_samples(const EpochPass& pass) const {
-  const int64_t per_rank =
-      (pass.step - pass.first_step) * config_.batch_size * config_.grad_accum_steps;
-  const int64_t length = pass.sequence.size(0);
-  const int64_t trained = data::trained_prefix(length, dist_.world_size(), per_rank);
-  return pass.sequence.narrow(0, trained, length - trained).clone();
-}
-
 Trainer::EpochPass Trainer::begin_epoch(int64_t epoch) {
   const int64_t world = dist_.world_size();
   // A resumed epoch trains the rest its checkpoint left, shared by this world; the others their
@@ -752,8 +719,7 @@ bool Trainer::stop_after_step(const EpochPass& pass) {
 }
 
 void Trainer::end_epoch(EpochPass& pass, EpochMetrics& m) {
-  if (dist_.agent)
-    position_ = position_of(pass);  // --elastic: the epoch's end, if what follows fails
+  elastic_->reached(position_of(pass));  // --elastic: the epoch's end, if what follows fails
   pass.progress->finish(pass.trained, [&] { return pass.running_loss(); });
   if (diloco_) {  // the epoch's evaluation, checkpoint and model.pt see the global model
     const Phase phase(*dist_.group, fmt::format("epoch {}: synchronization", m.epoch));
@@ -891,44 +857,6 @@ Scores Trainer::evaluate(const data::TensorDataset& set) {
   return out;
 }
 
-bool Trainer::commit_step(const EpochPass& pass, bool ok) {
-  if (!ok) {
-    dist_.agent->abandon_vote();
-    dist_.agent->vote(dist_.membership, ++vote_round_, false);  // "abort", for every member
-    position_ = position_of(pass);
-    throw MembershipChange{fmt::format("step {} dropped", step_ + 1)};
-  }
-  // Note [A step's vote travels during the next step]: the last step's decision, then this
-  // step's vote, which the next step's computation hides.
-  settle_vote(pass);
-  dist_.agent->vote_in_background(dist_.membership, ++vote_round_);
-  // Not after an epoch's last step (the next generation would enter an epoch with nothing left):
-  // the next epoch's first step grows.
-  if (!grow_due_ || pass.step + 1 >= pass.steps) return false;
-  grow_due_ = false;
-  return true;
-}
-
-void Trainer::settle_vote(const EpochPass& pass) {
-  const std::optional<comm::StepDecision> decision = dist_.agent->take_vote();
-  if (!decision) return;  // none in flight
-  if (*decision == comm::StepDecision::kAbort) {
-    position_ = position_of(pass);
-    throw MembershipChange{fmt::format("a member failed after step {}", step_)};
-  }
-  if (*decision == comm::StepDecision::kCommitAndGrow) grow_due_ = true;
-  if (recovering_) {
-    auto& [record, seen] = *recovering_;
-    record.recovery_seconds = seconds_since(seen);
-    log::info(
-        "elastic: step {} committed by generation {} of {} rank(s), {:.3f} s after the "
-        "change was seen",
-        step_, record.generation, record.world_after, record.recovery_seconds);
-    membership_records_.push_back(std::move(record));
-    recovering_.reset();
-  }
-}
-
 // Of the step in flight (not counted yet), before its vote: with --elastic a failure of this
 // gather drops the step, so that every committed step has its record.
 std::vector<std::string> Trainer::gather_sample_ids(const EpochPass& pass) {
@@ -942,7 +870,7 @@ std::vector<std::string> Trainer::gather_sample_ids(const EpochPass& pass) {
   return comm::all_gather_bytes(*dist_.group, mine, dist_.device);
 }
 
-void Trainer::record_samples(const EpochPass& pass, const std::vector<std::string>& all) {
+std::string Trainer::record_samples(const EpochPass& pass, const std::vector<std::string>& all) {
   nlohmann::ordered_json line;
   line["epoch"] = pass.epoch + 1;
   line["step"] = step_;
@@ -952,110 +880,61 @@ void Trainer::record_samples(const EpochPass& pass, const std::vector<std::strin
     std::memcpy(rank_ids.data(), bytes.data(), rank_ids.size() * sizeof(int64_t));
     line["ids"].push_back(rank_ids);
   }
-  if (dist_.agent) {
-    recent_samples_.emplace_back(step_, line.dump());
-    if (recent_samples_.size() > 3) recent_samples_.pop_front();
-  }
-  if (!dist_.is_main()) return;
+  std::string text = line.dump();
+  if (!dist_.is_main()) return text;
   const std::string path = (std::filesystem::path(config_.output_dir) / "samples.jsonl").string();
   // A fresh run starts the file; a resumed run, or a new rank 0 after an elastic change, goes on.
   if (!samples_file_) {
     const bool fresh = step_ == 1 && dist_.launch.restart_count == 0 && !dist_.joining;
     samples_file_ = std::make_unique<std::ofstream>(path, fresh ? std::ios::trunc : std::ios::app);
   }
-  *samples_file_ << line.dump() << '\n' << std::flush;
+  *samples_file_ << text << '\n' << std::flush;
   if (!*samples_file_) throw Error(fmt::format("{}: cannot write the sample record", path));
+  return text;
 }
 
-void Trainer::complete_samples_record() {
-  // Every member now holds rank 0's step: lines of later steps (applied by a member whose
-  // reduction completed where rank 0's did not) are not the group's.
-  while (!recent_samples_.empty() && recent_samples_.back().first > step_) {
-    recent_samples_.pop_back();
-  }
-  if (!config_.record_samples || !dist_.is_main()) return;
-  const std::string path = (std::filesystem::path(config_.output_dir) / "samples.jsonl").string();
-  samples_file_.reset();
-  std::string kept;
-  int64_t last = 0;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    int64_t step = 0;
-    try {
-      step = nlohmann::json::parse(line).at("step").get<int64_t>();
-    } catch (const nlohmann::json::exception&) {
-      break;  // torn: the last line of a rank 0 killed while writing it
-    }
-    if (step > step_) break;
-    kept += line + '\n';
-    last = step;
-  }
-  for (const auto& [step, text] : recent_samples_) {
-    if (step > last) kept += text + '\n';
-  }
-  write_file_atomically(path, kept);
+ElasticPosition Trainer::position_of(const EpochPass& pass) const {
+  const int64_t per_rank =
+      (pass.step - pass.first_step) * config_.batch_size * config_.grad_accum_steps;
+  return {pass.epoch, pass.step, pass.steps, pass.sequence,
+          data::trained_prefix(pass.sequence.size(0), dist_.world_size(), per_rank)};
 }
 
-Trainer::ElasticPosition Trainer::position_of(const EpochPass& pass) const {
-  return {pass.epoch, pass.step, untrained_samples(pass), dist_.world_size()};
+torch::Tensor Trainer::untrained_samples(const EpochPass& pass) const {
+  return position_of(pass).rest();
 }
 
-void Trainer::reform(const MembershipChange& change) {
-  constexpr int kMaxFailedGenerations = 5;
-  const auto start = Clock::now();
-  dist_.agent->abandon_vote();  // the last step's: no member of this generation waits for it now
-  grow_due_ = false;
-  const int64_t generation = dist_.membership.generation;
-  const int64_t world = dist_.world_size();
-  const Timeline::Scope span(timeline_.get(), "elastic: re-forming the group", "elastic", step_);
-  // A generation that loses a member while it forms (its group's connection, DDP's broadcast,
-  // the state's) is given up for the next one, which the launcher publishes without that member.
-  for (int failed = 0;; ++failed) {
-    try {
-      form_next_generation();
-      break;
-    } catch (const comm::CommError& e) {
-      // Each new generation lost a member: a few in a row are deaths one after another; more
-      // are a group that cannot connect at all, which waiting longer would not mend.
-      if (failed + 1 == kMaxFailedGenerations) throw;
-      const std::string lost = dist_.agent->lost_in(dist_.membership.generation);
-      log::warn("elastic: generation {} failed as it formed ({}){}; joining the next",
-                dist_.membership.generation, e.what(), lost.empty() ? "" : " (lost: " + lost + ")");
-    }
-  }
-  schedule_ = lr_schedule_of(config_, dist_.world_size());
-  const std::string lost = dist_.agent->lost_in(generation);
-  log::warn(
-      "elastic: {} in generation {} of {} rank(s){}; generation {}: {} rank(s) ({}), batch {} per "
-      "rank, going on after step {} ({} of epoch {}), {:.2f} s after",
-      change.why, generation, world, lost.empty() ? "" : " (lost: " + lost + ")",
-      dist_.membership.generation, dist_.world_size(),
-      comm::format_members(dist_.membership.members), config_.batch_size, step_, start_epoch_step_,
-      start_epoch_ + 1, seconds_since(start));
-  // Timed from when the change was seen to the first step committed after it (commit_step).
-  recovering_.emplace(MembershipRecord{step_, change.why, lost, dist_.membership.generation, world,
-                                       dist_.world_size(), 0.0},
-                      change.seen);
-}
-
-void Trainer::form_next_generation() {
-  dist_.agent->request_next_generation(dist_.membership);
+void Trainer::release_group() {
   // The old generation's group goes with the DDP wrapper (whose reducer holds it and whose hooks
   // it removes), the watchdog and the GradScaler; the model, the optimizer and the data stay.
   watchdog_.reset();
   model_ = nullptr;
   if (scaler_) scaler_->set_group(nullptr);  // its inf check's collective, on the next group
-  join_next_generation(dist_);
+  samples_file_.reset();  // rank 0 may be another worker next; the heal completes the record
+}
+
+void Trainer::adopt_group() {
   if (scaler_) scaler_->set_group(dist_.group);
-  log::init(dist_.rank(), config_.log_level);  // rank 0 may be another worker now
-  vote_round_ = 0;
   watchdog_ = start_watchdog(config_, dist_, comm::current_env());
-  const Phase phase(*dist_.group,
-                    fmt::format("elastic: generation {}: healing", dist_.membership.generation));
-  model_ = DistributedDataParallel(workload_.module, dist_.group, config_.ddp);  // a collective
-  register_comm_hook(model_, config_, dist_.group);
-  heal();
+  wrap_model(/*init_sync=*/false);  // Note [One state transfer per change]: the heal's is the one
+  // Rank 0 may be another worker now: it goes on with the metrics file.
+  if (!dist_.is_main()) {
+    metrics_file_.reset();
+  } else if (!metrics_file_) {
+    metrics_file_.emplace((std::filesystem::path(config_.output_dir) / "metrics.jsonl").string(),
+                          /*append=*/true);
+  }
+}
+
+void Trainer::take_state(const Checkpoint& state, const std::string& origin) {
+  config_.batch_size = state.batch_size;
+  apply(state, origin);
+  batch_world_ = dist_.world_size();
+  schedule_ = lr_schedule_of(config_, dist_.world_size());
+}
+
+ElasticPosition Trainer::state_position() const {
+  return {start_epoch_, start_epoch_step_, start_epoch_step_, start_epoch_samples_, 0};
 }
 
 }  // namespace ddp::train

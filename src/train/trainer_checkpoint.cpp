@@ -190,6 +190,7 @@ void Trainer::save_checkpoint(CheckpointPosition at, const torch::Tensor& untrai
                : std::vector<std::string>();
 
   std::exception_ptr error;
+  std::string numbered;  // rank 0's file
   if (dist_.is_main()) {
     try {
       Checkpoint c = checkpoint_here(at, untrained);
@@ -207,7 +208,7 @@ void Trainer::save_checkpoint(CheckpointPosition at, const torch::Tensor& untrai
       // The numbered file first, then the names that point at the newest: a kill at any moment
       // leaves every name holding a complete file.
       const fs::path dir(config_.output_dir);
-      const std::string numbered = (dir / checkpoint_file_name(at)).string();
+      numbered = (dir / checkpoint_file_name(at)).string();
       write_pt_file(numbered, to_ivalue(c));
       link_atomically(numbered, (dir / "checkpoint.pt").string());
       save_weights(*workload_.module, (dir / "model.pt").string(),
@@ -224,6 +225,7 @@ void Trainer::save_checkpoint(CheckpointPosition at, const torch::Tensor& untrai
   }
   // The barrier after every save, carrying rank 0's outcome.
   agree_all_ok(dist_, error, "saving the checkpoint");
+  elastic_->checkpoint_saved(fmt::format("{} ({})", numbered, what));
 }
 
 bool Trainer::resume() {
@@ -450,51 +452,17 @@ void Trainer::load_sync_state(const Checkpoint& c, const std::string& path) {
   diloco_->restart(std::move(momentum));
 }
 
-void Trainer::heal() {
-  // Rank 0's state at the group's last committed step, to every member (the same as a
-  // checkpoint there, resumed on this generation's world size).
-  std::string bytes;
-  std::exception_ptr error;
-  if (dist_.is_main()) {
-    try {
-      Checkpoint c = checkpoint_here({position_.epoch, position_.epoch_step}, position_.rest);
-      // The global batch is kept where the new world divides it; else each rank keeps its batch.
-      const int64_t world = dist_.world_size();
-      c.batch_size = batch_size_for_world(config_.batch_size, position_.world_size, world)
-                         .value_or(config_.batch_size);
-      c.optimizer_state = byte_tensor(serialized(optimizer()));
-      const at::Tensor rng = cpu_rng_state().contiguous();
-      c.rng_state = rng.unsqueeze(0).repeat({world, 1});  // every rank continues rank 0's stream
-      if (scaler_) c.grad_scaler = scaler_->state();
-      bytes = serialize_pt(to_ivalue(c));
-    } catch (const std::exception&) {
-      error = std::current_exception();
-    }
-  }
-  agree_all_ok(dist_, error, "elastic: rank 0's state");
-  bytes = comm::broadcast_bytes(*dist_.group, bytes, 0, dist_.device);
-  const std::string origin = "elastic: rank 0's state";
-  const Checkpoint c = checkpoint_from(parse_pt(bytes, origin), origin);
-  config_.batch_size = c.batch_size;
-  apply(c, origin);
-  complete_samples_record();
-
-  // Every member now holds rank 0's parameters, buffers, optimizer and GradScaler state, RNG
-  // state and step, bitwise: checked before the generation's first step (a collective).
-  const auto digest = static_cast<int64_t>(state_digest());
-  const auto on_device = torch::TensorOptions(torch::kLong).device(dist_.device);
-  at::Tensor all = torch::empty({dist_.world_size()}, on_device);
-  dist_.group->all_gather(all, torch::tensor({digest}, on_device))->wait();
-  all = all.cpu();
-  const at::Tensor differ = all.ne(all[0]).nonzero().view({-1});
-  if (differ.numel() > 0) {
-    throw Error(fmt::format(
-        "elastic: rank(s) {} do not hold rank 0's state after taking it (parameters, buffers, "
-        "optimizer, GradScaler or RNG state differ)",
-        fmt::join(differ.data_ptr<int64_t>(), differ.data_ptr<int64_t>() + differ.numel(), ", ")));
-  }
-  log::info("elastic: the {} rank(s) hold bitwise the same state before step {} (digest {:016x})",
-            dist_.world_size(), step_ + 1, static_cast<uint64_t>(digest));
+Checkpoint Trainer::state_at(const ElasticPosition& at, int world) {
+  Checkpoint c = checkpoint_here({at.epoch, at.epoch_step}, at.rest());
+  c.world_size = world;
+  // The global batch is kept where the new world divides it; else each rank keeps its batch.
+  c.batch_size =
+      batch_size_for_world(config_.batch_size, batch_world_, world).value_or(config_.batch_size);
+  c.optimizer_state = byte_tensor(serialized(optimizer()));
+  const at::Tensor rng = cpu_rng_state().contiguous();
+  c.rng_state = rng.unsqueeze(0).repeat({world, 1});  // every rank continues this stream
+  if (scaler_) c.grad_scaler = scaler_->state();
+  return c;
 }
 
 }  // namespace ddp::train

@@ -246,7 +246,7 @@ TEST_P(LostWhileTheGroupReforms, TheGenerationIsGivenUpForTheNext) {
 
 INSTANTIATE_TEST_SUITE_P(Elastic, LostWhileTheGroupReforms,
                          ::testing::Values("elastic: forming generation 1",
-                                           "elastic: generation 1: healing"));
+                                           "elastic: generation 1: state"));
 
 // A worker killed where each phase with collectives begins (a bucket's all-reduce in backward,
 // the parameter check, the epoch's evaluation, the checkpoint's write and barrier; the forward's
@@ -385,7 +385,8 @@ TEST(Elastic, WithoutRestartsTheSurvivorsFinishAndWithNoneLeftTheJobFails) {
       run_linear({"--nnodes", "1:1", "--nproc", "1"}, DDP_FAULT_TRAIN_BIN, alone.path(),
                  {"--elastic", "--fault", "kill", "--fault-rank", "0", "--fault-after-step", "3"});
   EXPECT_EQ(one.exit_code, 137) << one.output;
-  EXPECT_TRUE(mentions(one.output, "no worker of the job is left")) << one.output;
+  EXPECT_TRUE(mentions(one.output, "no worker holding the group's trained state is left"))
+      << one.output;
 }
 
 // --elastic where it cannot work is refused at start, naming why.

@@ -8,14 +8,19 @@
 //
 // ACTION: kill (SIGKILL, after logging "fault: SIGKILL ..."), sigterm (a SIGTERM to itself),
 // perturb (adds 1e-3 to the model's first parameter), delay:S (waits S seconds, after logging
-// "fault: waiting ..."), or extra (an all_reduce of 3 floats the other ranks do not issue: a
-// collective in a branch of user code that one rank alone takes). The trigger: --fault-after-step
+// "fault: waiting ..."), extra (an all_reduce of 3 floats the other ranks do not issue: a
+// collective in a branch of user code that one rank alone takes), or fail (the phase's first
+// collective completes, then this rank alone sees it fail: its wait throws CommError, as if the
+// last packet had been lost on its side only; the process lives on). Under --elastic, the phase
+// "elastic: vote" is each vote's (on its own thread): fail there counts the vote and then fails
+// it on this rank. The trigger: --fault-after-step
 // N, the first phase after optimizer step N (its --checkpoint-on-signal or parameter check, the
 // next step's forward, or the epoch's end), or --fault-at PHASE, where the phase labelled PHASE
 // begins ("step 3: backward"), before any of its collectives; both: the first PHASE after step N
 // ("backward: bucket 0"). Only in the job's first run (a launcher's restart runs clean) and on rank
-// R (default 0). Each --fault starts another fault: several ranks can fail at once, or one after
-// another.
+// R (default 0), or, with --fault-worker ID, on the elastic worker ID in any run ("1.1": the
+// first restart of local rank 1). Each --fault starts another fault: several ranks can fail at
+// once, or one after another.
 //
 // --fault-pace S: every rank of the first run waits S seconds where each step's forward begins
 // while its group is smaller than the job at full size (the launcher's WORLD_SIZE: --nnodes MAX x
@@ -24,17 +29,21 @@
 //
 // Under --elastic each generation's group is wrapped too (FaultyAgent), and R is the worker's
 // rank in the first generation. There, two more phases begin: "elastic: forming generation G"
-// (before the worker connects to generation G's group) and "elastic: generation G: healing"
-// (DDP's broadcast and rank 0's state, on the new group).
+// (before the worker connects to generation G's group), and the heal's on the new group:
+// "elastic: generation G: state holders" (who holds the committed state, at which step),
+// "elastic: generation G: state" (its transfer from the newest holder), "elastic: generation G:
+// state check" (the digests).
 #include <fmt/format.h>
 #include <signal.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -49,8 +58,9 @@
 namespace {
 
 struct Fault {
-  std::string action;  // kill, sigterm, perturb, delay:S
+  std::string action;  // kill, sigterm, perturb, delay:S, extra, fail
   int rank = 0;
+  std::string worker;  // --fault-worker: an elastic worker's id, in place of the rank
   int64_t after_step = 0;  // 0: --fault-at instead
   std::string at_phase;
 };
@@ -83,15 +93,17 @@ std::vector<Fault> take_fault_options(std::vector<char*>& args, double& pace) {
       fault.after_step = std::stoll(value);
     else if (word == "--fault-at")
       fault.at_phase = value;
+    else if (word == "--fault-worker")
+      fault.worker = value;
     else
       throw ddp::InputError("unknown option " + word);
   }
   for (const Fault& fault : faults) {
     const auto& a = fault.action;
-    if (a != "kill" && a != "sigterm" && a != "perturb" && a != "extra" &&
+    if (a != "kill" && a != "sigterm" && a != "perturb" && a != "extra" && a != "fail" &&
         a.rfind("delay:", 0) != 0) {
-      throw ddp::InputError("--fault: expected kill, sigterm, perturb, extra or delay:S, got '" +
-                            a + "'");
+      throw ddp::InputError(
+          "--fault: expected kill, sigterm, perturb, extra, fail or delay:S, got '" + a + "'");
     }
   }
   args = rest;
@@ -106,21 +118,30 @@ class Faults {
   void set_module(torch::nn::Module* module) { module_ = module; }
 
   // Where `phase` begins on this worker (its rank `rank` now, of `world`), whose group is `group`
-  // (null before the group exists).
-  void at_phase(const std::string& phase, int rank, int world,
+  // (null before the group exists). Returns whether a fault "fail" triggered here: the caller
+  // fails the phase's first collective once it completed.
+  bool at_phase(const std::string& phase, int rank, int world,
                 ddp::comm::ProcessGroup* group = nullptr) {
+    const std::lock_guard<std::mutex> lock(mutex_);  // the elastic vote's thread calls too
     const std::string forward = ": forward";
     if (pace_ > 0 && world < full_world_ && phase.rfind("step ", 0) == 0 &&
         phase.size() > forward.size() &&
         phase.compare(phase.size() - forward.size(), forward.size(), forward) == 0) {
       std::this_thread::sleep_for(std::chrono::duration<double>(pace_));
     }
+    bool fail = false;
     for (State& s : faults_) {
       if (!s.done && triggered(s, phase)) {
         s.done = true;
+        if (s.fault.action == "fail") {
+          ddp::log::warn("rank {}: fault: the first collective of '{}' fails here once it completed",
+                         rank, phase);
+          fail = true;
+        }
         act(s.fault, phase, rank, group);
       }
     }
+    return fail;
   }
 
  private:
@@ -167,6 +188,7 @@ class Faults {
     }
   }
 
+  std::mutex mutex_;
   std::vector<State> faults_;
   double pace_ = 0;
   int full_world_ = 0;
@@ -187,7 +209,7 @@ class FaultyGroup : public ddp::comm::ProcessGroup {
 
   void set_phase(std::string phase) override {
     ProcessGroup::set_phase(phase);
-    faults_->at_phase(phase, rank(), world_size(), this);
+    if (faults_->at_phase(phase, rank(), world_size(), this)) fail_next_ = true;
   }
 
  protected:
@@ -195,13 +217,13 @@ class FaultyGroup : public ddp::comm::ProcessGroup {
   using Info = ddp::comm::CollectiveInfo;
   using Op = ddp::comm::ReduceOp;
   WorkPtr do_all_reduce(at::Tensor& t, Op op, const Info&) override {
-    return inner_->all_reduce(t, op);
+    return maybe_failing(inner_->all_reduce(t, op));
   }
   WorkPtr do_broadcast(at::Tensor& t, int root, const Info&) override {
-    return inner_->broadcast(t, root);
+    return maybe_failing(inner_->broadcast(t, root));
   }
   WorkPtr do_all_gather(at::Tensor& out, const at::Tensor& in, const Info&) override {
-    return inner_->all_gather(out, in);
+    return maybe_failing(inner_->all_gather(out, in));
   }
   WorkPtr do_reduce_scatter(at::Tensor& out, const at::Tensor& in, Op op, const Info&) override {
     return inner_->reduce_scatter(out, in, op);
@@ -215,16 +237,49 @@ class FaultyGroup : public ddp::comm::ProcessGroup {
   }
 
  private:
+  // A fault "fail": the collective runs to its end here (and so everywhere), then its wait throws.
+  class FailingWork : public ddp::comm::Work {
+   public:
+    explicit FailingWork(WorkPtr inner) : inner_(std::move(inner)) {}
+    void wait() override {
+      inner_->wait();
+      throw ddp::comm::CommError({}, "fault: the collective completed, and failed on this rank only");
+    }
+    bool is_completed() override { return inner_->is_completed(); }
+
+   private:
+    WorkPtr inner_;
+  };
+  WorkPtr maybe_failing(WorkPtr work) {
+    if (!std::exchange(fail_next_, false)) return work;
+    return std::make_shared<FailingWork>(std::move(work));
+  }
+
   std::shared_ptr<ProcessGroup> inner_;
   std::shared_ptr<Faults> faults_;
+  bool fail_next_ = false;
 };
 
 // --elastic: every later generation's group is a FaultyGroup too.
 class FaultyAgent : public ddp::comm::ElasticAgent {
  public:
   FaultyAgent(const ddp::comm::LaunchInfo& launch, std::string id,
-              std::chrono::milliseconds timeout, std::shared_ptr<Faults> faults)
-      : ElasticAgent(launch, std::move(id), timeout), faults_(std::move(faults)) {}
+              ddp::comm::ElasticAgentOptions options, std::shared_ptr<Faults> faults)
+      : ElasticAgent(launch, std::move(id), std::move(options)), faults_(std::move(faults)) {}
+
+  // The phase "elastic: vote" begins where a step's vote is cast (on the trainer's thread): a
+  // fault "fail" there counts the vote, then fails it on this rank.
+  void vote_in_background(const ddp::comm::Membership& m, int64_t round) override {
+    if (faults_->at_phase("elastic: vote", m.rank, m.world_size())) fail_round_ = round;
+    ElasticAgent::vote_in_background(m, round);
+  }
+  ddp::comm::StepDecision vote(const ddp::comm::Membership& m, int64_t round, bool ok) override {
+    const ddp::comm::StepDecision decision = ElasticAgent::vote(m, round, ok);
+    if (round == fail_round_) {
+      throw ddp::comm::CommError({}, "fault: the vote was counted, and failed on this rank");
+    }
+    return decision;
+  }
 
   std::unique_ptr<ddp::comm::ProcessGroup> make_group(const ddp::comm::Membership& m,
                                                       const ddp::comm::ProcessGroupOptions& options,
@@ -236,6 +291,7 @@ class FaultyAgent : public ddp::comm::ElasticAgent {
 
  private:
   std::shared_ptr<Faults> faults_;
+  std::atomic<int64_t> fail_round_{-1};
 };
 
 }  // namespace
@@ -255,7 +311,10 @@ int main(int argc, char** argv) {
         auto dist = ddp::train::init_distributed(config, ddp::comm::current_env());
         std::vector<Fault> mine;
         for (const Fault& fault : faults) {
-          if (dist.launch.restart_count == 0 && dist.rank() == fault.rank) mine.push_back(fault);
+          const bool here = fault.worker.empty()
+                                ? dist.launch.restart_count == 0 && dist.rank() == fault.rank
+                                : dist.agent && dist.agent->id() == fault.worker;
+          if (here) mine.push_back(fault);
         }
         std::shared_ptr<Faults> state;
         if (!mine.empty() || (pace > 0 && dist.launch.restart_count == 0)) {
@@ -264,7 +323,7 @@ int main(int argc, char** argv) {
           dist.group = std::make_shared<FaultyGroup>(dist.group, state);
           if (dist.agent) {
             dist.agent = std::make_shared<FaultyAgent>(dist.launch, dist.agent->id(),
-                                                       dist.options.rendezvous_timeout, state);
+                                                       dist.agent->options(), state);
           }
         }
         // Moved: under --elastic the trainer must hold the only reference to each generation's

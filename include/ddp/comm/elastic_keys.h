@@ -70,11 +70,21 @@ struct ElasticKeys {
   static std::string abort(int64_t g);
   static std::string reform(int64_t g);
   static std::string grow(int64_t g);
+  static std::string voted(int64_t g, int rank);  // the last round `rank` of g voted on
   static std::string ready(const std::string& id);
+  // What a worker says of itself: it speaks this protocol (its agent connected), it holds the
+  // group's committed state (Note [Committed state has an owner] in launch/arbiter.h).
+  static std::string speaks(const std::string& id);
+  static std::string holds(const std::string& id);
+  static std::string checkpoint();  // the newest checkpoint the group wrote: which
+  // Group restarts: the round every node's workers belong to (absent: 0), and the rendezvous port
+  // of a round's workers (their MASTER_PORT).
+  static std::string round();
+  static std::string worker_port(int round);
   // Several nodes (Note [Elastic nodes]).
   static std::string events();          // the count of events
   static std::string event(int64_t k);  // the k-th, from 1
-  static std::string admitted(int node);
+  static std::string admitted(int node, int round);
   static std::string beat(int node);
   static std::string bye(int node);
   static std::string finished();

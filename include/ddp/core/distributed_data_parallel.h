@@ -19,7 +19,8 @@
 // torch::nn::Module; it has no forward of its own: call it with forward_with.
 //
 // Construction is collective: every rank checks that all ranks hold the same parameters
-// (names, shapes, dtypes), then rank 0's parameters and buffers are broadcast.
+// (names, shapes, dtypes), then rank 0's parameters and buffers are broadcast (unless
+// init_sync(false), as PyTorch's init_sync=False: then construction communicates nothing).
 
 #include <torch/arg.h>
 #include <torch/nn/module.h>
@@ -45,6 +46,9 @@ struct DistributedDataParallelOptions {
   // backward (activation checkpointing, a checkpointed block used twice): the first iteration
   // counts them, later ones reduce each parameter after its last (reducer.h).
   TORCH_ARG(bool, static_graph) = false;
+  // The constructor's check of the parameters across ranks and broadcast of rank 0's; off where
+  // the ranks already hold the same state by other means (an elastic heal).
+  TORCH_ARG(bool, init_sync) = true;
 };
 
 // What every DistributedDataParallel<M> shares, whatever M: the broadcasts, the reducer, hooks,

@@ -24,6 +24,7 @@
 #include "ddp/train/checkpoint.h"
 #include "ddp/train/config.h"
 #include "ddp/train/distributed.h"
+#include "ddp/train/elastic_member.h"
 #include "ddp/train/lr_schedule.h"
 #include "ddp/train/metrics.h"
 #include "ddp/train/progress.h"
@@ -48,7 +49,8 @@ constexpr int kExitStoppedBySignal = 143;
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Config& config,
                                                         const std::vector<torch::Tensor>& params);
 
-class Trainer {
+// Private ElasticTrainee: what --elastic's member (elastic_member.h) needs of the training.
+class Trainer : private ElasticTrainee {
  public:
   // Validates the config, joins the process group of this launch (init_distributed), starts its
   // watchdog, sets threads, builds the workload on this rank's device, creates the output
@@ -61,7 +63,7 @@ class Trainer {
   // closing of its connections is how a survivor still waiting in a collective with live peers
   // only (not the lost one's neighbour in gloo's ring) learns that the step is over.
   Trainer(Config config, Distributed dist);
-  ~Trainer();
+  ~Trainer() override;
 
   // Trains up to config.epochs epochs (from where a resumed checkpoint stopped), writing metrics
   // after each and checkpoints every save_every epochs and after the last, then the timeline
@@ -83,31 +85,23 @@ class Trainer {
 
  private:
   struct EpochPass;  // one epoch's loader, counts and progress (trainer.cpp)
-  // --elastic: thrown out of a step when the group must re-form (a member's step failed, or a
-  // joiner is ready); train() catches it.
-  struct MembershipChange {
-    std::string why;
-    std::chrono::steady_clock::time_point seen = std::chrono::steady_clock::now();
-  };
-  // Where the group stood at its last committed step: where the next generation goes on.
-  struct ElasticPosition {
-    int64_t epoch = 0;
-    int64_t epoch_step = 0;
-    torch::Tensor rest;  // the epoch's untrained ids
-    int64_t world_size = 1;
-  };
 
-  // The workload on this rank's device, its DDP wrapper (a collective) and the optimizer.
-  void build_model();
+  // The workload on this rank's device, its DDP wrapper (a collective, unless `init_sync` is
+  // false) and the optimizer.
+  void build_model(bool init_sync);
+  // The wrapper on the group, with its comm hook.
+  void wrap_model(bool init_sync);
+  // --resume (or a restart's auto): loads the checkpoint; false when there is none to load.
+  bool resume_if_asked();
   // --amp: checks that LibTorch runs autocast in that dtype on this device; fp16's GradScaler.
   void set_up_amp();
   // Rank 0: config.yaml, and after a resume the metrics of the epochs up to the checkpoint.
   void write_run_files(bool resumed) const;
 
   TrainResult train();  // run() without the flight record
-  // After an epoch's steps: evaluation, the metrics (rank 0), the checkpoint, the signal check.
-  void end_of_epoch(EpochMetrics& metrics, TrainResult& result,
-                    std::optional<MetricsWriter>& metrics_file);
+  // After an epoch's steps: evaluation, the metrics (rank 0), the checkpoint, the signal check;
+  // returns true when a SIGTERM stops the run there (--checkpoint-on-signal).
+  bool end_of_epoch(EpochMetrics& metrics, TrainResult& result);
   // One pass over this epoch's indices; fills the training fields of `metrics`. Returns false
   // when a SIGTERM stopped it (after a checkpoint: --checkpoint-on-signal).
   bool train_epoch(int64_t epoch, EpochMetrics& metrics);
@@ -158,35 +152,21 @@ class Trainer {
   // --check-params-every: compares checksums of the parameters across ranks (a collective);
   // throws Error naming the first parameter that differs and the ranks where it does.
   void check_parameters();
-  // --elastic. After a step's gradients (`ok`: they were reduced): takes the last step's
-  // decision, and casts this step's vote in the background (Note [A step's vote travels during
-  // the next step]); throws MembershipChange when the step is dropped. Returns whether the group
-  // grows after the step.
-  bool commit_step(const EpochPass& pass, bool ok);
-  // Takes the decision on the last step, if its vote is in flight: "abort" throws
-  // MembershipChange, "grow" makes grow_due_. The first commit after a change logs its recovery
-  // time.
-  void settle_vote(const EpochPass& pass);
-  // --record-samples: every rank's sample ids of the step in flight (a collective), and rank 0's
-  // line of samples.jsonl once the step is committed.
+  // --record-samples: every rank's sample ids of the step in flight (a collective), and the
+  // counted step's line of samples.jsonl (rank 0 writes it); returns the line.
   std::vector<std::string> gather_sample_ids(const EpochPass& pass);
-  void record_samples(const EpochPass& pass, const std::vector<std::string>& all);
-  // --elastic --record-samples, after a heal on rank 0: samples.jsonl holds steps 1 to step_,
-  // each once (a lost rank 0 may have written one step more than the group kept, or fewer).
-  void complete_samples_record();
-  // The position of `pass` (its committed steps) for the next generation.
+  std::string record_samples(const EpochPass& pass, const std::vector<std::string>& all);
+  // The position of `pass` (its counted steps), where the next generation goes on (--elastic).
   ElasticPosition position_of(const EpochPass& pass) const;
-  // After a MembershipChange: the next generation's group, DDP on it, and rank 0's state;
-  // again while a generation fails as it forms.
-  void reform(const MembershipChange& change);
-  // One try of reform(): throws CommError when the generation loses a member as it forms.
-  void form_next_generation();
-  // Every member takes rank 0's state at position_ (a collective): a joiner's first state.
-  // Then checks that every member's state_digest() is rank 0's.
-  void heal();
-  // A digest of this rank's parameters, buffers, optimizer and GradScaler state, RNG state and
-  // step: equal on two ranks only when their training states are (bar a 64-bit collision).
-  uint64_t state_digest();
+  // ElasticTrainee (elastic_member.h).
+  void release_group() override;
+  void adopt_group() override;
+  Checkpoint state_at(const ElasticPosition& at, int world) override;
+  void take_state(const Checkpoint& state, const std::string& origin) override;
+  ElasticPosition state_position() const override;
+  uint64_t state_digest() override;
+  int64_t steps() const override { return step_; }
+  int64_t batch_size() const override { return config_.batch_size; }
 
   // How the training batches of `epoch` are prepared (--workers, --pin-memory, --augment), in a
   // pass that starts after `first_step` of its steps.
@@ -248,17 +228,10 @@ class Trainer {
   int64_t start_epoch_ = 0;            // epochs done before this run (resume)
   int64_t start_epoch_step_ = 0;       // steps of epoch start_epoch_ done before it (a SIGTERM's)
   torch::Tensor start_epoch_samples_;  // and the ids of it still to train (undefined: none)
-  ElasticPosition position_;           // --elastic: at the last membership change
-  int64_t vote_round_ = 0;             // --elastic: steps voted on in this generation
-  bool grow_due_ = false;              // --elastic: a decision said "grow", not yet done
-  // --elastic: the last change until the first step after it is committed (then its recovery
-  // time is known), and the changes not yet in metrics.jsonl.
-  std::optional<std::pair<MembershipRecord, std::chrono::steady_clock::time_point>> recovering_;
-  std::vector<MembershipRecord> membership_records_;
+  int64_t batch_world_ = 1;             // the world size config_.batch_size is for
+  std::optional<MetricsWriter> metrics_file_;    // rank 0
   std::unique_ptr<std::ofstream> samples_file_;  // --record-samples, rank 0
-  // --record-samples: the lines of the last steps this rank applied (every rank keeps them: a
-  // new rank 0 completes the record from its own, complete_samples_record).
-  std::deque<std::pair<int64_t, std::string>> recent_samples_;
+  std::unique_ptr<ElasticMember> elastic_;       // does nothing without --elastic
 };
 
 }  // namespace ddp::train
