@@ -295,7 +295,7 @@ class Supervisor {
   // Node 0's workers that ended since the last call, told to the arbiter (the failed ones in one
   // event: workers killed together are one decision). Returns what the arbiter decided.
   std::vector<ArbiterAction> report_ends(ArbiterService& service) {
-    std::vector<std::string> done, lost, lines;
+    std::vector<std::string> done, lost;
     std::string what;
     int code = 0;
     for (Worker* w : newly_ended()) {
@@ -307,9 +307,8 @@ class Supervisor {
       failed_status_ = w->status;
       lost.push_back(w->elastic_id);
       what += (what.empty() ? "" : "; ") + loss_of(*w);
-      lines.push_back(fmt::format("elastic: worker {} (local rank {}, pid {}) lost: {}",
-                                  w->elastic_id, w->local_rank, w->pid,
-                                  describe_status(w->status)));
+      note(fmt::format("elastic: worker {} (local rank {}, pid {}) lost: {}", w->elastic_id,
+                       w->local_rank, w->pid, describe_status(w->status)));
     }
     std::vector<ArbiterAction> actions;
     if (!done.empty()) actions = service.done(done);
@@ -318,9 +317,8 @@ class Supervisor {
     for (auto& a : service.lost(lost, what, code)) actions.push_back(std::move(a));
     const Arbiter& arbiter = service.arbiter();
     if (arbiter.phase() == Arbiter::Phase::kRunning && arbiter.generation() != generation) {
-      lines.back() += "; " + arbiter.describe_generation();
+      note("elastic: " + arbiter.describe_generation());
     }
-    for (const auto& line : lines) note(line);
     return actions;
   }
 
@@ -388,8 +386,8 @@ class Supervisor {
       ids.push_back(workers_.back().elastic_id);
     }
     if (round > 0) {
-      note(fmt::format("elastic: round {}: {} worker(s) started again{}", round, ids.size(),
-                       join ? ", to join" : ", to resume from the newest checkpoint"));
+      note(fmt::format("elastic: round {}: every worker of this node started again ({})", round,
+                       comm::format_members(ids)));
     }
     return ids;
   }

@@ -51,7 +51,12 @@ ElasticAgent::~ElasticAgent() {
 
 Membership ElasticAgent::next_membership(int64_t after) {
   const auto deadline = Clock::now() + options_.timeout;
+  // From the newest published: a member late to re-form (it was busy, or failing as the others
+  // moved on) passes over the generations given up meanwhile.
   int64_t g = after + 1;
+  if (store_->check({ElasticKeys::latest()})) {
+    g = std::max<int64_t>(g, std::stoll(text_of(store_->get(ElasticKeys::latest()))));
+  }
   while (true) {
     const std::string key = ElasticKeys::generation(g);
     const auto left =
@@ -69,11 +74,11 @@ Membership ElasticAgent::next_membership(int64_t after) {
     m.generation = g;
     m.members = parse_members(text_of(store_->get(key)));
     const auto it = std::find(m.members.begin(), m.members.end(), id_);
-    if (it != m.members.end()) {
+    if (it != m.members.end() && !store_->check({ElasticKeys::abort(g)})) {
       m.rank = static_cast<int>(it - m.members.begin());
       return m;
     }
-    ++g;  // not in this one (a joiner not ready yet when it formed): the next
+    ++g;  // not in this one (a joiner not ready when it formed), or given up already: the next
   }
 }
 
@@ -138,7 +143,7 @@ StepDecision ElasticAgent::vote(const Membership& m, int64_t round, bool ok) {
     if (store_->check({ElasticKeys::abort(m.generation)})) return decide(StepDecision::kAbort);
     if (Clock::now() < deadline) continue;
     const std::string why = fmt::format(
-        "no decision on its step {} of generation {} within {} ms: waited for the vote(s) of {}",
+        "no decision on vote {} of generation {} within {} ms: waited for the vote(s) of {}",
         round, m.generation, options_.vote_timeout.count(), missing_votes(m, round));
     log::warn("elastic: worker {}: {}", id_, why);
     report_failure(m, why);

@@ -5,6 +5,8 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -80,6 +82,7 @@ bool ElasticMember::attempt(const std::function<void()>& part) {
 }
 
 void ElasticMember::join() {
+  if (!enabled() || !dist_.joining || holds_state_) return;
   try {
     heal();
   } catch (const comm::CommError& e) {
@@ -131,7 +134,12 @@ void ElasticMember::settle() {
   if (*decision == comm::StepDecision::kAbort) {
     leave(fmt::format("a member failed after step {}", trainee_.steps()), false);
   }
-  if (*decision == comm::StepDecision::kCommitAndGrow) grow_due_ = true;
+  if (*decision == comm::StepDecision::kCommitAndGrow && !grow_due_) {
+    grow_due_ = true;
+    // The flight recorder's label until the next step's: the group re-forms after this step.
+    const Phase phase(*dist_.group, fmt::format("elastic: generation {}: a worker joins",
+                                                dist_.membership.generation));
+  }
   if (recovering_) {
     auto& [record, seen] = *recovering_;
     record.recovery_seconds = seconds_after(seen);
@@ -187,9 +195,10 @@ void ElasticMember::reform(const Change& change) {
   const std::string lost = dist_.agent->lost_in(generation);
   const ElasticPosition now = trainee_.state_position();  // the healed state's
   log::warn(
-      "elastic: {} in generation {} of {} rank(s){}; generation {}: {} rank(s) ({}), batch {} per "
-      "rank, going on after step {} ({} of epoch {}), {:.2f} s after",
-      change.why, generation, world, lost.empty() ? "" : " (lost: " + lost + ")",
+      "elastic: worker {} (pid {}): {} in generation {} of {} rank(s){}; generation {}: {} "
+      "rank(s) ({}), batch {} per rank, going on after step {} ({} of epoch {}), {:.2f} s after",
+      dist_.agent->id(), ::getpid(), change.why, generation, world,
+      lost.empty() ? "" : " (lost: " + lost + ")",
       dist_.membership.generation, dist_.world_size(),
       comm::format_members(dist_.membership.members), trainee_.batch_size(),
       trainee_.steps(), now.epoch_step, now.epoch + 1, seconds_after(start));

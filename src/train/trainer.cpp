@@ -247,8 +247,7 @@ Trainer::Trainer(Config config, Distributed dist)
   batch_world_ = dist_.world_size();
   bool resumed = false;
   if (joiner) {
-    build_model(/*init_sync=*/false);  // the group's state comes whole with the heal
-    elastic_->join();
+    build_model(/*init_sync=*/false);  // the group's state comes whole when it joins (run())
   } else if (!elastic_->attempt([&] {
                build_model(/*init_sync=*/true);
                resumed = resume_if_asked();  // may change batch_size
@@ -344,8 +343,9 @@ TrainResult Trainer::run() {
     if (timeline_) write_timeline(*dist_.group, dist_.device, *timeline_, config_.timeline);
     return result;
   } catch (const comm::CommError&) {
-    // The evidence for the hang doctor: this rank's last collectives.
-    const auto path = watchdog_->dump_flight_record("collective failed");
+    // The evidence for the hang doctor: this rank's last collectives (none when an elastic
+    // member's last generation never formed).
+    const auto path = watchdog_ ? watchdog_->dump_flight_record("collective failed") : "";
     if (!path.empty()) {
       log::error("rank {}: flight record written to {}; ddp_train --diagnose {} merges the ranks'",
                  dist_.rank(), path, config_.output_dir);
@@ -355,6 +355,7 @@ TrainResult Trainer::run() {
 }
 
 TrainResult Trainer::train() {
+  elastic_->join();  // --elastic, a worker that joins a running group: its state, once
   TrainResult result;
   result.metrics_path = (std::filesystem::path(config_.output_dir) / "metrics.jsonl").string();
   // Rank 0 owns the files; a joiner that is rank 0 after a change goes on with them.

@@ -6,10 +6,12 @@
 // 3 to the end. So nothing was applied twice or half, and every sample of the interrupted epoch
 // was trained once (the checkpoints' rest of the epoch, checked against PyTorch's sampler in
 // CheckpointOnSignal.AMidEpochCheckpointResumesOnAnotherWorldSizeWithTheEpochsRest).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cctype>
 #include <map>
 #include <random>
@@ -29,6 +31,7 @@ namespace {
 using ddp::testing::config;
 using ddp::testing::expect_each_sample_once_an_epoch;
 using ddp::testing::expect_same_weights;
+using ddp::testing::expect_survivors_kept_their_processes;
 using ddp::testing::generations_that_went_on;
 using ddp::testing::GoingOn;
 using ddp::testing::ProcessResult;
@@ -112,8 +115,8 @@ TEST_P(KillAnElasticWorker, TheOthersGoOnTheRestartedOneJoinsAndTheResultIsTheCh
   // The lost worker is named; it alone was restarted (the survivors kept their processes), and
   // it joined: the generations were 3, then 2, then 3 workers.
   EXPECT_TRUE(mentions(r.output, "elastic: worker " + victim)) << r.output;
-  EXPECT_TRUE(mentions(r.output, "lost: signal SIGKILL (9); generation 1 of 2 worker(s)"))
-      << r.output;
+  EXPECT_TRUE(mentions(r.output, ") lost: signal SIGKILL (9)")) << r.output;
+  EXPECT_TRUE(mentions(r.output, "[launcher] elastic: generation 1 of 2 worker(s)")) << r.output;
   EXPECT_EQ(count_of(r.output, "[launcher] elastic: restart "), 1) << r.output;
   EXPECT_TRUE(mentions(r.output, "elastic: restart 1 of 2: worker " + std::to_string(rank) + ".1"))
       << r.output;
@@ -137,6 +140,7 @@ TEST_P(KillAnElasticWorker, TheOthersGoOnTheRestartedOneJoinsAndTheResultIsTheCh
 
   expect_each_sample_once_an_epoch(ddp::testing::read_file(elastic.file("samples.jsonl")), changes,
                                    kEpochs, 4, /*first_world=*/3, 3);
+  EXPECT_EQ(expect_survivors_kept_their_processes(r.output, 3), 2);
 
   TempDir checkpoints;
   expect_same_weights(elastic.file("model.pt"), train_by_checkpoints(changes, checkpoints, {}));
@@ -186,6 +190,7 @@ std::string expect_survived(const std::vector<std::string>& faults, int lost,
     return r.output;
   }
   EXPECT_EQ(changes.back().world, 3) << r.output;
+  EXPECT_EQ(expect_survivors_kept_their_processes(r.output, 3), 3 - lost);
   if (proof == Proof::kSamples) {
     EXPECT_TRUE(mentions(r.output, "elastic: the 3 rank(s) hold bitwise the same state before"))
         << r.output;
@@ -218,6 +223,7 @@ TEST(Elastic, TheRankOppositeTheLostOneInTheRingGoesOnToo) {
       run_linear({"--nnodes", "1:1", "--nproc", "4"}, DDP_FAULT_TRAIN_BIN, elastic.path(), args);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(mentions(r.output, "generation 1 of 3 worker(s): 1.0,2.0,3.0")) << r.output;
+  EXPECT_EQ(expect_survivors_kept_their_processes(r.output, 4), 3);
   const std::vector<GoingOn> changes = generations_that_went_on(r.output);
   ASSERT_EQ(changes.size(), 1u) << r.output;
   TempDir checkpoints;
@@ -233,20 +239,36 @@ TEST(Elastic, TwoWorkersLostAtOnceLeaveTheThirdAloneAndBothRejoin) {
 }
 
 // A second worker dies while the group re-forms after the first: as the survivors connect to
-// the new generation's group, or as they take rank 0's state in it. The generation is given up
-// for the next at once (the rendezvous timeout, 300 s, would otherwise end the test).
-class LostWhileTheGroupReforms : public ::testing::TestWithParam<const char*> {};
+// the new generation's group (rank 2), or as they take the state in it from its source, rank 0
+// (the heal's newest holder, the lowest rank of a tie), before it sent it. The generation is given
+// up for the next at once (the rendezvous timeout, 300 s, would otherwise end the test), and the
+// next one takes the state from the member left.
+struct LostAsItReforms {
+  const char* phase;
+  int rank;
+  Proof proof;
+};
+
+void PrintTo(const LostAsItReforms& p, std::ostream* out) {
+  *out << "rank " << p.rank << " at '" << p.phase << "'";
+}
+
+class LostWhileTheGroupReforms : public ::testing::TestWithParam<LostAsItReforms> {};
 
 TEST_P(LostWhileTheGroupReforms, TheGenerationIsGivenUpForTheNext) {
-  const std::string output =
-      expect_survived(kill(1, "--fault-after-step", "5") + kill(2, "--fault-at", GetParam()), 2, {},
-                      Proof::kSamples);
+  const LostAsItReforms& p = GetParam();
+  const std::string output = expect_survived(
+      kill(1, "--fault-after-step", "5") + kill(p.rank, "--fault-at", p.phase), 2, {}, p.proof);
   EXPECT_TRUE(mentions(output, "elastic: generation 1 failed as it formed")) << output;
 }
 
-INSTANTIATE_TEST_SUITE_P(Elastic, LostWhileTheGroupReforms,
-                         ::testing::Values("elastic: forming generation 1",
-                                           "elastic: generation 1: state"));
+INSTANTIATE_TEST_SUITE_P(
+    Elastic, LostWhileTheGroupReforms,
+    ::testing::Values(LostAsItReforms{"elastic: forming generation 1", 2, Proof::kSamples},
+                      LostAsItReforms{"elastic: generation 1: state", 0, Proof::kReplay}),
+    [](const ::testing::TestParamInfo<LostAsItReforms>& info) {
+      return std::string(info.param.rank == 0 ? "Rank0AsItSendsTheState" : "Rank2AsItConnects");
+    });
 
 // A worker killed where each phase with collectives begins (a bucket's all-reduce in backward,
 // the parameter check, the epoch's evaluation, the checkpoint's write and barrier; the forward's
@@ -337,6 +359,7 @@ TEST(Elastic, LostAtTheForwardsBufferBroadcastTheOthersGoOn) {
   EXPECT_EQ(count_of(r.output, "[launcher] elastic: restart "), 1) << r.output;
   EXPECT_TRUE(mentions(r.output, "fault: SIGKILL on entering 'forward: buffers'")) << r.output;
   EXPECT_TRUE(mentions(r.output, "elastic: step 2 failed")) << r.output;
+  EXPECT_EQ(expect_survivors_kept_their_processes(r.output, 3), 2);
   EXPECT_TRUE(mentions(r.output, "elastic: the 3 rank(s) hold bitwise the same state before"))
       << r.output;
   const std::vector<GoingOn> changes = generations_that_went_on(r.output);
@@ -377,6 +400,7 @@ TEST(Elastic, WithoutRestartsTheSurvivorsFinishAndWithNoneLeftTheJobFails) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(mentions(r.output, "generation 1 of 2 worker(s): 1.0,2.0")) << r.output;
   EXPECT_TRUE(mentions(r.output, "done: " + std::to_string(kEpochs) + " epochs")) << r.output;
+  EXPECT_EQ(expect_survivors_kept_their_processes(r.output, 3), 2);
   // Rank 0 died in epoch 1: the new rank 0 wrote every epoch's metrics, each once.
   EXPECT_EQ(count_of(ddp::testing::read_file(out.file("metrics.jsonl")), "\"epoch\":"), kEpochs);
 
@@ -405,6 +429,207 @@ TEST(Elastic, MpiZeroAndAPlainLaunchAreRefused) {
   refused({"--nnodes", "1:1", "--nproc", "2"}, {"--backend", "mpi"},
           "key 'elastic': backend 'mpi' cannot survive a lost rank");
   refused({"--nproc", "2"}, {}, "key 'elastic': start ddp_train under launcher --nnodes MIN:MAX");
+}
+
+// A collective that completes on some members and fails on the others (ddp_fault_train's fault
+// "fail": the collective runs to its end everywhere, then one member alone sees it fail, and
+// lives on): at the gradients' all-reduce (rank R in step S), at the vote on step S (counted,
+// then failed on R), and at the heal after such a failure (the state received by rank R2, then
+// failed there). The members may then differ by a step; the member that failed says so (its
+// notice ends the others' waits), every member re-forms, and the generation goes on from the
+// newest state a member holds, taken whole from that member. Every member ends bitwise equal to
+// the replay: 3 ranks stopped after the step it went on from, resumed on 3; no process was lost
+// or restarted. Two seeds a place pick R, S (and R2).
+struct Partial {
+  const char* place;  // grads, vote, heal
+  unsigned seed;
+};
+
+void PrintTo(const Partial& p, std::ostream* out) {
+  *out << p.place << ", seed " << p.seed;
+}
+
+std::vector<std::string> fail(int rank, const std::string& phase, int after_step = 0) {
+  std::vector<std::string> f = {"--fault", "fail", "--fault-rank", std::to_string(rank),
+                                "--fault-at", phase};
+  if (after_step > 0) f = f + std::vector<std::string>{"--fault-after-step", std::to_string(after_step)};
+  return f;
+}
+
+class ACollectiveCompletesOnSomeMembersOnly : public ::testing::TestWithParam<Partial> {};
+
+TEST_P(ACollectiveCompletesOnSomeMembersOnly, EveryMemberEndsAsTheReplay) {
+  const Partial& p = GetParam();
+  std::mt19937 pick(p.seed);
+  const int rank = static_cast<int>(pick() % 3);
+  const int step = 1 + static_cast<int>(pick() % 40);
+  const int heal_rank = static_cast<int>(pick() % 3);
+  const std::string place = p.place;
+  std::vector<std::string> faults =
+      place == "vote" ? fail(rank, "elastic: vote", step) : fail(rank, "backward: bucket 0", step);
+  if (place == "heal") faults = faults + fail(heal_rank, "elastic: generation 1: state");
+  SCOPED_TRACE(fmt::format("{}: rank {}, step {}{}", place, rank, step,
+                           place == "heal" ? fmt::format(", then rank {} at the heal", heal_rank)
+                                           : ""));
+
+  TempDir elastic;
+  const ProcessResult r = run_linear({"--nnodes", "1:1", "--nproc", "3"}, DDP_FAULT_TRAIN_BIN,
+                                     elastic.path(), std::vector<std::string>{"--elastic"} + faults);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(mentions(r.output, "fault: the first collective of '")) << r.output;
+  EXPECT_FALSE(mentions(r.output, ") lost: ")) << r.output;
+  EXPECT_FALSE(mentions(r.output, "[launcher] elastic: restart ")) << r.output;
+  EXPECT_EQ(expect_survivors_kept_their_processes(r.output, 3), 3);
+  // The member that failed wrote the notice the others report: no death told them.
+  EXPECT_TRUE(mentions(r.output, fmt::format("(lost: rank {} of generation 0, worker {}.0: ",
+                                             rank, rank)))
+      << r.output;
+  if (place == "heal") {
+    EXPECT_TRUE(mentions(r.output, "elastic: generation 1 failed as it formed")) << r.output;
+  }
+  const std::vector<GoingOn> changes = generations_that_went_on(r.output);
+  ASSERT_EQ(changes.size(), 1u) << r.output;
+  EXPECT_EQ(changes[0].world, 3);
+  EXPECT_GE(changes[0].after_step, step - 1) << r.output;
+  TempDir checkpoints;
+  expect_same_weights(elastic.file("model.pt"), train_by_checkpoints(changes, checkpoints, {}));
+}
+
+// Seeds: grads 2 (rank 0, step 8: an epoch's last), 5 (rank 2, step 15); vote 1 (rank 1, step
+// 20), 7 (rank 0, step 13); heal 3 (rank 1 in step 9, then rank 1 again, the member a step
+// behind, as it takes the state), 8 (rank 0 in step 29, then rank 0 again).
+INSTANTIATE_TEST_SUITE_P(Elastic, ACollectiveCompletesOnSomeMembersOnly,
+                         ::testing::Values(Partial{"grads", 2}, Partial{"grads", 5},
+                                           Partial{"vote", 1}, Partial{"vote", 7},
+                                           Partial{"heal", 3}, Partial{"heal", 8}),
+                         [](const ::testing::TestParamInfo<Partial>& info) {
+                           return std::string(info.param.place) + "_seed" +
+                                  std::to_string(info.param.seed);
+                         });
+
+// A restarted worker ready to join when another member dies: the grow it was promised was for a
+// generation the loss ends, so the launcher takes it into the generation that loss publishes
+// (it used to wait for another grow that never came, then the rendezvous timeout, 300 s). Rank
+// 2 dies as it reads the decision that the group grows.
+TEST(Elastic, AReadyJoinerIsTakenInWhenAnotherMemberIsLost) {
+  const std::string output =
+      expect_survived(kill(1, "--fault-after-step", "5") +
+                          kill(2, "--fault-at", "elastic: generation 1: a worker joins"),
+                      2);
+  EXPECT_TRUE(mentions(output, "[launcher] elastic: generation 2 of 2 worker(s): 0.0,1.1"))
+      << output;
+}
+
+// Every worker killed at once: nothing holds the group's state, so the job goes back to its
+// newest checkpoint (the epoch-1 one; all restarted as torchrun would) and ends as the same
+// training without a failure; without a checkpoint it ends non-zero at once, naming what was
+// lost.
+TEST(Elastic, EveryWorkerKilledAtOnceGoesBackToTheCheckpointOrEnds) {
+  const auto kill_all = kill(0, "--fault-after-step", "6") + kill(1, "--fault-after-step", "6") +
+                        kill(2, "--fault-after-step", "6");
+  const std::vector<std::string> launch = {"--nnodes", "1:1", "--nproc", "3", "--max-restarts",
+                                           "3"};
+  TempDir back;
+  const ProcessResult r =
+      run_linear(launch, DDP_FAULT_TRAIN_BIN, back.path(),
+                 std::vector<std::string>{"--elastic", "--save-every", "1"} + kill_all);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(count_of(r.output, ") lost: signal SIGKILL (9)"), 3) << r.output;
+  EXPECT_TRUE(mentions(r.output, "no worker holding the group's trained state is left")) << r.output;
+  EXPECT_TRUE(mentions(r.output, "going back to the newest checkpoint, " + back.path() +
+                                     "/checkpoint-epoch-0001.pt (after epoch 1)"))
+      << r.output;
+  EXPECT_TRUE(mentions(r.output, "elastic: round 1: generation ")) << r.output;
+  EXPECT_TRUE(mentions(r.output, "resumed from " + back.path() + "/checkpoint-epoch-0001.pt"))
+      << r.output;
+  TempDir plain;
+  const ProcessResult reference = run_linear({"--nproc", "3"}, DDP_TRAIN_BIN, plain.path(), {});
+  ASSERT_EQ(reference.exit_code, 0) << reference.output;
+  expect_same_weights(back.file("model.pt"), plain.file("model.pt"));
+  EXPECT_EQ(count_of(ddp::testing::read_file(back.file("metrics.jsonl")), "\"epoch\":"), kEpochs);
+
+  TempDir none;
+  const auto start = std::chrono::steady_clock::now();
+  const ProcessResult lost =
+      run_linear(launch, DDP_FAULT_TRAIN_BIN, none.path(),
+                 std::vector<std::string>{"--elastic", "--save-every", "0"} + kill_all);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, seconds(20));
+  EXPECT_EQ(lost.exit_code, 137) << lost.output;
+  EXPECT_TRUE(mentions(lost.output,
+                       "no worker holding the group's trained state is left (lost: worker "))
+      << lost.output;
+  EXPECT_TRUE(mentions(lost.output, "the group wrote no checkpoint to go back to")) << lost.output;
+}
+
+// The last member holding the group's state is killed while a restarted worker is being taken
+// in (as it is to send it the state): the joiner holds nothing, and never passes for the group.
+// With a checkpoint the job goes back to it; without, it ends non-zero within seconds.
+TEST(Elastic, TheLastHolderLostWhileAJoinerIsTakenInNeverLeavesTheJoinerAsTheGroup) {
+  const auto faults =
+      std::vector<std::string>{"--elastic", "--fault-pace", "0.015"} +
+      kill(1, "--fault-after-step", "5") + kill(0, "--fault-at", "elastic: generation 2: state");
+  const std::vector<std::string> launch = {"--nnodes", "1:1", "--nproc", "2", "--max-restarts",
+                                           "3"};
+  TempDir back;
+  const ProcessResult r = run_linear(launch, DDP_FAULT_TRAIN_BIN, back.path(),
+                                     faults + std::vector<std::string>{"--save-every", "1"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(mentions(r.output, "[launcher] elastic: generation 2 of 2 worker(s): 0.0,1.1"))
+      << r.output;
+  EXPECT_TRUE(mentions(r.output, "no worker holding the group's trained state is left (lost: "
+                                 "worker 0.0 "))
+      << r.output;
+  EXPECT_TRUE(mentions(r.output, "going back to the newest checkpoint, ")) << r.output;
+  EXPECT_FALSE(mentions(r.output, "hold bitwise the same state before step 1 ")) << r.output;
+  EXPECT_EQ(count_of(ddp::testing::read_file(back.file("metrics.jsonl")), "\"epoch\":"), kEpochs);
+
+  TempDir none;
+  const auto start = std::chrono::steady_clock::now();
+  const ProcessResult lost = run_linear(launch, DDP_FAULT_TRAIN_BIN, none.path(),
+                                        faults + std::vector<std::string>{"--save-every", "0"});
+  EXPECT_LT(std::chrono::steady_clock::now() - start, seconds(20));
+  EXPECT_EQ(lost.exit_code, 137) << lost.output;
+  EXPECT_TRUE(mentions(lost.output, "the group wrote no checkpoint to go back to")) << lost.output;
+  EXPECT_FALSE(mentions(lost.output, "going on after step 0 ")) << lost.output;
+}
+
+// The digest catches a joiner whose state differs from the source's (its first parameter moved
+// by 1e-3 after it took the state, before the check): the job ends naming its rank, before any
+// step with it.
+TEST(Elastic, AJoinerWhoseStateDiffersIsCaughtByTheDigest) {
+  TempDir out;
+  const ProcessResult r = run_linear(
+      {"--nnodes", "1:1", "--nproc", "3", "--max-restarts", "1"}, DDP_FAULT_TRAIN_BIN, out.path(),
+      std::vector<std::string>{"--elastic", "--save-every", "0", "--fault-pace", "0.015"} +
+          kill(1, "--fault-after-step", "5") +
+          std::vector<std::string>{"--fault", "perturb", "--fault-worker", "1.1", "--fault-at",
+                                   "elastic: generation 2: state check"});
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(mentions(r.output,
+                       "elastic: rank(s) 2 of generation 2 do not hold the state of rank 0 "
+                       "(worker 0.0) after taking it"))
+      << r.output;
+  EXPECT_FALSE(mentions(r.output, "elastic: the 3 rank(s) hold bitwise the same state")) << r.output;
+}
+
+// A member whose vote does not come (its trainer held 4 s where it casts it) makes the others'
+// wait for the decision end at the vote timeout (--comm-timeout), naming it; the generation is
+// given up, and the group goes on, the late member in it.
+TEST(Elastic, AVoteThatDoesNotComeEndsTheWaitNamingTheMember) {
+  TempDir out;
+  const ProcessResult r = run_linear(
+      {"--nnodes", "1:1", "--nproc", "3"}, DDP_FAULT_TRAIN_BIN, out.path(),
+      {"--elastic", "--comm-timeout", "1.5", "--record-samples", "--fault", "delay:4",
+       "--fault-rank", "1", "--fault-at", "elastic: vote", "--fault-after-step", "5"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(mentions(r.output, "within 1500 ms: waited for the vote(s) of rank 1 (worker 1.0)"))
+      << r.output;
+  EXPECT_EQ(expect_survivors_kept_their_processes(r.output, 3), 3);
+  const std::vector<GoingOn> changes = generations_that_went_on(r.output);
+  ASSERT_FALSE(changes.empty()) << r.output;
+  EXPECT_EQ(changes.back().world, 3);
+  expect_each_sample_once_an_epoch(ddp::testing::read_file(out.file("samples.jsonl")), changes,
+                                   kEpochs, 4, /*first_world=*/3, 3);
 }
 
 }  // namespace

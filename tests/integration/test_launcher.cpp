@@ -204,6 +204,48 @@ TEST(Launcher, RunsPyTorchsOwnDdpScriptUnchanged) {
       << r.output;
 }
 
+// torchrun's contract under --nnodes MIN:MAX for a program that is not ddp_train --elastic (a
+// user's PyTorch DDP script): it forms its own group at MASTER_ADDR:MASTER_PORT and runs as under
+// torchrun's elastic agent: a failure restarts the whole group (both ranks again, restart count
+// 1), and with no restart left the job ends with the failed worker's exit code.
+TEST(Launcher, APyTorchScriptRunsUnderElasticAsUnderTorchrunsAgent) {
+  const std::string script = std::string(DDP_SOURCE_DIR) + "/tests/python/elastic_ddp_script.py";
+  auto run = [&](const std::string& restarts, bool fail) {
+    std::vector<std::string> argv = {DDP_LAUNCHER_BIN, "--nnodes",       "1:1",    "--nproc", "2",
+                                     "--max-restarts", restarts,  DDP_PYTHON, script};
+    if (fail) argv.push_back("--fail-first-run");
+    return ddp::testing::run_process(argv, {{"GLOO_SOCKET_IFNAME", "lo"}}, seconds(120));
+  };
+  const auto weights = [](const std::string& output, int rank, int restart) {
+    const std::string head =
+        "[rank " + std::to_string(rank) + "] rank " + std::to_string(rank) + " of 2: restart " +
+        std::to_string(restart) + ", weights ";
+    const size_t at = output.find(head);
+    return at == std::string::npos ? std::string("none")
+                                   : output.substr(at + head.size(), output.find('\n', at) -
+                                                                         at - head.size());
+  };
+  const ProcessResult plain = run("0", false);
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  EXPECT_NE(weights(plain.output, 0, 0), "none") << plain.output;
+  EXPECT_EQ(weights(plain.output, 0, 0), weights(plain.output, 1, 0)) << plain.output;
+
+  const ProcessResult restarted = run("1", true);
+  ASSERT_EQ(restarted.exit_code, 0) << restarted.output;
+  EXPECT_NE(restarted.output.find("worker 1.0 (local rank 1, pid "), std::string::npos);
+  EXPECT_NE(restarted.output.find(": exit code 3 (the program does not take part in elastic "
+                                  "membership); every worker starts again (restart 1 of 1)"),
+            std::string::npos)
+      << restarted.output;
+  EXPECT_EQ(weights(restarted.output, 0, 1), weights(plain.output, 0, 0)) << restarted.output;
+  EXPECT_EQ(weights(restarted.output, 1, 1), weights(plain.output, 0, 0)) << restarted.output;
+
+  const ProcessResult failed = run("0", true);
+  EXPECT_EQ(failed.exit_code, 3) << failed.output;
+  EXPECT_NE(failed.output.find("no restart left (--max-restarts 0)"), std::string::npos)
+      << failed.output;
+}
+
 // Exit code 2 and one line "launcher: error: ..." before any worker starts.
 void expect_launch_error(const std::vector<std::string>& args, const std::string& expected) {
   std::vector<std::string> argv = {DDP_LAUNCHER_BIN};

@@ -87,4 +87,42 @@ inline void expect_each_sample_once_an_epoch(const std::string& jsonl,
   }
 }
 
+// The pid the launcher started elastic worker `id` in ("elastic: worker 1.0 (local rank 1)
+// started: pid 4242"); 0 when it started none.
+inline int started_pid(const std::string& output, const std::string& id) {
+  const std::regex line("elastic: worker " + std::regex_replace(id, std::regex("\\."), "\\.") +
+                        " \\(local rank \\d+\\) started: pid (\\d+)");
+  std::smatch m;
+  return std::regex_search(output, m, line) ? std::stoi(m[1]) : 0;
+}
+
+// The workers of the first generation (ids "<local rank>.0" of one node) that the launcher never
+// named as lost finished in the very process they started in: the launcher's "every member
+// finished: worker 0.0 (pid 4242), ..." names the pid each was started with, and each said that
+// pid itself after a change ("elastic: worker 0.0 (pid 4242): step 6 dropped in generation 0
+// ..."). Returns how many there were.
+inline int expect_survivors_kept_their_processes(const std::string& output, int world) {
+  int survivors = 0;
+  for (int local = 0; local < world; ++local) {
+    const std::string id = std::to_string(local) + ".0";
+    const std::regex lost("elastic: worker " + std::to_string(local) +
+                          "\\.0 \\(local rank \\d+, pid \\d+\\) lost: ");
+    if (std::regex_search(output, lost)) continue;
+    ++survivors;
+    const int pid = started_pid(output, id);
+    EXPECT_GT(pid, 0) << "worker " << id << " was never started\n" << output;
+    const std::string as_finished = "worker " + id + " (pid " + std::to_string(pid) + ")";
+    const size_t finished = output.find("elastic: every member finished: ");
+    EXPECT_NE(finished, std::string::npos) << output;
+    if (finished == std::string::npos) continue;
+    EXPECT_NE(output.find(as_finished, finished), std::string::npos)
+        << "worker " << id << " (pid " << pid << ") did not finish in its own process\n"
+        << output;
+    EXPECT_NE(output.find("elastic: worker " + id + " (pid " + std::to_string(pid) + "): "),
+              std::string::npos)
+        << output;
+  }
+  return survivors;
+}
+
 }  // namespace ddp::testing

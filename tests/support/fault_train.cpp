@@ -275,7 +275,8 @@ class FaultyAgent : public ddp::comm::ElasticAgent {
   }
   ddp::comm::StepDecision vote(const ddp::comm::Membership& m, int64_t round, bool ok) override {
     const ddp::comm::StepDecision decision = ElasticAgent::vote(m, round, ok);
-    if (round == fail_round_) {
+    int64_t armed = round;  // rounds count from 1 in each generation: the fault acts once
+    if (fail_round_.compare_exchange_strong(armed, -1)) {
       throw ddp::comm::CommError({}, "fault: the vote was counted, and failed on this rank");
     }
     return decision;

@@ -99,7 +99,7 @@ class ElasticMember {
   // joined) and this member now holds the new generation's state, to go on from.
   bool attempt(const std::function<void()>& part);
   // A worker that joins a running group (Distributed::joining): takes the group's state, once
-  // the trainee is built.
+  // the trainee is built (later calls, and other workers, do nothing).
   void join();
   // The collectives of a step (its gradients' reduction, its sample ids): `reduce`. When one
   // fails, the step is dropped on every member (nobody applies it), and this member leaves its

@@ -1,0 +1,333 @@
+// The launcher's arbiter of elastic membership (launch/arbiter.h) as a state machine: its
+// decisions on losses, joins, stranded joiners, everyone lost, below MIN, with no process, store
+// or clock (each event carries its time).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <iterator>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "arbiter.h"
+
+// Named: the unit tests are compiled as one unity source, whose other files have a Kind of their own.
+namespace arbiter_test {
+
+using ddp::launch::Arbiter;
+using ddp::launch::ArbiterAction;
+using ddp::launch::ArbiterEvent;
+using ddp::launch::Clock;
+using Do = ArbiterAction::Kind;
+using Kind = ArbiterEvent::Kind;
+using Ids = std::vector<std::string>;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+const Clock::time_point kStart{};  // the machine's clock is the events' own
+
+// An arbiter of one node (or `max_nodes`), fed events at times of the test's choosing.
+class Job {
+ public:
+  explicit Job(int max_restarts = 2, int min_nodes = 1, int max_nodes = 1) {
+    Arbiter::Settings s;
+    s.min_nodes = min_nodes;
+    s.max_nodes = max_nodes;
+    s.node_timeout = seconds(15);
+    s.max_restarts = max_restarts;
+    arbiter_.emplace(s, kStart);
+  }
+  Arbiter& arbiter() { return *arbiter_; }
+  Clock::time_point now() const { return now_; }
+  void pass(Clock::duration d) { now_ += d; }
+
+  std::vector<ArbiterAction> on(Kind kind, Ids ids = {}, int node = 0) {
+    ArbiterEvent e;
+    e.kind = kind;
+    e.ids = std::move(ids);
+    e.node = node;
+    e.now = now_;
+    return arbiter_->on(e);
+  }
+  std::vector<ArbiterAction> lose(Ids ids, const std::string& what, int exit_code = 137) {
+    ArbiterEvent e;
+    e.kind = Kind::kLost;
+    e.ids = std::move(ids);
+    e.what = what;
+    e.exit_code = exit_code;
+    e.now = now_;
+    return arbiter_->on(e);
+  }
+  std::vector<ArbiterAction> tick() { return on(Kind::kTick); }
+  // A job of ddp_train --elastic workers `ids` on node 0, formed: generation 0 published.
+  void start(const Ids& ids) {
+    on(Kind::kNode, ids);
+    on(Kind::kSpeaks, {ids.front()});
+    tick();
+  }
+
+ private:
+  std::optional<Arbiter> arbiter_;
+  Clock::time_point now_ = kStart;
+};
+
+// The actions of `kind` among `actions`.
+std::vector<ArbiterAction> of(const std::vector<ArbiterAction>& actions, Do kind) {
+  std::vector<ArbiterAction> out;
+  std::copy_if(actions.begin(), actions.end(), std::back_inserter(out),
+               [&](const ArbiterAction& a) { return a.kind == kind; });
+  return out;
+}
+
+TEST(Arbiter, OneNodeFormsItsFirstGenerationOnceItsWorkersAreIn) {
+  Job job;
+  EXPECT_TRUE(job.tick().empty());  // no worker yet
+  job.on(Kind::kNode, {"0.0", "1.0", "2.0"});
+  const auto published = of(job.tick(), Do::kPublish);
+  ASSERT_EQ(published.size(), 1u);
+  EXPECT_EQ(published[0].generation, 0);
+  EXPECT_EQ(published[0].ids, (Ids{"0.0", "1.0", "2.0"}));
+  EXPECT_EQ(job.arbiter().phase(), Arbiter::Phase::kRunning);
+  EXPECT_TRUE(job.arbiter().not_known_holders().empty());  // the first generation holds the state
+}
+
+// A member lost: its generation's step is aborted (the notice names it), the next generation is
+// published at once without it, and its next incarnation is started to join.
+TEST(Arbiter, ALostMemberIsLeftOutAtOnceAndRestartedToJoin) {
+  Job job;
+  job.start({"0.0", "1.0", "2.0"});
+  const auto actions = job.lose({"1.0"}, "worker 1.0: signal SIGKILL (9)");
+  const auto notice = of(actions, Do::kAbortNotice);
+  ASSERT_EQ(notice.size(), 1u);
+  EXPECT_EQ(notice[0].generation, 0);
+  EXPECT_EQ(notice[0].text, "rank 1 of generation 0, worker 1.0: signal SIGKILL (9)");
+  const auto published = of(actions, Do::kPublish);
+  ASSERT_EQ(published.size(), 1u);
+  EXPECT_EQ(published[0].generation, 1);
+  EXPECT_EQ(published[0].ids, (Ids{"0.0", "2.0"}));
+  const auto restart = of(actions, Do::kRestartWorker);
+  ASSERT_EQ(restart.size(), 1u);
+  EXPECT_EQ(restart[0].ids, Ids{"1.1"});
+  EXPECT_EQ(job.arbiter().joining(), Ids{"1.1"});
+
+  // Ready: the members take it in after their next step (the vote's "grow"), when they ask for the
+  // next generation, granted 100 ms after the request is seen.
+  const auto grow = of(job.on(Kind::kReady, {"1.1"}), Do::kGrow);
+  ASSERT_EQ(grow.size(), 1u);
+  EXPECT_EQ(grow[0].generation, 1);
+  job.on(Kind::kReform);
+  EXPECT_TRUE(of(job.tick(), Do::kPublish).empty());
+  job.pass(milliseconds(100));
+  const auto grown = of(job.tick(), Do::kPublish);
+  ASSERT_EQ(grown.size(), 1u);
+  EXPECT_EQ(grown[0].ids, (Ids{"0.0", "2.0", "1.1"}));
+  EXPECT_EQ(job.arbiter().not_known_holders(), Ids{"1.1"});  // until its heal passes
+}
+
+// A joiner that is ready when a member dies is taken into the generation that loss publishes:
+// the grow it was promised was for the generation given up, and no other would come.
+TEST(Arbiter, AReadyJoinerIsTakenIntoTheGenerationALossPublishes) {
+  Job job;
+  job.start({"0.0", "1.0", "2.0"});
+  job.lose({"1.0"}, "worker 1.0: signal SIGKILL (9)");
+  job.on(Kind::kReady, {"1.1"});
+  const auto published = of(job.lose({"2.0"}, "worker 2.0: signal SIGKILL (9)"), Do::kPublish);
+  ASSERT_EQ(published.size(), 1u);
+  EXPECT_EQ(published[0].generation, 2);
+  EXPECT_EQ(published[0].ids, (Ids{"0.0", "1.1"}));
+  EXPECT_TRUE(job.arbiter().joining() == Ids{"2.1"});  // 2.0's restart, not ready yet
+}
+
+// The last member holding the group's state lost while a joiner is taken in: the joiner holds
+// nothing, so the job goes back to its newest checkpoint, every worker started again.
+TEST(Arbiter, TheLastHolderLostWhileAJoinerIsTakenInGoesBackToTheCheckpoint) {
+  Job job(/*max_restarts=*/3);
+  job.start({"0.0", "1.0"});
+  job.lose({"1.0"}, "worker 1.0: signal SIGKILL (9)");
+  job.on(Kind::kReady, {"1.1"});
+  job.on(Kind::kReform);
+  job.pass(milliseconds(100));
+  job.tick();  // generation 2: 0.0 and the joiner 1.1, which is being healed
+  ArbiterEvent checkpoint;
+  checkpoint.kind = Kind::kCheckpoint;
+  checkpoint.what = "out/checkpoint-epoch-0002.pt (after epoch 2)";
+  job.arbiter().on(checkpoint);
+  const auto actions = job.lose({"0.0"}, "worker 0.0: signal SIGKILL (9)");
+  EXPECT_TRUE(of(actions, Do::kPublish).empty()) << "a generation of a joiner only";
+  const auto restart = of(actions, Do::kRestartGroup);
+  ASSERT_EQ(restart.size(), 1u);
+  EXPECT_EQ(restart[0].round, 1);
+  EXPECT_NE(restart[0].text.find("no worker holding the group's trained state is left"),
+            std::string::npos);
+  EXPECT_NE(restart[0].text.find("out/checkpoint-epoch-0002.pt"), std::string::npos);
+  EXPECT_EQ(job.arbiter().restarts(), 2);  // 1.1, then the group
+  // Round 1: the fresh workers form the first generation; they hold the state again (resumed).
+  job.on(Kind::kNode, {"0.1", "1.2"});
+  const auto published = of(job.tick(), Do::kPublish);
+  ASSERT_EQ(published.size(), 1u);
+  EXPECT_EQ(published[0].generation, 3);
+  EXPECT_EQ(published[0].ids, (Ids{"0.1", "1.2"}));
+}
+
+// A joiner whose heal passed (it said so) holds the state: the old members' loss leaves it going.
+TEST(Arbiter, AHealedJoinerHoldsTheStateWhenTheOldMembersAreLost) {
+  Job job;
+  job.start({"0.0", "1.0"});
+  job.lose({"1.0"}, "worker 1.0: signal SIGKILL (9)");
+  job.on(Kind::kReady, {"1.1"});
+  job.on(Kind::kReform);
+  job.pass(milliseconds(100));
+  job.tick();
+  job.on(Kind::kHolds, {"1.1"});
+  const auto published = of(job.lose({"0.0"}, "worker 0.0: signal SIGKILL (9)"), Do::kPublish);
+  ASSERT_EQ(published.size(), 1u);
+  EXPECT_EQ(published[0].ids, Ids{"1.1"});
+}
+
+// Every worker lost at once: back to the newest checkpoint, in one restart of the group (not one
+// restart per worker); without a checkpoint the job ends, naming what was lost; without a restart
+// left it ends too.
+TEST(Arbiter, EveryWorkerLostAtOnceGoesBackToTheCheckpointOrEnds) {
+  ArbiterEvent checkpoint;
+  checkpoint.kind = Kind::kCheckpoint;
+  checkpoint.what = "out/checkpoint-epoch-0001.pt (after epoch 1)";
+  {
+    Job job(/*max_restarts=*/1);
+    job.start({"0.0", "1.0", "2.0"});
+    job.arbiter().on(checkpoint);
+    const auto actions = job.lose({"0.0", "1.0", "2.0"}, "every worker: signal SIGKILL (9)");
+    EXPECT_EQ(of(actions, Do::kRestartGroup).size(), 1u);
+    EXPECT_TRUE(of(actions, Do::kRestartWorker).empty());
+    EXPECT_EQ(job.arbiter().phase(), Arbiter::Phase::kForming);
+  }
+  {
+    Job job;
+    job.start({"0.0", "1.0", "2.0"});
+    const auto end = of(job.lose({"0.0", "1.0", "2.0"}, "three SIGKILLs", 137), Do::kEnd);
+    ASSERT_EQ(end.size(), 1u);
+    EXPECT_EQ(end[0].exit_code, 137);
+    EXPECT_NE(end[0].text.find("(lost: three SIGKILLs); the group wrote no checkpoint"),
+              std::string::npos)
+        << end[0].text;
+    EXPECT_EQ(job.arbiter().phase(), Arbiter::Phase::kEnded);
+    EXPECT_TRUE(job.tick().empty());  // ended: nothing more happens
+  }
+  {
+    Job job(/*max_restarts=*/0);
+    job.start({"0.0", "1.0"});
+    job.arbiter().on(checkpoint);
+    const auto end = of(job.lose({"0.0", "1.0"}, "two SIGKILLs"), Do::kEnd);
+    ASSERT_EQ(end.size(), 1u);
+    EXPECT_NE(end[0].text.find("no restart left (--max-restarts 0)"), std::string::npos);
+  }
+}
+
+// Losses one after another (the supervisor reaps them apart): each survivor generation is
+// published while a holder is left, and a worker is restarted while restarts last.
+TEST(Arbiter, RestartsStopAtTheBudgetAndTheSurvivorsGoOn) {
+  Job job(/*max_restarts=*/1);
+  job.start({"0.0", "1.0", "2.0"});
+  EXPECT_EQ(of(job.lose({"0.0"}, "a"), Do::kRestartWorker).size(), 1u);
+  const auto second = job.lose({"1.0"}, "b");
+  EXPECT_TRUE(of(second, Do::kRestartWorker).empty());
+  ASSERT_EQ(of(second, Do::kPublish).size(), 1u);
+  EXPECT_EQ(of(second, Do::kPublish)[0].ids, Ids{"2.0"});
+  // The members finish: the job is done, whatever joiner still waits.
+  const auto end = of(job.on(Kind::kDone, {"2.0"}), Do::kEnd);
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_EQ(end[0].exit_code, 0);
+}
+
+// A program that never said it speaks the protocol (any program but ddp_train --elastic) is
+// restarted whole on any failure, as torchrun's elastic agent does; with no restart left the job
+// ends with the failed worker's exit code.
+TEST(Arbiter, AProgramThatDoesNotTakePartIsRestartedWhole) {
+  Job job(/*max_restarts=*/1);
+  job.on(Kind::kNode, {"0.0", "1.0"});
+  job.tick();
+  const auto actions = job.lose({"1.0"}, "worker 1.0: exit code 1", 1);
+  EXPECT_TRUE(of(actions, Do::kPublish).empty());
+  EXPECT_EQ(of(actions, Do::kAbortNotice).size(), 1u);  // generation 0 is given up
+  ASSERT_EQ(of(actions, Do::kRestartGroup).size(), 1u);
+  EXPECT_NE(of(actions, Do::kRestartGroup)[0].text.find("does not take part"), std::string::npos);
+  job.on(Kind::kNode, {"0.1", "1.1"});
+  job.tick();
+  const auto end = of(job.lose({"0.1"}, "worker 0.1: exit code 3", 3), Do::kEnd);
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_EQ(end[0].exit_code, 3);
+}
+
+// Several nodes: the first generation waits for MAX nodes, or MIN and the last call; a node
+// whose beat stands still for the node timeout is out with its workers; below MIN the job ends.
+TEST(Arbiter, NodesJoinBeatAndBelowMinTheJobEnds) {
+  Job job(/*max_restarts=*/0, /*min_nodes=*/2, /*max_nodes=*/3);
+  job.on(Kind::kNode, {"0.0.0", "0.1.0"});
+  job.on(Kind::kSpeaks, {"0.0.0"});
+  const auto admit = of(job.on(Kind::kNode, {"1.0.0"}, 1), Do::kAdmit);
+  ASSERT_EQ(admit.size(), 1u);
+  EXPECT_FALSE(admit[0].join);
+  EXPECT_TRUE(of(job.tick(), Do::kPublish).empty());  // MIN in, MAX not: the last call runs
+  job.pass(seconds(16));
+  ASSERT_EQ(of(job.tick(), Do::kPublish).size(), 1u);
+  // A late node joins the running group.
+  const auto late = of(job.on(Kind::kNode, {"2.0.0"}, 2), Do::kAdmit);
+  ASSERT_EQ(late.size(), 1u);
+  EXPECT_TRUE(late[0].join);
+  // Node 1 beats, then falls silent: out with its worker after the node timeout.
+  ArbiterEvent beat;
+  beat.kind = Kind::kBeat;
+  for (int n : {1, 2}) {
+    beat.node = n;
+    beat.count = 1;
+    beat.now = job.now();
+    job.arbiter().on(beat);
+  }
+  job.pass(seconds(10));
+  beat.node = 2;
+  beat.count = 2;
+  beat.now = job.now();
+  job.arbiter().on(beat);
+  job.pass(seconds(6));
+  const auto dropped = job.tick();
+  ASSERT_EQ(of(dropped, Do::kPublish).size(), 1u);
+  EXPECT_EQ(of(dropped, Do::kPublish)[0].ids, (Ids{"0.0.0", "0.1.0"}));
+  EXPECT_TRUE(of(dropped, Do::kEnd).empty());  // nodes 0 and 2 are in: MIN
+  // Node 2 falls silent too: below MIN.
+  job.pass(seconds(16));
+  const auto end = of(job.tick(), Do::kEnd);
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_EQ(end[0].text, "1 node(s) left in the job, fewer than the 2 of --nnodes 2:3");
+}
+
+// A round whose MIN nodes never register ends the job, naming the nodes waited for.
+TEST(Arbiter, ARoundWhoseNodesDoNotComeEndsTheJob) {
+  Job job(/*max_restarts=*/1, /*min_nodes=*/2, /*max_nodes=*/2);
+  job.on(Kind::kNode, {"0.0.0"});
+  job.on(Kind::kNode, {"1.0.0"}, 1);
+  job.on(Kind::kSpeaks, {"0.0.0"});
+  job.tick();
+  ArbiterEvent checkpoint;
+  checkpoint.kind = Kind::kCheckpoint;
+  checkpoint.what = "c.pt";
+  job.arbiter().on(checkpoint);
+  ASSERT_EQ(of(job.lose({"0.0.0", "1.0.0"}, "both"), Do::kRestartGroup).size(), 1u);
+  job.on(Kind::kNode, {"0.0.1"});  // node 0 started again; node 1 never registers
+  job.pass(std::chrono::minutes(5) + seconds(1));
+  const auto end = of(job.tick(), Do::kEnd);
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_NE(end[0].text.find("(waited for node(s) 1)"), std::string::npos) << end[0].text;
+}
+
+TEST(Arbiter, WorkerIdsReadBack) {
+  EXPECT_EQ(ddp::launch::elastic_worker_id(false, 0, 2, 1), "2.1");
+  EXPECT_EQ(ddp::launch::elastic_worker_id(true, 1, 2, 3), "1.2.3");
+  EXPECT_EQ(ddp::launch::node_of_worker("1.2.3"), 1);
+  EXPECT_EQ(ddp::launch::node_of_worker("2.1"), 0);
+  EXPECT_EQ(ddp::launch::local_rank_of_worker("1.2.3"), 2);
+  EXPECT_EQ(ddp::launch::local_rank_of_worker("2.1"), 2);
+  EXPECT_EQ(ddp::launch::incarnation_of_worker("1.2.3"), 3);
+  EXPECT_EQ(ddp::launch::next_incarnation("1.2.3"), "1.2.4");
+  EXPECT_EQ(ddp::launch::next_incarnation("0.9"), "0.10");
+}
+
+}  // namespace arbiter_test
