@@ -121,41 +121,52 @@ std::vector<ArbiterAction> Arbiter::on(const ArbiterEvent& e) {
 }
 
 void Arbiter::tick(Clock::time_point now, Actions& out) {
-  if (phase_ == Phase::kForming) {
-    const int in = static_cast<int>(registered_.size());
-    if (now - round_began_ > settings_.form_within && in < settings_.min_nodes) {
-      std::vector<int> missing;
-      for (const auto& entry : nodes_) {
-        if (registered_.count(entry.first) == 0) missing.push_back(entry.first);
-      }
-      return end(1,
-                 fmt::format("{} node(s) registered their workers within {:.0f} s, fewer than the "
-                             "{} of --nnodes {}:{}{}",
-                             in, seconds_of(settings_.form_within), settings_.min_nodes,
-                             settings_.min_nodes, settings_.max_nodes,
-                             missing.empty() ? ""
-                                             : fmt::format(" (waited for node(s) {})",
-                                                           fmt::join(missing, ", "))),
-                 out);
+  if (phase_ == Phase::kForming) return form(now, out);
+  drop_silent_nodes(now, out);
+  if (phase_ != Phase::kRunning) return;
+  if (!reform_seen_ || now - *reform_seen_ < settings_.reform_delay) return;
+  take_in_ready_joiners();
+  publish(out);
+  out.push_back(note("elastic: " + describe_generation()));
+}
+
+// The round's first generation, once its nodes are in (or the job's end, when MIN do not come).
+void Arbiter::form(Clock::time_point now, Actions& out) {
+  const int in = static_cast<int>(registered_.size());
+  if (now - round_began_ > settings_.form_within && in < settings_.min_nodes) {
+    std::vector<int> missing;
+    for (const auto& entry : nodes_) {
+      if (registered_.count(entry.first) == 0) missing.push_back(entry.first);
     }
-    if (registered_.count(0) == 0 ||
-        !first_generation_due(in, settings_.min_nodes, settings_.max_nodes, now - round_began_,
-                              settings_.node_timeout)) {
-      return;
-    }
-    phase_ = Phase::kRunning;
-    holders_.insert(members_.begin(), members_.end());  // Note [Committed state has an owner]
-    take_in_ready_joiners();
-    publish(out);
-    if (settings_.max_nodes > 1 || round_ > 0) {
-      out.push_back(note(fmt::format("elastic: {}generation {} of {} worker(s) on {} node(s): {}",
-                                     round_ > 0 ? fmt::format("round {}: ", round_) : "",
-                                     generation_, members_.size(), in, fmt::join(members_, ","))));
-    }
+    return end(1,
+               fmt::format("{} node(s) registered their workers within {:.0f} s, fewer than the "
+                           "{} of --nnodes {}:{}{}",
+                           in, seconds_of(settings_.form_within), settings_.min_nodes,
+                           settings_.min_nodes, settings_.max_nodes,
+                           missing.empty() ? ""
+                                           : fmt::format(" (waited for node(s) {})",
+                                                         fmt::join(missing, ", "))),
+               out);
+  }
+  if (registered_.count(0) == 0 ||
+      !first_generation_due(in, settings_.min_nodes, settings_.max_nodes, now - round_began_,
+                            settings_.node_timeout)) {
     return;
   }
-  // Each other node beats every 100 ms; one whose beat stood still for the node timeout is out of
-  // the job with its workers, and back when its beats resume.
+  phase_ = Phase::kRunning;
+  holders_.insert(members_.begin(), members_.end());  // Note [Committed state has an owner]
+  take_in_ready_joiners();
+  publish(out);
+  if (settings_.max_nodes > 1 || round_ > 0) {
+    out.push_back(note(fmt::format("elastic: {}generation {} of {} worker(s) on {} node(s): {}",
+                                   round_ > 0 ? fmt::format("round {}: ", round_) : "",
+                                   generation_, members_.size(), in, fmt::join(members_, ","))));
+  }
+}
+
+// Each other node beats every 100 ms; one whose beat stood still for the node timeout is out of the
+// job with its workers (below MIN nodes, the job ends), and back when its beats resume.
+void Arbiter::drop_silent_nodes(Clock::time_point now, Actions& out) {
   for (auto& [n, node] : nodes_) {
     if (!node.in || now - node.heard <= settings_.node_timeout) continue;
     node.in = false;
@@ -178,10 +189,6 @@ void Arbiter::tick(Clock::time_point now, Actions& out) {
     out.push_back(note(fmt::format("elastic: {}{}", what,
                                    generation_ == before ? "" : "; " + describe_generation())));
   }
-  if (!reform_seen_ || now - *reform_seen_ < settings_.reform_delay) return;
-  take_in_ready_joiners();
-  publish(out);
-  out.push_back(note("elastic: " + describe_generation()));
 }
 
 std::string Arbiter::describe_generation() const {

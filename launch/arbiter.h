@@ -145,6 +145,8 @@ class Arbiter {
     Clock::time_point heard;
   };
   void tick(Clock::time_point now, Actions& out);
+  void form(Clock::time_point now, Actions& out);
+  void drop_silent_nodes(Clock::time_point now, Actions& out);
   void node_in(const ArbiterEvent& e, Actions& out);
   void lose(const std::vector<std::string>& ids, const std::string& what, int exit_code,
             Clock::time_point now, Actions& out);

@@ -118,7 +118,11 @@ const std::vector<Option>& options() {
        "port of the rendezvous on node 0 (default: a free one on one "
        "host, 29500 across nodes)",
        [](Parsed& p, const std::string& v) { p.options.master_port = parse_int(v, 1, 65535); }},
-      {"max-restarts", "", "N", "restarts of the whole group after a worker fails (default 0)",
+      {"max-restarts", "", "N",
+       "restarts of the whole group after a worker fails (default 0); elastic (MIN:MAX), per "
+       "node: a lost worker of ddp_train --elastic restarted alone counts one, and so does every "
+       "worker started again from the newest checkpoint when none holds the group's state; any "
+       "other program's group is restarted whole, as torchrun's agent does",
        [](Parsed& p, const std::string& v) { p.options.max_restarts = parse_int(v, 0, 1 << 20); }},
       {"monitor-interval", "", "SECONDS", "how often the workers are checked (default 0.1)",
        [](Parsed& p, const std::string& v) {

@@ -9,13 +9,11 @@
 
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include "ddp/comm/host_collectives.h"
 #include "ddp/common/error.h"
 #include "ddp/common/files.h"
 #include "ddp/common/log.h"
-#include "ddp/data/distributed_sampler.h"
 #include "ddp/train/pt_file.h"
 #include "phase.h"
 
@@ -298,27 +296,19 @@ void ElasticMember::heal() {
 void ElasticMember::complete_samples_record() {
   if (!options_.record_samples || !dist_.is_main()) return;
   // samples.jsonl holds steps 1 to the state's step, each once: a lost rank 0 may have written
-  // one line more than the group kept (a step it applied alone), or fewer (the source applied one
-  // more); the source's last lines fill in.
+  // lines of steps the group did not keep (a step it applied alone), or fewer than the source
+  // applied; the source's last lines fill in.
   const std::string path =
       (std::filesystem::path(options_.output_dir) / "samples.jsonl").string();
-  std::string kept;
-  int64_t last = 0;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    int64_t step = 0;
-    try {
-      step = nlohmann::json::parse(line).at("step").get<int64_t>();
-    } catch (const nlohmann::json::exception&) {
-      break;  // torn: the last line of a rank 0 killed while writing it
-    }
-    if (step > trainee_.steps()) break;
-    kept += line + '\n';
-    last = step;
-  }
-  for (const auto& [step, text] : recent_samples_) {
-    if (step > last && step <= trainee_.steps()) kept += text + '\n';
+  const int64_t steps = trainee_.steps();
+  const int64_t before_recent = recent_samples_.empty()
+                                    ? steps
+                                    : std::min(steps, recent_samples_.front().first - 1);
+  std::string kept = std::filesystem::exists(path)
+                         ? records_up_to(read_file(path), "step", before_recent)
+                         : std::string();
+  for (const auto& [step, line] : recent_samples_) {
+    if (step <= steps) kept += line + '\n';
   }
   write_file_atomically(path, kept);
 }

@@ -78,18 +78,22 @@ std::string describe(const EpochMetrics& m) {
   return out;
 }
 
-std::string metrics_up_to(const std::string& jsonl, int64_t last_epoch) {
+std::string records_up_to(const std::string& jsonl, const std::string& key, int64_t last) {
   std::istringstream in(jsonl);
   std::string out, line;
   while (std::getline(in, line)) {
-    // Not a line of ours (not an object with an integer epoch; cut short by a crash): dropped.
+    // Not a line of ours (not an object with an integer `key`; cut short by a crash): dropped.
     const auto record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (!record.is_object()) continue;
-    const auto epoch = record.find("epoch");
-    if (epoch == record.end() || !epoch->is_number_integer()) continue;
-    if (epoch->get<int64_t>() <= last_epoch) out += line + "\n";  // as written, byte for byte
+    const auto value = record.find(key);
+    if (value == record.end() || !value->is_number_integer()) continue;
+    if (value->get<int64_t>() <= last) out += line + "\n";  // as written, byte for byte
   }
   return out;
+}
+
+std::string metrics_up_to(const std::string& jsonl, int64_t last_epoch) {
+  return records_up_to(jsonl, "epoch", last_epoch);
 }
 
 MetricsWriter::MetricsWriter(std::string path, bool append)

@@ -330,10 +330,15 @@ void Trainer::set_up_amp() {
 void Trainer::write_run_files(bool resumed) const {
   const auto dir = std::filesystem::path(config_.output_dir);
   write_file_atomically((dir / "config.yaml").string(), to_yaml(config_));
-  if (resumed) {  // the epochs after the checkpoint's are trained again
-    const auto metrics = (dir / "metrics.jsonl").string();
-    const std::string kept = std::filesystem::exists(metrics) ? read_file(metrics) : "";
-    write_file_atomically(metrics, metrics_up_to(kept, start_epoch_));
+  if (!resumed) return;
+  // The epochs and steps after the checkpoint's are trained again: the records say what the
+  // model now holds, each epoch and step once.
+  const auto metrics = (dir / "metrics.jsonl").string();
+  const std::string kept = std::filesystem::exists(metrics) ? read_file(metrics) : "";
+  write_file_atomically(metrics, metrics_up_to(kept, start_epoch_));
+  const auto samples = (dir / "samples.jsonl").string();
+  if (config_.record_samples && std::filesystem::exists(samples)) {
+    write_file_atomically(samples, records_up_to(read_file(samples), "step", step_));
   }
 }
 

@@ -349,6 +349,17 @@ TEST(CheckpointResume, MetricsKeepTheEpochsUpToTheCheckpoint) {
   EXPECT_EQ(train::metrics_up_to("garbage\n{\"epoch\": 1}", 5), "{\"epoch\": 1}\n");
 }
 
+// samples.jsonl after a resume at step 2 (or a heal there): its steps up to 2, the torn last line
+// of a rank 0 killed while writing it dropped.
+TEST(CheckpointResume, SampleRecordsKeepTheStepsUpToTheCheckpoint) {
+  const std::string lines =
+      "{\"epoch\":1,\"step\":1,\"ids\":[[3],[1]]}\n{\"epoch\":1,\"step\":2,\"ids\":[[0],[2]]}\n"
+      "{\"epoch\":2,\"step\":3,\"ids\":[[2],[0]]}\n{\"epoch\":2,\"st";
+  EXPECT_EQ(train::records_up_to(lines, "step", 2),
+            "{\"epoch\":1,\"step\":1,\"ids\":[[3],[1]]}\n{\"epoch\":1,\"step\":2,\"ids\":[[0],[2]]}\n");
+  EXPECT_EQ(train::records_up_to(lines, "step", 9), lines.substr(0, lines.rfind('\n') + 1));
+}
+
 TEST(AtomicWrite, ReplacesTheFileAndLeavesNoTempFiles) {
   TempDir dir;
   const std::string path = dir.file("f.bin");

@@ -3,20 +3,33 @@
 // and its workers (elastic.h).
 //
 // Note [Elastic membership]
-// The launcher is the arbiter: it knows which workers are alive (it reaps them). It publishes
-// generation g as the key elastic/gen/<g> (the member ids, comma-separated, in rank order) and
-// then elastic/latest = g. A generation is a new gloo group over its own store prefix, never a
-// repaired one. The members of g vote after every step's gradients are reduced and before the
-// optimizer applies them (round r: add 1 to elastic/gen/<g>/votes, which round r completes at
-// r x members); the one whose vote completes the count writes the decision, and a member that
-// failed, or one that finds elastic/gen/<g>/abort (the launcher's notice of a member's death,
-// naming it: "rank 1 of generation 0, worker 1.0 (local rank 1, pid 42, host h): signal SIGKILL
-// (9)"), writes "abort": the decision key is written by compare-and-set, so whoever writes first
-// decides for all (when each member takes the decision: Note [A step's vote travels during the
-// next step]). After an abort, or a decision to grow (a joiner announced
+// The launcher is the arbiter (launch/arbiter.h): it knows which workers are alive (it reaps
+// them). It publishes generation g as the key elastic/gen/<g> (the member ids, comma-separated,
+// in rank order) and then elastic/latest = g. A generation is a new gloo (or nccl) group over its
+// own store prefix, never a repaired one. The members of g vote after every step's gradients are
+// reduced and before the optimizer applies them (round r: elastic/gen/<g>/voted/<rank> = r, then
+// add 1 to elastic/gen/<g>/votes, which round r completes at r x members); the one whose vote
+// completes the count writes the decision, and a member that failed, or one that finds
+// elastic/gen/<g>/abort, writes "abort": the decision key is written by compare-and-set, so
+// whoever writes first decides for all (when each member takes the decision: Note [A step's vote
+// travels during the next step]). A decision that does not come within the vote timeout (the
+// collective timeout) is "abort", and the warning names the members whose voted/<rank> lags.
+// elastic/gen/<g>/abort is the notice that g is given up: the launcher's when a member died
+// ("rank 1 of generation 0, worker 1.0 (local rank 1, pid 42, host h): signal SIGKILL (9)"), or
+// the first member's that failed without dying ("rank 1 of generation 0, worker 1.0: step 6
+// dropped"), by compare-and-set; it ends every wait of the others on g (the store's, and an nccl
+// communicator's, which is aborted). After an abort, or a decision to grow (a joiner announced
 // elastic/ready/<id>, and the launcher set elastic/gen/<g>/grow), the members ask for the next
-// generation (elastic/gen/<g>/reform) and the launcher publishes it: the living members, in their
-// order, then the ready joiners.
+// generation (elastic/gen/<g>/reform) and the launcher publishes it: the living members, in
+// their order, then the ready joiners (also when the next generation follows a loss). A member
+// joins the newest generation that includes it and is not given up.
+//
+// What workers say of themselves, for the launcher's decisions: elastic/speaks/<id> (the agent
+// connected: the program takes part, so a lost worker is restarted alone), elastic/holds/<id> (a
+// joiner's heal passed: it holds the group's committed state, Note [Committed state has an
+// owner] in launch/arbiter.h), elastic/checkpoint (the newest checkpoint rank 0 wrote). When no
+// member holds the state any more, the launcher starts every worker again from that checkpoint:
+// elastic/round = r tells the other nodes, and elastic/round/<r>/port is the round's MASTER_PORT.
 //
 // Note [A step's vote travels during the next step]
 // A member votes on step s once its gradients are reduced, but does not wait for the decision: it
@@ -26,8 +39,9 @@
 // the next step's forward and backward. It is safe because a reduction that completed on a
 // member holds every member's gradients: no member applies a step that not all contributed to.
 // After a failure the members may differ by that one step (one's reduction completed, another's
-// did not), and every member of the next generation takes rank 0's state (the heal), so all go on
-// from rank 0's last step, which its log names. The decision says when to re-form: "abort" (a
+// did not), and every member of the next generation takes the newest state a member holds (the
+// heal: Note [One state transfer per change] in ddp/train/elastic_member.h), so all go on from
+// that member's last step, which the log names. The decision says when to re-form: "abort" (a
 // member failed in step s, or left) ends the generation within step s+1; "grow" re-forms it after
 // step s+1 (every member reads the same decision at the same step). A member that leaves its
 // generation first decides its open round "abort", so that no vote waits for one that will
@@ -44,8 +58,11 @@
 // restarted worker), "lost <n> <id> <what>", "done <n> <id>" (exit 0). A node whose beat stands
 // still for --node-timeout is lost with all its workers (its launcher, which could not beat
 // either, kills them: they are out of the group), and joins again when its link is back: its
-// beats resume and its restarted workers join. The job ends when every member is done: the
-// arbiter writes elastic/finished, and each launcher, having read it, writes elastic/node/<n>/bye.
+// beats resume and its restarted workers join. When the arbiter starts every worker again
+// (round r), each launcher stops its workers, starts new ones and registers them again
+// (admitted per round: elastic/node/<n>/admitted/<r>). The job ends when every member is done:
+// the arbiter writes elastic/finished, and each launcher, having read it, writes
+// elastic/node/<n>/bye.
 
 #include <cstdint>
 #include <string>

@@ -56,8 +56,11 @@ std::string to_json(const EpochMetrics& m);
 // it has.
 std::string describe(const EpochMetrics& m);
 
-// The lines of a metrics file for epochs up to `last_epoch`: what a run resumed after that epoch
-// keeps, so no epoch appears twice.
+// The lines of a JSON-lines record (metrics.jsonl, samples.jsonl) whose integer field `key` is
+// at most `last`, as written, byte for byte: what a run resumed there keeps, so that no epoch or
+// step appears twice. A line that is not such an object (cut short by a crash) is dropped.
+std::string records_up_to(const std::string& jsonl, const std::string& key, int64_t last);
+// records_up_to(jsonl, "epoch", last_epoch).
 std::string metrics_up_to(const std::string& jsonl, int64_t last_epoch);
 
 class MetricsWriter {

@@ -54,7 +54,8 @@ class Trainer : private ElasticTrainee {
  public:
   // Validates the config, joins the process group of this launch (init_distributed), starts its
   // watchdog, sets threads, builds the workload on this rank's device, creates the output
-  // directory; a restarted launch (restart count > 0) resumes from its newest checkpoint.
+  // directory; a restarted launch (restart count > 0) resumes from its newest checkpoint (an
+  // elastic worker that joins a running group takes the group's state as run() begins instead).
   // Throws InputError on bad input.
   explicit Trainer(Config config);
   // The same on a process group the caller made (`dist.group` set: e.g. one that wraps
