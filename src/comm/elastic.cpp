@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "backends.h"
+#include "job_thread.h"
 #include "ddp/common/error.h"
 #include "ddp/common/log.h"
 #include "store_client.h"
@@ -37,7 +38,8 @@ ElasticAgent::ElasticAgent(const LaunchInfo& launch, std::string id, ElasticAgen
       id_(std::move(id)),
       options_(std::move(options)),
       store_(c10::make_intrusive<StoreClient>(options_.store_host, options_.store_port,
-                                              options_.token, options_.timeout)) {
+                                              options_.token, options_.timeout)),
+      voter_(std::make_unique<JobThread>()) {
   store_->set(ElasticKeys::speaks(id_), bytes_of("1"));
 }
 
@@ -119,9 +121,6 @@ StepDecision ElasticAgent::vote(const Membership& m, int64_t round, bool ok) {
     return parse_decision(text_of(store_->compareSet(decision, {}, bytes_of(to_string(d)))));
   };
   if (!ok) return decide(StepDecision::kAbort);
-  // Who has voted, should the decision be late: one key per member, on this thread, which the
-  // next step's computation hides.
-  store_->set(ElasticKeys::voted(m.generation, m.rank), bytes_of(std::to_string(round)));
   // One counter for all rounds: every member votes once a round, so round r is complete at
   // r x members (a member that fails writes "abort" instead, and the generation ends).
   if (store_->add(ElasticKeys::votes(m.generation), 1) == round * m.world_size()) {
@@ -133,12 +132,16 @@ StepDecision ElasticAgent::vote(const Membership& m, int64_t round, bool ok) {
     return d;
   }
   // The last vote follows at once (the votes follow an all-reduce that every member left
-  // together): one get that waits. The launcher's abort notice is looked for only while the
-  // decision is late, and the wait ends at the vote timeout.
+  // together): one get that waits. While the decision is late, this member says it voted
+  // (elastic/gen/<g>/voted/<rank>: so a wait that times out can name the members that did not)
+  // and looks for the launcher's abort notice; the wait ends at the vote timeout.
   const auto deadline = Clock::now() + options_.vote_timeout;
-  while (true) {
+  for (bool said = false;; said = true) {
     if (const auto d = static_cast<StoreClient&>(*store_).get_within(decision, kAbortPoll)) {
       return parse_decision(text_of(*d));
+    }
+    if (!said) {
+      store_->set(ElasticKeys::voted(m.generation, m.rank), bytes_of(std::to_string(round)));
     }
     if (store_->check({ElasticKeys::abort(m.generation)})) return decide(StepDecision::kAbort);
     if (Clock::now() < deadline) continue;
@@ -165,12 +168,13 @@ std::string ElasticAgent::missing_votes(const Membership& m, int64_t round) {
 void ElasticAgent::vote_in_background(const Membership& m, int64_t round) {
   background_generation_ = m.generation;
   background_round_ = round;
-  background_ = std::async(std::launch::async, [this, m, round] { return vote(m, round, true); });
+  background_ = voter_->post([this, m, round] { background_decision_ = vote(m, round, true); });
 }
 
 std::optional<StepDecision> ElasticAgent::take_vote() {
   if (!background_.valid()) return std::nullopt;
-  return background_.get();  // rethrows the vote's error (the store lost)
+  std::exchange(background_, {}).get();  // rethrows the vote's error (the store lost)
+  return background_decision_;
 }
 
 void ElasticAgent::abandon_vote() {
@@ -181,8 +185,7 @@ void ElasticAgent::abandon_vote() {
   } catch (const std::exception&) {
     // Decided or not, the vote below ends: its own store calls fail the same way.
   }
-  background_.wait();
-  background_ = {};
+  std::exchange(background_, {}).wait();
 }
 
 std::string ElasticAgent::lost_in(int64_t g) {

@@ -266,6 +266,14 @@ class FaultyAgent : public ddp::comm::ElasticAgent {
   FaultyAgent(const ddp::comm::LaunchInfo& launch, std::string id,
               ddp::comm::ElasticAgentOptions options, std::shared_ptr<Faults> faults)
       : ElasticAgent(launch, std::move(id), std::move(options)), faults_(std::move(faults)) {}
+  // The vote in flight runs this class's vote(): it ends before this part of the agent goes.
+  ~FaultyAgent() override {
+    try {
+      abandon_vote();
+    } catch (const std::exception&) {
+      // the store is gone with the launcher: the vote has ended too
+    }
+  }
 
   // The phase "elastic: vote" begins where a step's vote is cast (on the trainer's thread): a
   // fault "fail" there counts the vote, then fails it on this rank.

@@ -25,6 +25,8 @@ class Store;
 
 namespace ddp::comm {
 
+class JobThread;
+
 struct Membership {
   int64_t generation = -1;
   std::vector<std::string> members;  // worker ids, in rank order
@@ -107,7 +109,10 @@ class ElasticAgent {
   // The vote in flight: its generation and round, and its decision to come.
   int64_t background_generation_ = -1;
   int64_t background_round_ = 0;
-  std::future<StepDecision> background_;
+  std::shared_future<void> background_;
+  StepDecision background_decision_ = StepDecision::kAbort;
+  // The thread the votes run on, one at a time: one for the agent's life, not one a step.
+  std::unique_ptr<JobThread> voter_;
 };
 
 }  // namespace ddp::comm

@@ -7,13 +7,14 @@
 // them). It publishes generation g as the key elastic/gen/<g> (the member ids, comma-separated,
 // in rank order) and then elastic/latest = g. A generation is a new gloo (or nccl) group over its
 // own store prefix, never a repaired one. The members of g vote after every step's gradients are
-// reduced and before the optimizer applies them (round r: elastic/gen/<g>/voted/<rank> = r, then
-// add 1 to elastic/gen/<g>/votes, which round r completes at r x members); the one whose vote
-// completes the count writes the decision, and a member that failed, or one that finds
-// elastic/gen/<g>/abort, writes "abort": the decision key is written by compare-and-set, so
-// whoever writes first decides for all (when each member takes the decision: Note [A step's vote
-// travels during the next step]). A decision that does not come within the vote timeout (the
-// collective timeout) is "abort", and the warning names the members whose voted/<rank> lags.
+// reduced and before the optimizer applies them (round r: add 1 to elastic/gen/<g>/votes, which
+// round r completes at r x members); the one whose vote completes the count writes the decision,
+// and a member that failed, or one that finds elastic/gen/<g>/abort, writes "abort": the decision
+// key is written by compare-and-set, so whoever writes first decides for all (when each member
+// takes the decision: Note [A step's vote travels during the next step]). A member whose decision
+// is late (20 ms) writes elastic/gen/<g>/voted/<rank> = r; one that does not come within the vote
+// timeout (the collective timeout) is "abort", and the warning names the members whose voted key
+// lags: those that never voted.
 // elastic/gen/<g>/abort is the notice that g is given up: the launcher's when a member died
 // ("rank 1 of generation 0, worker 1.0 (local rank 1, pid 42, host h): signal SIGKILL (9)"), or
 // the first member's that failed without dying ("rank 1 of generation 0, worker 1.0: step 6
