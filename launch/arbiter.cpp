@@ -143,9 +143,9 @@ void Arbiter::form(Clock::time_point now, Actions& out) {
                            "{} of --nnodes {}:{}{}",
                            in, seconds_of(settings_.form_within), settings_.min_nodes,
                            settings_.min_nodes, settings_.max_nodes,
-                           missing.empty() ? ""
-                                           : fmt::format(" (waited for node(s) {})",
-                                                         fmt::join(missing, ", "))),
+                           missing.empty()
+                               ? ""
+                               : fmt::format(" (waited for node(s) {})", fmt::join(missing, ", "))),
                out);
   }
   if (registered_.count(0) == 0 ||
@@ -159,8 +159,8 @@ void Arbiter::form(Clock::time_point now, Actions& out) {
   publish(out);
   if (settings_.max_nodes > 1 || round_ > 0) {
     out.push_back(note(fmt::format("elastic: {}generation {} of {} worker(s) on {} node(s): {}",
-                                   round_ > 0 ? fmt::format("round {}: ", round_) : "",
-                                   generation_, members_.size(), in, fmt::join(members_, ","))));
+                                   round_ > 0 ? fmt::format("round {}: ", round_) : "", generation_,
+                                   members_.size(), in, fmt::join(members_, ","))));
   }
 }
 
@@ -199,8 +199,8 @@ std::string Arbiter::describe_generation() const {
 void Arbiter::node_in(const ArbiterEvent& e, Actions& out) {
   if (e.node != 0) nodes_[e.node] = Node{true, -1, e.now};
   const bool join = phase_ == Phase::kRunning;
-  (join ? joining_ : members_).insert((join ? joining_ : members_).end(), e.ids.begin(),
-                                     e.ids.end());
+  (join ? joining_ : members_)
+      .insert((join ? joining_ : members_).end(), e.ids.begin(), e.ids.end());
   if (!join) registered_.insert(e.node);
   if (e.node == 0) return;  // node 0's workers are started by its own launcher
   ArbiterAction admit;
@@ -209,9 +209,9 @@ void Arbiter::node_in(const ArbiterEvent& e, Actions& out) {
   admit.round = round_;
   admit.join = join;
   out.push_back(admit);
-  out.push_back(note(fmt::format("elastic: node {} is in the job with worker(s) {}{}", e.node,
-                                 fmt::join(e.ids, ","),
-                                 join ? ", which join the running group" : "")));
+  out.push_back(
+      note(fmt::format("elastic: node {} is in the job with worker(s) {}{}", e.node,
+                       fmt::join(e.ids, ","), join ? ", which join the running group" : "")));
 }
 
 // Out of the group at once: one generation without all of `ids` (Note [Committed state has an
@@ -228,13 +228,13 @@ void Arbiter::lose(const std::vector<std::string>& ids, const std::string& what,
   if (ranks.empty()) return restart_lost_workers(ids, out);  // joiners, not yet members
   for (const auto& id : ids) remove(members_, id);
   if (phase_ == Phase::kForming) {
-    return restart_group(fmt::format("{} before the first generation formed", what), exit_code,
-                         now, out);
+    return restart_group(fmt::format("{} before the first generation formed", what), exit_code, now,
+                         out);
   }
   if (!speaks_) {  // torchrun's agent: the whole group again
-    return restart_group(fmt::format("{} (the program does not take part in elastic membership)",
-                                     what),
-                         exit_code, now, out);
+    return restart_group(
+        fmt::format("{} (the program does not take part in elastic membership)", what), exit_code,
+        now, out);
   }
   if (!any_holder()) {
     const std::string lost =

@@ -28,8 +28,7 @@ ArbiterEvent event(Kind kind, std::vector<std::string> ids = {}) {
 
 }  // namespace
 
-ArbiterService::ArbiterService(comm::StoreConnection& store, Arbiter::Settings settings,
-                               Notes note)
+ArbiterService::ArbiterService(comm::StoreConnection& store, Arbiter::Settings settings, Notes note)
     : store_(store),
       arbiter_(settings, Clock::now()),
       several_nodes_(settings.max_nodes > 1),

@@ -61,8 +61,8 @@ std::optional<NodeLink::Admission> NodeLink::register_node(const std::vector<std
   while (Clock::now() < deadline && !stop()) {
     try {
       tick();
-      const auto admitted = all_sent() ? value_of(ElasticKeys::admitted(node_, round))
-                                       : std::optional<std::string>();
+      const auto admitted =
+          all_sent() ? value_of(ElasticKeys::admitted(node_, round)) : std::optional<std::string>();
       const auto port = admitted ? value_of(ElasticKeys::worker_port(round)) : std::nullopt;
       if (port) return Admission{*admitted == "join", std::stoi(*port)};
     } catch (const InputError&) {

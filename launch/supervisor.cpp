@@ -23,10 +23,10 @@
 #include "arbiter_service.h"
 #include "ddp/comm/diagnose.h"
 #include "ddp/comm/elastic_keys.h"
-#include "node_link.h"
 #include "ddp/common/error.h"
 #include "ddp/common/files.h"
 #include "ddp/common/socket.h"
+#include "node_link.h"
 #include "store_connection.h"
 #include "store_server.h"
 
@@ -843,7 +843,7 @@ class Supervisor {
   std::string program_;
   std::map<std::string, std::string> inherited_;  // the launcher's environment
   std::vector<Worker> workers_;
-  int port_ = 0;  // the rendezvous port of the current group (elastic: the arbiter's store)
+  int port_ = 0;         // the rendezvous port of the current group (elastic: the arbiter's store)
   int worker_port_ = 0;  // elastic: the workers' MASTER_PORT, of the current round
   // Elastic: the restarts so far, the status of the last worker that failed, and the local ranks
   // to start again once this node can reach node 0 (a node other than node 0).

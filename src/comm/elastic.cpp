@@ -9,9 +9,9 @@
 #include <thread>
 
 #include "backends.h"
-#include "job_thread.h"
 #include "ddp/common/error.h"
 #include "ddp/common/log.h"
+#include "job_thread.h"
 #include "store_client.h"
 
 namespace ddp::comm {
@@ -146,8 +146,8 @@ StepDecision ElasticAgent::vote(const Membership& m, int64_t round, bool ok) {
     if (store_->check({ElasticKeys::abort(m.generation)})) return decide(StepDecision::kAbort);
     if (Clock::now() < deadline) continue;
     const std::string why = fmt::format(
-        "no decision on vote {} of generation {} within {} ms: waited for the vote(s) of {}",
-        round, m.generation, options_.vote_timeout.count(), missing_votes(m, round));
+        "no decision on vote {} of generation {} within {} ms: waited for the vote(s) of {}", round,
+        m.generation, options_.vote_timeout.count(), missing_votes(m, round));
     log::warn("elastic: worker {}: {}", id_, why);
     report_failure(m, why);
     return decide(StepDecision::kAbort);

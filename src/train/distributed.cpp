@@ -173,8 +173,8 @@ Distributed init_distributed(const Config& config, const comm::Env& env) {
           "(CUDA) (the launcher serves the job's store and restarts a lost worker; Open MPI "
           "cannot survive one)");
     }
-    d.agent = std::make_shared<comm::ElasticAgent>(
-        d.launch, id->second, elastic_agent_options(env, d.launch, d.options));
+    d.agent = std::make_shared<comm::ElasticAgent>(d.launch, id->second,
+                                                   elastic_agent_options(env, d.launch, d.options));
     const auto join = env.find("DDP_ELASTIC_JOIN");
     d.joining = join != env.end() && join->second == "1";
     if (d.joining) d.agent->announce_ready();

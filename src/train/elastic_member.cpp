@@ -2,8 +2,8 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include <unistd.h>
 
@@ -84,8 +84,8 @@ void ElasticMember::join() {
   try {
     heal();
   } catch (const comm::CommError& e) {
-    reform({fmt::format("the group failed while worker {} joined ({})", dist_.agent->id(),
-                        e.what())});
+    reform(
+        {fmt::format("the group failed while worker {} joined ({})", dist_.agent->id(), e.what())});
   }
 }
 
@@ -196,14 +196,12 @@ void ElasticMember::reform(const Change& change) {
       "elastic: worker {} (pid {}): {} in generation {} of {} rank(s){}; generation {}: {} "
       "rank(s) ({}), batch {} per rank, going on after step {} ({} of epoch {}), {:.2f} s after",
       dist_.agent->id(), ::getpid(), change.why, generation, world,
-      lost.empty() ? "" : " (lost: " + lost + ")",
-      dist_.membership.generation, dist_.world_size(),
-      comm::format_members(dist_.membership.members), trainee_.batch_size(),
-      trainee_.steps(), now.epoch_step, now.epoch + 1, seconds_after(start));
+      lost.empty() ? "" : " (lost: " + lost + ")", dist_.membership.generation, dist_.world_size(),
+      comm::format_members(dist_.membership.members), trainee_.batch_size(), trainee_.steps(),
+      now.epoch_step, now.epoch + 1, seconds_after(start));
   // Timed from when the change was seen to the first step committed after it (settle()).
   recovering_.emplace(MembershipRecord{trainee_.steps(), change.why, lost,
-                                       dist_.membership.generation, world, dist_.world_size(),
-                                       0.0},
+                                       dist_.membership.generation, world, dist_.world_size(), 0.0},
                       change.seen);
 }
 
@@ -232,9 +230,9 @@ int ElasticMember::state_source() {
     if (source < 0 || all[r][1].item<int64_t>() > all[source][1].item<int64_t>()) source = r;
   }
   if (source < 0) {  // the launcher publishes no such generation (Note [Committed state ...])
-    throw Error(fmt::format(
-        "elastic: no member of generation {} ({}) holds the group's trained state",
-        dist_.membership.generation, comm::format_members(dist_.membership.members)));
+    throw Error(
+        fmt::format("elastic: no member of generation {} ({}) holds the group's trained state",
+                    dist_.membership.generation, comm::format_members(dist_.membership.members)));
   }
   return source;
 }
@@ -282,8 +280,8 @@ void ElasticMember::heal() {
     throw Error(fmt::format(
         "elastic: rank(s) {} of generation {} do not hold the state of {} after taking it "
         "(parameters, buffers, optimizer, GradScaler or RNG state differ)",
-        fmt::join(differ.data_ptr<int64_t>(), differ.data_ptr<int64_t>() + differ.numel(), ", "),
-        g, from));
+        fmt::join(differ.data_ptr<int64_t>(), differ.data_ptr<int64_t>() + differ.numel(), ", "), g,
+        from));
   }
   log::info(
       "elastic: the {} rank(s) hold bitwise the same state before step {} (digest {:016x}), "
@@ -298,12 +296,10 @@ void ElasticMember::complete_samples_record() {
   // samples.jsonl holds steps 1 to the state's step, each once: a lost rank 0 may have written
   // lines of steps the group did not keep (a step it applied alone), or fewer than the source
   // applied; the source's last lines fill in.
-  const std::string path =
-      (std::filesystem::path(options_.output_dir) / "samples.jsonl").string();
+  const std::string path = (std::filesystem::path(options_.output_dir) / "samples.jsonl").string();
   const int64_t steps = trainee_.steps();
-  const int64_t before_recent = recent_samples_.empty()
-                                    ? steps
-                                    : std::min(steps, recent_samples_.front().first - 1);
+  const int64_t before_recent =
+      recent_samples_.empty() ? steps : std::min(steps, recent_samples_.front().first - 1);
   std::string kept = std::filesystem::exists(path)
                          ? records_up_to(read_file(path), "step", before_recent)
                          : std::string();

@@ -300,8 +300,9 @@ void Trainer::build_model(bool init_sync) {
 void Trainer::wrap_model(bool init_sync) {
   // Collective unless init_sync is off: checks the model is the same everywhere, broadcasts rank
   // 0's weights.
-  model_ = DistributedDataParallel(workload_.module, dist_.group,
-                                   DistributedDataParallelOptions(config_.ddp).init_sync(init_sync));
+  model_ =
+      DistributedDataParallel(workload_.module, dist_.group,
+                              DistributedDataParallelOptions(config_.ddp).init_sync(init_sync));
   register_comm_hook(model_, config_, dist_.group);
 }
 
@@ -388,9 +389,8 @@ TrainResult Trainer::train() {
     m.epoch = epoch + 1;
     // --elastic: a change of the group's members ends the attempt; the group re-forms and every
     // member takes one state (elastic_member.h).
-    const bool kept = elastic_->attempt([&] {
-      result.stopped_by_signal = !train_epoch(epoch, m) || end_of_epoch(m, result);
-    });
+    const bool kept = elastic_->attempt(
+        [&] { result.stopped_by_signal = !train_epoch(epoch, m) || end_of_epoch(m, result); });
     if (result.stopped_by_signal) return result;
     epoch = kept ? epoch + 1 : start_epoch_;  // re-formed: on from where the state taken is
   }
@@ -889,7 +889,8 @@ std::string Trainer::record_samples(const EpochPass& pass, const std::vector<std
   std::string text = line.dump();
   if (!dist_.is_main()) return text;
   const std::string path = (std::filesystem::path(config_.output_dir) / "samples.jsonl").string();
-  // A fresh run starts the file; a resumed run, or a new rank 0 after an elastic change, goes on.
+  // A fresh run starts the file; a resumed run (cut to its checkpoint's step: write_run_files),
+  // or a new rank 0 after an elastic change (completed by the heal), goes on.
   if (!samples_file_) {
     const bool fresh = step_ == 1 && dist_.launch.restart_count == 0 && !dist_.joining;
     samples_file_ = std::make_unique<std::ofstream>(path, fresh ? std::ios::trunc : std::ios::app);

@@ -11,8 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <cctype>
+#include <chrono>
 #include <map>
 #include <random>
 #include <regex>
@@ -450,9 +450,10 @@ void PrintTo(const Partial& p, std::ostream* out) {
 }
 
 std::vector<std::string> fail(int rank, const std::string& phase, int after_step = 0) {
-  std::vector<std::string> f = {"--fault", "fail", "--fault-rank", std::to_string(rank),
+  std::vector<std::string> f = {"--fault",    "fail", "--fault-rank", std::to_string(rank),
                                 "--fault-at", phase};
-  if (after_step > 0) f = f + std::vector<std::string>{"--fault-after-step", std::to_string(after_step)};
+  if (after_step > 0)
+    f = f + std::vector<std::string>{"--fault-after-step", std::to_string(after_step)};
   return f;
 }
 
@@ -468,21 +469,22 @@ TEST_P(ACollectiveCompletesOnSomeMembersOnly, EveryMemberEndsAsTheReplay) {
   std::vector<std::string> faults =
       place == "vote" ? fail(rank, "elastic: vote", step) : fail(rank, "backward: bucket 0", step);
   if (place == "heal") faults = faults + fail(heal_rank, "elastic: generation 1: state");
-  SCOPED_TRACE(fmt::format("{}: rank {}, step {}{}", place, rank, step,
-                           place == "heal" ? fmt::format(", then rank {} at the heal", heal_rank)
-                                           : ""));
+  SCOPED_TRACE(
+      fmt::format("{}: rank {}, step {}{}", place, rank, step,
+                  place == "heal" ? fmt::format(", then rank {} at the heal", heal_rank) : ""));
 
   TempDir elastic;
-  const ProcessResult r = run_linear({"--nnodes", "1:1", "--nproc", "3"}, DDP_FAULT_TRAIN_BIN,
-                                     elastic.path(), std::vector<std::string>{"--elastic"} + faults);
+  const ProcessResult r =
+      run_linear({"--nnodes", "1:1", "--nproc", "3"}, DDP_FAULT_TRAIN_BIN, elastic.path(),
+                 std::vector<std::string>{"--elastic"} + faults);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(mentions(r.output, "fault: the first collective of '")) << r.output;
   EXPECT_FALSE(mentions(r.output, ") lost: ")) << r.output;
   EXPECT_FALSE(mentions(r.output, "[launcher] elastic: restart ")) << r.output;
   EXPECT_EQ(expect_survivors_kept_their_processes(r.output, 3), 3);
   // The member that failed wrote the notice the others report: no death told them.
-  EXPECT_TRUE(mentions(r.output, fmt::format("(lost: rank {} of generation 0, worker {}.0: ",
-                                             rank, rank)))
+  EXPECT_TRUE(
+      mentions(r.output, fmt::format("(lost: rank {} of generation 0, worker {}.0: ", rank, rank)))
       << r.output;
   if (place == "heal") {
     EXPECT_TRUE(mentions(r.output, "elastic: generation 1 failed as it formed")) << r.output;
@@ -527,15 +529,16 @@ TEST(Elastic, AReadyJoinerIsTakenInWhenAnotherMemberIsLost) {
 TEST(Elastic, EveryWorkerKilledAtOnceGoesBackToTheCheckpointOrEnds) {
   const auto kill_all = kill(0, "--fault-after-step", "6") + kill(1, "--fault-after-step", "6") +
                         kill(2, "--fault-after-step", "6");
-  const std::vector<std::string> launch = {"--nnodes", "1:1", "--nproc", "3", "--max-restarts",
-                                           "3"};
+  const std::vector<std::string> launch = {"--nnodes",       "1:1", "--nproc", "3",
+                                           "--max-restarts", "3"};
   TempDir back;
   const ProcessResult r =
       run_linear(launch, DDP_FAULT_TRAIN_BIN, back.path(),
                  std::vector<std::string>{"--elastic", "--save-every", "1"} + kill_all);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(count_of(r.output, ") lost: signal SIGKILL (9)"), 3) << r.output;
-  EXPECT_TRUE(mentions(r.output, "no worker holding the group's trained state is left")) << r.output;
+  EXPECT_TRUE(mentions(r.output, "no worker holding the group's trained state is left"))
+      << r.output;
   EXPECT_TRUE(mentions(r.output, "going back to the newest checkpoint, " + back.path() +
                                      "/checkpoint-epoch-0001.pt (after epoch 1)"))
       << r.output;
@@ -555,8 +558,8 @@ TEST(Elastic, EveryWorkerKilledAtOnceGoesBackToTheCheckpointOrEnds) {
                  std::vector<std::string>{"--elastic", "--save-every", "0"} + kill_all);
   EXPECT_LT(std::chrono::steady_clock::now() - start, seconds(20));
   EXPECT_EQ(lost.exit_code, 137) << lost.output;
-  EXPECT_TRUE(mentions(lost.output,
-                       "no worker holding the group's trained state is left (lost: worker "))
+  EXPECT_TRUE(
+      mentions(lost.output, "no worker holding the group's trained state is left (lost: worker "))
       << lost.output;
   EXPECT_TRUE(mentions(lost.output, "the group wrote no checkpoint to go back to")) << lost.output;
 }
@@ -565,19 +568,20 @@ TEST(Elastic, EveryWorkerKilledAtOnceGoesBackToTheCheckpointOrEnds) {
 // in (as it is to send it the state): the joiner holds nothing, and never passes for the group.
 // With a checkpoint the job goes back to it; without, it ends non-zero within seconds.
 TEST(Elastic, TheLastHolderLostWhileAJoinerIsTakenInNeverLeavesTheJoinerAsTheGroup) {
-  const auto faults =
-      std::vector<std::string>{"--elastic", "--fault-pace", "0.015"} +
-      kill(1, "--fault-after-step", "5") + kill(0, "--fault-at", "elastic: generation 2: state");
-  const std::vector<std::string> launch = {"--nnodes", "1:1", "--nproc", "2", "--max-restarts",
-                                           "3"};
+  const auto faults = std::vector<std::string>{"--elastic", "--fault-pace", "0.015"} +
+                      kill(1, "--fault-after-step", "5") +
+                      kill(0, "--fault-at", "elastic: generation 2: state");
+  const std::vector<std::string> launch = {"--nnodes",       "1:1", "--nproc", "2",
+                                           "--max-restarts", "3"};
   TempDir back;
   const ProcessResult r = run_linear(launch, DDP_FAULT_TRAIN_BIN, back.path(),
                                      faults + std::vector<std::string>{"--save-every", "1"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(mentions(r.output, "[launcher] elastic: generation 2 of 2 worker(s): 0.0,1.1"))
       << r.output;
-  EXPECT_TRUE(mentions(r.output, "no worker holding the group's trained state is left (lost: "
-                                 "worker 0.0 "))
+  EXPECT_TRUE(mentions(r.output,
+                       "no worker holding the group's trained state is left (lost: "
+                       "worker 0.0 "))
       << r.output;
   EXPECT_TRUE(mentions(r.output, "going back to the newest checkpoint, ")) << r.output;
   EXPECT_FALSE(mentions(r.output, "hold bitwise the same state before step 1 ")) << r.output;
@@ -609,7 +613,8 @@ TEST(Elastic, AJoinerWhoseStateDiffersIsCaughtByTheDigest) {
                        "elastic: rank(s) 2 of generation 2 do not hold the state of rank 0 "
                        "(worker 0.0) after taking it"))
       << r.output;
-  EXPECT_FALSE(mentions(r.output, "elastic: the 3 rank(s) hold bitwise the same state")) << r.output;
+  EXPECT_FALSE(mentions(r.output, "elastic: the 3 rank(s) hold bitwise the same state"))
+      << r.output;
 }
 
 // A member whose vote does not come (its trainer held 4 s where it casts it) makes the others'
@@ -617,10 +622,10 @@ TEST(Elastic, AJoinerWhoseStateDiffersIsCaughtByTheDigest) {
 // given up, and the group goes on, the late member in it.
 TEST(Elastic, AVoteThatDoesNotComeEndsTheWaitNamingTheMember) {
   TempDir out;
-  const ProcessResult r = run_linear(
-      {"--nnodes", "1:1", "--nproc", "3"}, DDP_FAULT_TRAIN_BIN, out.path(),
-      {"--elastic", "--comm-timeout", "1.5", "--record-samples", "--fault", "delay:4",
-       "--fault-rank", "1", "--fault-at", "elastic: vote", "--fault-after-step", "5"});
+  const ProcessResult r =
+      run_linear({"--nnodes", "1:1", "--nproc", "3"}, DDP_FAULT_TRAIN_BIN, out.path(),
+                 {"--elastic", "--comm-timeout", "1.5", "--record-samples", "--fault", "delay:4",
+                  "--fault-rank", "1", "--fault-at", "elastic: vote", "--fault-after-step", "5"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(mentions(r.output, "within 1500 ms: waited for the vote(s) of rank 1 (worker 1.0)"))
       << r.output;

@@ -339,7 +339,7 @@ TEST(Hosts, ElasticALateNodeJoinsAndALinkPulledLeavesTheOtherHostTrainingUntilIt
   EXPECT_NE(r1.output.find("elastic: node 0 says the job ended: done"), std::string::npos)
       << r1.output;
   // 2 ranks, growing to 4 (a worker at a time, or both at once), then 2 (once), then growing
-  // to 4 again; after each change every rank held rank 0's state bitwise.
+  // to 4 again; after each change every rank held the same state bitwise.
   const auto changes = ddp::testing::generations_that_went_on(r0.output);
   ASSERT_GE(changes.size(), 3u) << r0.output;
   EXPECT_EQ(changes.back().world, 4) << r0.output;

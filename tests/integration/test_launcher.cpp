@@ -211,19 +211,18 @@ TEST(Launcher, RunsPyTorchsOwnDdpScriptUnchanged) {
 TEST(Launcher, APyTorchScriptRunsUnderElasticAsUnderTorchrunsAgent) {
   const std::string script = std::string(DDP_SOURCE_DIR) + "/tests/python/elastic_ddp_script.py";
   auto run = [&](const std::string& restarts, bool fail) {
-    std::vector<std::string> argv = {DDP_LAUNCHER_BIN, "--nnodes",       "1:1",    "--nproc", "2",
-                                     "--max-restarts", restarts,  DDP_PYTHON, script};
+    std::vector<std::string> argv = {DDP_LAUNCHER_BIN, "--nnodes", "1:1",      "--nproc", "2",
+                                     "--max-restarts", restarts,   DDP_PYTHON, script};
     if (fail) argv.push_back("--fail-first-run");
     return ddp::testing::run_process(argv, {{"GLOO_SOCKET_IFNAME", "lo"}}, seconds(120));
   };
   const auto weights = [](const std::string& output, int rank, int restart) {
-    const std::string head =
-        "[rank " + std::to_string(rank) + "] rank " + std::to_string(rank) + " of 2: restart " +
-        std::to_string(restart) + ", weights ";
+    const std::string head = "[rank " + std::to_string(rank) + "] rank " + std::to_string(rank) +
+                             " of 2: restart " + std::to_string(restart) + ", weights ";
     const size_t at = output.find(head);
-    return at == std::string::npos ? std::string("none")
-                                   : output.substr(at + head.size(), output.find('\n', at) -
-                                                                         at - head.size());
+    return at == std::string::npos
+               ? std::string("none")
+               : output.substr(at + head.size(), output.find('\n', at) - at - head.size());
   };
   const ProcessResult plain = run("0", false);
   ASSERT_EQ(plain.exit_code, 0) << plain.output;

@@ -42,8 +42,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <string>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -60,7 +60,7 @@ namespace {
 struct Fault {
   std::string action;  // kill, sigterm, perturb, delay:S, extra, fail
   int rank = 0;
-  std::string worker;  // --fault-worker: an elastic worker's id, in place of the rank
+  std::string worker;      // --fault-worker: an elastic worker's id, in place of the rank
   int64_t after_step = 0;  // 0: --fault-at instead
   std::string at_phase;
 };
@@ -134,8 +134,9 @@ class Faults {
       if (!s.done && triggered(s, phase)) {
         s.done = true;
         if (s.fault.action == "fail") {
-          ddp::log::warn("rank {}: fault: the first collective of '{}' fails here once it completed",
-                         rank, phase);
+          ddp::log::warn(
+              "rank {}: fault: the first collective of '{}' fails here once it completed", rank,
+              phase);
           fail = true;
         }
         act(s.fault, phase, rank, group);
@@ -243,7 +244,8 @@ class FaultyGroup : public ddp::comm::ProcessGroup {
     explicit FailingWork(WorkPtr inner) : inner_(std::move(inner)) {}
     void wait() override {
       inner_->wait();
-      throw ddp::comm::CommError({}, "fault: the collective completed, and failed on this rank only");
+      throw ddp::comm::CommError({},
+                                 "fault: the collective completed, and failed on this rank only");
     }
     bool is_completed() override { return inner_->is_completed(); }
 

@@ -11,7 +11,8 @@
 
 #include "arbiter.h"
 
-// Named: the unit tests are compiled as one unity source, whose other files have a Kind of their own.
+// Named: the unit tests are compiled as one unity source, whose other files have a Kind of their
+// own.
 namespace arbiter_test {
 
 using ddp::launch::Arbiter;

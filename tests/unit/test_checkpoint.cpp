@@ -355,8 +355,9 @@ TEST(CheckpointResume, SampleRecordsKeepTheStepsUpToTheCheckpoint) {
   const std::string lines =
       "{\"epoch\":1,\"step\":1,\"ids\":[[3],[1]]}\n{\"epoch\":1,\"step\":2,\"ids\":[[0],[2]]}\n"
       "{\"epoch\":2,\"step\":3,\"ids\":[[2],[0]]}\n{\"epoch\":2,\"st";
-  EXPECT_EQ(train::records_up_to(lines, "step", 2),
-            "{\"epoch\":1,\"step\":1,\"ids\":[[3],[1]]}\n{\"epoch\":1,\"step\":2,\"ids\":[[0],[2]]}\n");
+  EXPECT_EQ(
+      train::records_up_to(lines, "step", 2),
+      "{\"epoch\":1,\"step\":1,\"ids\":[[3],[1]]}\n{\"epoch\":1,\"step\":2,\"ids\":[[0],[2]]}\n");
   EXPECT_EQ(train::records_up_to(lines, "step", 9), lines.substr(0, lines.rfind('\n') + 1));
 }
 

@@ -229,7 +229,7 @@ class Trainer : private ElasticTrainee {
   int64_t start_epoch_ = 0;            // epochs done before this run (resume)
   int64_t start_epoch_step_ = 0;       // steps of epoch start_epoch_ done before it (a SIGTERM's)
   torch::Tensor start_epoch_samples_;  // and the ids of it still to train (undefined: none)
-  int64_t batch_world_ = 1;             // the world size config_.batch_size is for
+  int64_t batch_world_ = 1;            // the world size config_.batch_size is for
   std::optional<MetricsWriter> metrics_file_;    // rank 0
   std::unique_ptr<std::ofstream> samples_file_;  // --record-samples, rank 0
   std::unique_ptr<ElasticMember> elastic_;       // does nothing without --elastic
