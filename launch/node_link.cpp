@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <functional>
+#include <optional>
 #include <thread>
 
 #include "ddp/common/error.h"

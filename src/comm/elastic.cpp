@@ -5,8 +5,11 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>
+#include <memory>
+#include <optional>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "backends.h"
 #include "ddp/common/error.h"

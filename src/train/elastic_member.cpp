@@ -7,8 +7,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <optional>
+#include <sstream>
+#include <utility>
 
 #include "ddp/comm/host_collectives.h"
 #include "ddp/common/error.h"

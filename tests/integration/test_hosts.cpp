@@ -335,6 +335,8 @@ TEST(Hosts, ElasticALateNodeJoinsAndALinkPulledLeavesTheOtherHostTrainingUntilIt
   EXPECT_NE(r0.output.find("elastic: node 1: not heard from for "), std::string::npos) << r0.output;
   EXPECT_NE(r0.output.find(" of 2 worker(s): 0.0.0,0.1.0"), std::string::npos) << r0.output;
   EXPECT_EQ(r0.output.find("[launcher] elastic: restart "), std::string::npos) << r0.output;
+  // Node 0's workers trained on through every change in the processes they started in.
+  EXPECT_EQ(ddp::testing::expect_survivors_kept_their_processes(r0.output, 2, "0."), 2);
   EXPECT_NE(r1.output.find("elastic: restart 2 of 2: worker 1."), std::string::npos) << r1.output;
   EXPECT_NE(r1.output.find("elastic: node 0 says the job ended: done"), std::string::npos)
       << r1.output;

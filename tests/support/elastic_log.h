@@ -96,17 +96,18 @@ inline int started_pid(const std::string& output, const std::string& id) {
   return std::regex_search(output, m, line) ? std::stoi(m[1]) : 0;
 }
 
-// The workers of the first generation (ids "<local rank>.0" of one node) that the launcher never
-// named as lost finished in the very process they started in: the launcher's "every member
-// finished: worker 0.0 (pid 4242), ..." names the pid each was started with, and each said that
-// pid itself after a change ("elastic: worker 0.0 (pid 4242): step 6 dropped in generation 0
-// ..."). Returns how many there were.
-inline int expect_survivors_kept_their_processes(const std::string& output, int world) {
+// The workers of the first generation (ids "<local rank>.0" of one node, `node` + "<local
+// rank>.0" of one of several: "0.") that the launcher `output` never named as lost finished in the
+// very process they started in: the launcher's "every member finished: worker 0.0 (pid 4242), ..."
+// names the pid each was started with, and each said that pid itself after a change ("elastic:
+// worker 0.0 (pid 4242): step 6 dropped in generation 0 ..."). Returns how many there were.
+inline int expect_survivors_kept_their_processes(const std::string& output, int nproc,
+                                                 const std::string& node = "") {
   int survivors = 0;
-  for (int local = 0; local < world; ++local) {
-    const std::string id = std::to_string(local) + ".0";
-    const std::regex lost("elastic: worker " + std::to_string(local) +
-                          "\\.0 \\(local rank \\d+, pid \\d+\\) lost: ");
+  for (int local = 0; local < nproc; ++local) {
+    const std::string id = node + std::to_string(local) + ".0";
+    const std::regex lost("elastic: worker " + std::regex_replace(id, std::regex("\\."), "\\.") +
+                          " \\(local rank \\d+, pid \\d+\\) lost: ");
     if (std::regex_search(output, lost)) continue;
     ++survivors;
     const int pid = started_pid(output, id);
