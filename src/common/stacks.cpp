@@ -143,13 +143,28 @@ void on_stack_request(int, siginfo_t*, void* context) {
   errno = saved_errno;
 }
 
-// The first real-time signal nobody handles (glibc keeps those below SIGRTMIN for itself);
-// installed once, kept. SA_RESTART: a system call the signal interrupts resumes where it can.
+// Whether `tid` blocks `sig` (SigBlk of its status): asking it would only wait for nothing.
+bool blocks_signal(int tid, int sig) {
+  std::ifstream in(fmt::format("/proc/self/task/{}/status", tid));
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("SigBlk:", 0) == 0) {
+      const uint64_t mask = std::strtoull(line.c_str() + 7, nullptr, 16);
+      return (mask >> (sig - 1)) & 1U;
+    }
+  }
+  return false;
+}
+
+// The first real-time signal nobody handles (glibc keeps those below SIGRTMIN for itself) and
+// the main thread does not block: a mask is inherited through fork and exec, and a process started
+// with real-time signals blocked (some job runners do) passes that mask to every thread it starts.
+// Installed once, kept. SA_RESTART: a system call the signal interrupts resumes where it can.
 bool install_handler() {
   if (g_signal != 0) return true;
   for (int sig = SIGRTMIN + 1; sig <= SIGRTMAX; ++sig) {
     struct sigaction old {};
     if (::sigaction(sig, nullptr, &old) != 0 || old.sa_handler != SIG_DFL) continue;
+    if (blocks_signal(::getpid(), sig)) continue;
     struct sigaction action {};
     action.sa_sigaction = on_stack_request;
     action.sa_flags = SA_SIGINFO | SA_RESTART;
@@ -169,18 +184,6 @@ std::vector<int> thread_ids() {
   }
   std::sort(tids.begin(), tids.end());
   return tids;
-}
-
-// Whether `tid` blocks `sig` (SigBlk of its status): asking it would only wait for nothing.
-bool blocks_signal(int tid, int sig) {
-  std::ifstream in(fmt::format("/proc/self/task/{}/status", tid));
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("SigBlk:", 0) == 0) {
-      const uint64_t mask = std::strtoull(line.c_str() + 7, nullptr, 16);
-      return (mask >> (sig - 1)) & 1U;
-    }
-  }
-  return false;
 }
 
 // The addresses of `tid`'s stack, or an error; a thread that has not answered in `patience` is
@@ -321,6 +324,23 @@ class Symbolizer {
   Dwfl* dwfl_;
 };
 
+// `sig` unblocked on the calling thread for this object's life, its mask as it was after.
+class SignalUnblocked {
+ public:
+  explicit SignalUnblocked(int sig) {
+    sigset_t set;
+    ::sigemptyset(&set);
+    ::sigaddset(&set, sig);
+    ::pthread_sigmask(SIG_UNBLOCK, &set, &before_);
+  }
+  ~SignalUnblocked() { ::pthread_sigmask(SIG_SETMASK, &before_, nullptr); }
+  SignalUnblocked(const SignalUnblocked&) = delete;
+  SignalUnblocked& operator=(const SignalUnblocked&) = delete;
+
+ private:
+  sigset_t before_{};
+};
+
 // What capture() does, on a thread of its own, so that the thread that called it is walked too.
 std::vector<ThreadStack> capture_from_helper() {
   const pid_t helper = this_tid();
@@ -356,6 +376,9 @@ std::vector<ThreadStack> capture() {
     std::lock_guard<std::mutex> lock(g_capture_mutex);
     if (!install_handler()) return {};
     std::vector<ThreadStack> threads;
+    // The asking thread waits in join() below and is walked like the others; it takes the
+    // signal meanwhile even where its own mask blocks it.
+    const SignalUnblocked unblocked(g_signal);
     std::thread helper([&threads] {
       try {
         threads = capture_from_helper();

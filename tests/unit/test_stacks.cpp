@@ -1,14 +1,20 @@
 // Every thread's stack (ddp/common/stacks.h): a thread parked in a known function is walked and
 // named with its function, file and line; the thread that asks is walked too; the choice of the
-// program's own frame; and the invariant that linking libunwind leaves C++ exceptions to libgcc.
+// program's own frame; a process started with real-time signals blocked, and an asking thread that
+// blocks them; and the invariant that linking libunwind leaves C++ exceptions to libgcc.
 // Compiled with debug info (tests/CMakeLists.txt), as a user's RelWithDebInfo build is.
 #include <dlfcn.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "ddp/common/stacks.h"
 
@@ -64,6 +70,54 @@ TEST(Stacks, EveryThreadIsWalkedAndNamedWithItsFunctionFileAndLine) {
   EXPECT_EQ(own->line, kParkLine) << text;
   EXPECT_NE(text.find("sleep_for"), std::string::npos) << text;
   EXPECT_NE(text.find("(inlined)"), std::string::npos) << text;
+}
+
+// The first test again, in a process whose parent blocked the first real-time signals before
+// starting it (some job runners do: the mask is inherited through exec, by every thread).
+TEST(Stacks, AProcessStartedWithRealTimeSignalsBlockedStillWalksEveryThread) {
+  posix_spawnattr_t attr;
+  ASSERT_EQ(posix_spawnattr_init(&attr), 0);
+  sigset_t blocked;
+  sigemptyset(&blocked);
+  for (int sig = SIGRTMIN; sig <= SIGRTMIN + 4; ++sig) sigaddset(&blocked, sig);
+  ASSERT_EQ(posix_spawnattr_setsigmask(&attr, &blocked), 0);
+  ASSERT_EQ(posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK), 0);
+  const std::string exe = ddp::stacks::executable_path();
+  std::string filter =
+      "--gtest_filter=Stacks.EveryThreadIsWalkedAndNamedWithItsFunctionFileAndLine";
+  char* argv[] = {const_cast<char*>(exe.c_str()), filter.data(), nullptr};
+  pid_t pid = 0;
+  ASSERT_EQ(posix_spawn(&pid, exe.c_str(), nullptr, &attr, argv, environ), 0);
+  posix_spawnattr_destroy(&attr);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "status " << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the run above failed with the signals blocked";
+}
+
+// A thread that blocks every real-time signal asks: it is walked all the same, in its own code.
+TEST(Stacks, TheAskingThreadIsWalkedWhereItBlocksTheSignals) {
+  std::vector<ThreadStack> threads;
+  pid_t asker = 0;
+  std::thread([&] {
+    sigset_t all_rt;
+    sigemptyset(&all_rt);
+    for (int sig = SIGRTMIN; sig <= SIGRTMAX; ++sig) sigaddset(&all_rt, sig);
+    pthread_sigmask(SIG_BLOCK, &all_rt, nullptr);
+    asker = static_cast<pid_t>(::gettid());
+    threads = ddp::stacks::capture();
+  }).join();
+  const ThreadStack* asking = nullptr;
+  for (const auto& t : threads) {
+    if (t.tid == asker) asking = &t;
+  }
+  ASSERT_NE(asking, nullptr) << ddp::stacks::format(threads);
+  EXPECT_EQ(asking->error, "") << ddp::stacks::format(threads);
+  bool in_test = false;
+  for (const Frame& f : asking->frames) {
+    in_test = in_test || f.function.find("TheAskingThreadIsWalked") != std::string::npos;
+  }
+  EXPECT_TRUE(in_test) << ddp::stacks::format(threads);
 }
 
 // libunwind.so defines the _Unwind_* functions too; the build links libgcc_s first so that
