@@ -39,15 +39,19 @@ endif()
 
 # Stack traces for the hang doctor (src/common/stacks.cpp): libunwind walks the threads' stacks,
 # libdw (elfutils) names their functions, files and lines. Both are optional: without them a rank's
-# flight record comes without its stacks.
-find_path(DDP_LIBUNWIND_INCLUDE_DIR libunwind.h)
-find_library(DDP_LIBUNWIND_LIBRARY unwind)
-find_path(DDP_LIBDW_INCLUDE_DIR elfutils/libdwfl.h)
-find_library(DDP_LIBDW_LIBRARY dw)
-if(DDP_LIBUNWIND_INCLUDE_DIR AND DDP_LIBUNWIND_LIBRARY AND DDP_LIBDW_INCLUDE_DIR AND DDP_LIBDW_LIBRARY)
-  set(DDP_HAVE_STACKS ON)
-else()
-  set(DDP_HAVE_STACKS OFF)
+# flight record comes without its stacks. DDP_WITH_STACKS=OFF builds without them where they are
+# installed (scripts/clang-build.sh does, so that the build without them is compiled too).
+option(DDP_WITH_STACKS "Stack traces in flight records, where libunwind and libdw are found" ON)
+set(DDP_HAVE_STACKS OFF)
+if(DDP_WITH_STACKS)
+  find_path(DDP_LIBUNWIND_INCLUDE_DIR libunwind.h)
+  find_library(DDP_LIBUNWIND_LIBRARY unwind)
+  find_path(DDP_LIBDW_INCLUDE_DIR elfutils/libdwfl.h)
+  find_library(DDP_LIBDW_LIBRARY dw)
+  if(DDP_LIBUNWIND_INCLUDE_DIR AND DDP_LIBUNWIND_LIBRARY AND DDP_LIBDW_INCLUDE_DIR
+     AND DDP_LIBDW_LIBRARY)
+    set(DDP_HAVE_STACKS ON)
+  endif()
 endif()
 
 if(DDP_BUILD_TESTS)

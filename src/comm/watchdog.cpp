@@ -151,7 +151,7 @@ void Watchdog::keep_stacks_before_timeout() {
   const double rounds = 2 * std::chrono::duration<double>(options_.progress_interval).count();
   if (wall_time() - pending->start < std::max(timeout - rounds, timeout / 2)) return;
   // Held while taking them: a record written meanwhile (the timeout came) waits for these.
-  std::lock_guard<std::mutex> lock(stacks_mutex_);
+  std::lock_guard<std::timed_mutex> lock(stacks_mutex_);
   if (kept_stacks_ && kept_stacks_->seq == pending->seq) return;
   kept_stacks_ = take_stacks(
       pending->seq, fmt::format("collective #{} {} about to time out", pending->seq, pending->op));
@@ -159,8 +159,8 @@ void Watchdog::keep_stacks_before_timeout() {
 
 Watchdog::Stacks Watchdog::stacks_for_record(const std::string& reason) {
   {
-    std::lock_guard<std::mutex> lock(stacks_mutex_);
-    if (kept_stacks_) {
+    std::unique_lock<std::timed_mutex> lock(stacks_mutex_, std::chrono::seconds(2));
+    if (lock.owns_lock() && kept_stacks_) {
       for (const auto& r : group_->recorder().records()) {
         if (r.seq == kept_stacks_->seq && r.state != CollectiveState::kDone) return *kept_stacks_;
       }

@@ -11,6 +11,7 @@
 #include <dwarf.h>
 #include <elfutils/libdw.h>
 #include <elfutils/libdwfl.h>
+#include <fcntl.h>
 #include <semaphore.h>
 #include <signal.h>
 #include <sys/syscall.h>
@@ -20,7 +21,9 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <memory>
 #include <mutex>
@@ -115,7 +118,9 @@ uint64_t g_pcs[kMaxFrames];
 std::atomic<int> g_count{0};
 sem_t g_done;
 int g_signal = 0;  // the real-time signal of the requests; 0 until installed
-std::mutex g_capture_mutex;
+std::timed_mutex g_capture_mutex;
+std::atomic<bool> g_broken{false};      // a thread began an answer and never finished it
+thread_local bool t_capturing = false;  // this thread is inside capture() (a terminate handler's)
 
 pid_t this_tid() {
   return static_cast<pid_t>(::syscall(SYS_gettid));
@@ -214,7 +219,15 @@ std::vector<uint64_t> walk_thread(int tid, std::string& error) {
       error = "did not answer within 0.5 s";
       return {};
     }
-    ::sem_wait(&g_done);  // begun: it finishes soon
+    // Begun: it finishes soon, unless the thread was stopped inside the handler. Then its late
+    // answer could overwrite a later capture's addresses: no capture is taken any more.
+    deadline.tv_sec += 1;
+    while (::sem_timedwait(&g_done, &deadline) != 0) {
+      if (errno == EINTR) continue;
+      g_broken.store(true);
+      error = "began its answer and did not finish it within 1.5 s";
+      return {};
+    }
     break;
   }
   g_target.store(0);
@@ -241,6 +254,46 @@ std::string die_function_name(Dwarf_Die* die) {
     if (const char* s = dwarf_formstring(&attr)) return s;
   }
   return "";
+}
+
+// Note [Debug files from this machine only]: libdw's standard lookup
+// (dwfl_standard_find_debuginfo) asks the debuginfod servers of DEBUGINFOD_URLS for what it does
+// not find on disk, and Debian sets that variable in login shells; a capture taken while a job
+// hangs would then wait on the network, holding the watchdog. This lookup reads the disk only, in
+// the standard's order: by build ID under /usr/lib/debug (Debian's -dbg and -dbgsym packages),
+// then the .gnu_debuglink name beside the file, in its .debug/, under /usr/lib/debug. (A file's own
+// DWARF is used before any of these are asked, by libdwfl.)
+int open_local_debuginfo(Dwfl_Module* module, void** /*userdata*/, const char* /*name*/,
+                         Dwarf_Addr /*base*/, const char* file_name, const char* debuglink,
+                         GElf_Word /*crc*/, char** found) {
+  static constexpr const char* kDebugRoot = "/usr/lib/debug";
+  std::vector<std::string> candidates;
+  const unsigned char* id = nullptr;
+  GElf_Addr id_address = 0;
+  const int id_size = dwfl_module_build_id(module, &id, &id_address);
+  if (id_size > 1) {
+    std::string hex;
+    for (int i = 0; i < id_size; ++i) hex += fmt::format("{:02x}", id[i]);
+    candidates.push_back(
+        fmt::format("{}/.build-id/{}/{}.debug", kDebugRoot, hex.substr(0, 2), hex.substr(2)));
+  }
+  if (debuglink != nullptr && debuglink[0] == '/') {
+    candidates.emplace_back(debuglink);
+  } else if (debuglink != nullptr && file_name != nullptr) {
+    const std::string dir = std::filesystem::path(file_name).parent_path().string();
+    for (const std::string& d : {dir, dir + "/.debug", std::string(kDebugRoot) + dir}) {
+      candidates.push_back(d + "/" + debuglink);
+    }
+  }
+  for (const std::string& path : candidates) {
+    if (file_name != nullptr && path == file_name) continue;  // a debuglink naming the file itself
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    *found = ::strdup(path.c_str());
+    return fd;
+  }
+  errno = ENOENT;
+  return -1;
 }
 
 class Symbolizer {
@@ -319,8 +372,8 @@ class Symbolizer {
   }
 
   static inline char* debuginfo_path_ = nullptr;
-  static inline const Dwfl_Callbacks kCallbacks = {
-      dwfl_linux_proc_find_elf, dwfl_standard_find_debuginfo, nullptr, &debuginfo_path_};
+  static inline const Dwfl_Callbacks kCallbacks = {dwfl_linux_proc_find_elf, open_local_debuginfo,
+                                                   nullptr, &debuginfo_path_};
   Dwfl* dwfl_;
 };
 
@@ -371,10 +424,20 @@ std::vector<ThreadStack> capture_from_helper() {
 
 }  // namespace
 
+// Note [A capture never waits long]: it runs where a job is failing (a watchdog before a
+// timeout, the terminate handler, a SIGUSR1 request), so each wait has a deadline: another
+// capture for 5 s, each thread's answer as in walk_thread; and a capture asked for on a thread
+// that is already capturing (a terminate handler running on the watchdog mid-capture) returns
+// none at once instead of waiting for itself.
 std::vector<ThreadStack> capture() {
+  if (t_capturing || g_broken.load()) return {};
   try {
-    std::lock_guard<std::mutex> lock(g_capture_mutex);
-    if (!install_handler()) return {};
+    std::unique_lock<std::timed_mutex> lock(g_capture_mutex, std::chrono::seconds(5));
+    if (!lock.owns_lock() || !install_handler()) return {};
+    t_capturing = true;
+    struct Done {
+      ~Done() { t_capturing = false; }
+    } done;
     std::vector<ThreadStack> threads;
     // The asking thread waits in join() below and is walked like the others; it takes the
     // signal meanwhile even where its own mask blocks it.

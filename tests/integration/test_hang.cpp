@@ -3,16 +3,24 @@
 // at the short collective timeout, and `ddp_train --diagnose` names the rank and the collective.
 // SIGUSR1 makes a rank write its flight record while it hangs. --check-params-every catches ranks
 // whose parameters drift apart.
+#include <arpa/inet.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <regex>
 #include <sstream>
+#include <stdexcept>
 #include <thread>
 
 #include "ddp/comm/diagnose.h"
+#include "ddp/common/stacks.h"
 #include "ranks.h"
 #include "subprocess.h"
 
@@ -20,6 +28,10 @@ namespace {
 
 using ddp::testing::TempDir;
 using std::chrono::seconds;
+
+constexpr const char* kNoStacks =
+    "this build has no stack traces (configured with DDP_WITH_STACKS=OFF, or without "
+    "libunwind-dev and libdw-dev)";
 
 // `fault`: ddp_fault_train's --fault options, which then runs instead of ddp_train.
 std::vector<std::string> linear_job(const std::string& out, std::vector<std::string> extra = {},
@@ -75,6 +87,7 @@ TEST(Hang, ALateRankIsNamedByTheStallWarningAndTheDiagnosis) {
 // names rank 2's function, file and line, the collective the others waited in, and each rank's
 // stacks file: rank 2's taken at the launcher's SIGUSR1, the others' just before their timeout.
 TEST(Hang, TheLauncherNamesWhereASleepingRankWas) {
+  if (!ddp::stacks::supported()) GTEST_SKIP() << kNoStacks;
   TempDir out;
   std::vector<std::string> argv = {DDP_LAUNCHER_BIN, "--nproc", "3"};
   const auto job =
@@ -139,25 +152,45 @@ TEST(Hang, Sigusr1WritesTheFlightRecordOfAWaitingRank) {
   EXPECT_EQ(r.exit_code, 0) << r.output;  // the signal did not end the run
 }
 
+// The processes of `program` running with `arg` among their words (a job's output directory).
+std::vector<pid_t> processes_with(const std::string& program, const std::string& arg) {
+  std::vector<pid_t> pids;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string cmdline = ddp::testing::read_file(entry.path().string() + "/cmdline");
+    std::vector<std::string> words;
+    for (std::istringstream in(cmdline); in.good();) {
+      std::string word;
+      if (std::getline(in, word, '\0')) words.push_back(word);
+    }
+    if (!words.empty() && words.front() == program &&
+        std::find(words.begin(), words.end(), arg) != words.end()) {
+      pids.push_back(std::stoi(name));
+    }
+  }
+  return pids;
+}
+
 // The stacks' signals leave a healthy job healthy: SIGUSR1 five times to both ranks of a training
-// job on gloo (each time every thread of the rank is interrupted to walk its stack, gloo's own
-// included); the job trains on and ends 0, and each rank's last record and stacks are there.
-TEST(Hang, StacksTakenFromARunningJobLeaveItRunning) {
+// job (each time every thread of the rank is interrupted to walk its stack, the backend's own
+// threads and their system calls included); the job trains on and ends 0, and each rank's last
+// record and stacks are there. On gloo under the launcher, and on Open MPI under mpirun.
+class StacksOfARunningJob : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(StacksOfARunningJob, LeaveItRunning) {
+  if (!ddp::stacks::supported()) GTEST_SKIP() << kNoStacks;
   TempDir out;
-  std::vector<std::string> argv = {DDP_LAUNCHER_BIN, "--nproc", "2"};
   const auto job = linear_job(out.path(), {"--epochs", "400"});
+  std::vector<std::string> argv = GetParam() == "mpi"
+                                      ? ddp::testing::mpirun_argv(2)
+                                      : std::vector<std::string>{DDP_LAUNCHER_BIN, "--nproc", "2"};
   argv.insert(argv.end(), job.begin(), job.end());
   ddp::testing::Child launcher(argv, {});
   const auto deadline = std::chrono::steady_clock::now() + seconds(120);
   ASSERT_TRUE(launcher.wait_for_output("training linear", deadline)) << launcher.output();
-  const std::string children = ddp::testing::read_file(
-      fmt::format("/proc/{}/task/{}/children", launcher.pid(), launcher.pid()));
-  std::vector<pid_t> workers;
-  for (std::istringstream in(children); in.good();) {
-    pid_t pid = 0;
-    if (in >> pid) workers.push_back(pid);
-  }
-  ASSERT_EQ(workers.size(), 2u) << children;
+  const auto workers = processes_with(DDP_TRAIN_BIN, out.path());
+  ASSERT_EQ(workers.size(), 2u) << launcher.output();
   for (int round = 0; round < 5; ++round) {
     for (pid_t pid : workers) ASSERT_EQ(::kill(pid, SIGUSR1), 0) << "the job ended before";
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
@@ -166,6 +199,7 @@ TEST(Hang, StacksTakenFromARunningJobLeaveItRunning) {
   ASSERT_FALSE(r.timed_out) << r.output;
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("epoch 400/400"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("backend " + GetParam()), std::string::npos) << r.output;
   for (int rank : {0, 1}) {
     const auto path = out.file(fmt::format("debug/rank{}.json", rank));
     const auto dump = ddp::comm::parse_flight_dump(ddp::testing::read_file(path), path);
@@ -175,6 +209,78 @@ TEST(Hang, StacksTakenFromARunningJobLeaveItRunning) {
     EXPECT_NE(stacks.find("(main):\n"), std::string::npos) << stacks;
     EXPECT_NE(stacks.find(" in ddp_train\n"), std::string::npos) << stacks;
   }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, StacksOfARunningJob, ::testing::Values("gloo", "mpi"),
+                         [](const auto& info) { return info.param; });
+
+// A server that accepts connections and never answers, counting them.
+class SilentServer {
+ public:
+  SilentServer() : fd_(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) {
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t size = sizeof(address);
+    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&address), size) != 0 ||
+        ::listen(fd_, 16) != 0 ||
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &size) != 0) {
+      throw std::runtime_error("SilentServer: no listening socket");
+    }
+    port_ = ntohs(address.sin_port);
+    thread_ = std::thread([this] {
+      for (int c; (c = ::accept(fd_, nullptr, nullptr)) >= 0;) {
+        if (stop_) {
+          ::close(c);
+          break;
+        }
+        ++connections_;
+        held_.push_back(c);  // kept open, never answered
+      }
+    });
+  }
+  ~SilentServer() {
+    stop_ = true;
+    ::shutdown(fd_, SHUT_RDWR);  // ends the accept
+    thread_.join();
+    for (int c : held_) ::close(c);
+    ::close(fd_);
+  }
+  int port() const { return port_; }
+  int connections() const { return connections_; }
+
+ private:
+  int fd_;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> connections_{0};
+  std::vector<int> held_;
+  std::thread thread_;
+};
+
+// Debian sets DEBUGINFOD_URLS in login shells; libdw's standard lookup would ask those servers
+// for the debug files of every library without them (LibTorch's), while the stacks are taken.
+// With the variable naming a server that never answers, a waiting rank's stacks are written within
+// seconds of SIGUSR1, and the server never sees a connection.
+TEST(Hang, StacksNeverAskADebuginfodServer) {
+  if (!ddp::stacks::supported()) GTEST_SKIP() << kNoStacks;
+  TempDir out;
+  SilentServer server;
+  ddp::testing::Child child(
+      linear_job(out.path(), {}, {"--fault", "delay:20", "--fault-at", "step 1: forward"}),
+      {{"DEBUGINFOD_URLS", fmt::format("http://127.0.0.1:{}", server.port())}});
+  const auto deadline = std::chrono::steady_clock::now() + seconds(60);
+  ASSERT_TRUE(child.wait_for_output("fault: waiting", deadline)) << child.output();
+  const auto signalled = std::chrono::steady_clock::now();
+  ::kill(child.pid(), SIGUSR1);
+  const auto path = out.file("debug/rank0.stacks.txt");
+  while (!std::filesystem::exists(path) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(std::filesystem::exists(path)) << child.output();
+  EXPECT_LT(std::chrono::steady_clock::now() - signalled, seconds(5));
+  EXPECT_NE(ddp::testing::read_file(path).find("(main):\n"), std::string::npos);
+  EXPECT_EQ(server.connections(), 0);
 }
 
 // A collective rank 1 alone issues (ddp_fault_train's extra: an all_reduce of 3 floats where step

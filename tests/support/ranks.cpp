@@ -25,10 +25,13 @@ std::vector<ProcessResult> run_env_ranks(int world, const std::vector<std::strin
   return results;
 }
 
+std::vector<std::string> mpirun_argv(int np) {
+  return {DDP_MPIEXEC, "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "self,vader",
+          "-np",       std::to_string(np)};
+}
+
 ProcessResult run_mpirun(int np, const std::vector<std::string>& argv, std::chrono::seconds limit) {
-  std::vector<std::string> cmd = {
-      DDP_MPIEXEC, "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "self,vader",
-      "-np",       std::to_string(np)};
+  auto cmd = mpirun_argv(np);
   cmd.insert(cmd.end(), argv.begin(), argv.end());
   return run_process(cmd, {}, limit);
 }

@@ -25,7 +25,11 @@ bool run_python_reference(const std::string& script, int world, const std::strin
 // Every rank's exit code is 0 (a test failure for each that is not); their outputs, joined.
 std::string expect_all_exit_zero(const std::vector<ProcessResult>& ranks);
 
-// mpirun -np `np` as root on one host (--allow-run-as-root, --oversubscribe), until `limit`.
+// The words of mpirun -np `np` as root on one host (--allow-run-as-root, --oversubscribe), to which
+// a program's words are added.
+std::vector<std::string> mpirun_argv(int np);
+
+// mpirun_argv(np) and `argv`, until `limit`.
 ProcessResult run_mpirun(int np, const std::vector<std::string>& argv, std::chrono::seconds limit);
 
 }  // namespace ddp::testing

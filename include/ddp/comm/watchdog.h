@@ -70,7 +70,9 @@ class Watchdog {
   uint64_t warned_seq_ = 0;          // the last collective the stall warning named
   uint64_t published_seq_ = 0;       // the last progress published
   uint64_t dump_requests_seen_ = 0;  // flight_dump_requests() when the thread last looked
-  std::mutex stacks_mutex_;
+  // Timed: a record written while stacks are being kept waits for them, but not forever (the
+  // terminate handler may run on the very thread that holds it).
+  std::timed_mutex stacks_mutex_;
   std::optional<Stacks> kept_stacks_;  // taken just before collective kept_stacks_->seq timed out
   std::thread thread_;                 // last: started once everything above is set
 };

@@ -38,9 +38,11 @@ bool supported();
 
 // Every thread's stack now, the main thread first. Interrupts each thread for the time its
 // stack takes to walk (a real-time signal whose handler only records addresses); symbolizes
-// afterwards. Callable from any thread (itself included) but not from a signal handler; one
-// capture at a time. Never throws: a failure is in the result (an empty vector where
-// unsupported, a thread's `error`).
+// afterwards from this machine's files only, never a debuginfod server. Callable from any
+// thread (itself included) but not from a signal handler; one capture at a time, a second
+// waiting at most 5 s for the first; on a thread already capturing it returns none at once.
+// Never throws: a failure is in the result (an empty vector where unsupported or given up, a
+// thread's `error`).
 std::vector<ThreadStack> capture();
 
 // One block per thread, innermost frame first:
