@@ -222,7 +222,7 @@ CommandLine split_command_line(const std::vector<std::string>& args) {
       // Alone it means true; the next word is its value only when it is a bool word, as
       // join_bool_values reads it. Any other next word is the next option or the program, so
       // a program called true, false, yes, no, on, off, 1 or 0 right after a flag goes after "--".
-      if (has_next && bool_word(args[i + 1])) ++i;
+      if (bool_value_follows(args, i)) ++i;
     } else if (has_next) {
       ++i;  // the value, whatever it looks like ("--run-id --tee" names the run "--tee")
     } else {

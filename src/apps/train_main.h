@@ -16,7 +16,8 @@ using TrainRun = std::function<train::TrainResult(const train::Config&)>;
 // Answers --help, --version, --list-devices, --make-timeseries-csv and --diagnose, or resolves the
 // config (defaults, the --config file, the command line), installs the signal handlers (SIGUSR1:
 // a flight record; SIGTERM with --checkpoint-on-signal: stop after the step) and calls `run`.
-// Every error is logged on this rank; returns the exit status. The only user of cxxopts.
+// Every error is logged on this rank; returns the exit status. ddp_train's command line is read
+// with cxxopts here (the launcher reads its own in launch/options.cpp).
 int train_main(int argc, char** argv, const TrainRun& run);
 
 }  // namespace ddp::apps

@@ -23,6 +23,10 @@ bool parse_bool(const std::string& text, const std::string& what) {
   return *value;
 }
 
+bool bool_value_follows(const std::vector<std::string>& args, size_t i) {
+  return i + 1 < args.size() && bool_word(args[i + 1]).has_value();
+}
+
 std::vector<std::string> join_bool_values(
     const std::vector<std::string>& args, const std::function<bool(const std::string&)>& is_flag,
     const std::function<bool(const std::string&)>& takes_value) {
@@ -42,9 +46,7 @@ std::vector<std::string> join_bool_values(
       out.push_back(args[i]);
       continue;
     }
-    // Only a bool word is taken as the value, so that the next option or a program is never
-    // swallowed.
-    const bool value_follows = i + 1 < args.size() && bool_word(args[i + 1]).has_value();
+    const bool value_follows = bool_value_follows(args, i);
     out.push_back(args[i] + "=" + (value_follows ? args[i + 1] : std::string("true")));
     if (value_follows) ++i;
   }

@@ -60,7 +60,9 @@ std::string to_json(const EpochMetrics& m) {
     c["recovery_seconds"] = figure(r.recovery_seconds, 6);
     j["membership_changes"].push_back(c);
   }
-  return j.dump();  // one line: no indent, and a newline in a string is written as \n
+  // One line: no indent, and a newline in a string is written as \n. A byte that is not UTF-8 (an
+  // error message's, in `why`) becomes U+FFFD, as in the flight records and the timeline.
+  return j.dump(-1, ' ', /*ensure_ascii=*/false, Json::error_handler_t::replace);
 }
 
 std::string describe(const EpochMetrics& m) {

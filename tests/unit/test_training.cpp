@@ -147,6 +147,18 @@ TEST(Metrics, NonFiniteValuesAreWrittenAsNull) {
   EXPECT_EQ(json.at("test_accuracy"), 0.1) << json;
 }
 
+// A membership change's reason comes from an error message, whose bytes may not be UTF-8: the
+// line is written all the same, with U+FFFD for each such byte, as the flight records do.
+TEST(Metrics, BytesThatAreNotUtf8BecomeTheReplacementCharacter) {
+  ddp::train::EpochMetrics m;
+  m.epoch = 1;
+  ddp::train::MembershipRecord change;
+  change.why = "lost host \xff";
+  m.membership_changes.push_back(change);
+  const auto json = nlohmann::json::parse(ddp::train::to_json(m));
+  EXPECT_EQ(json.at("membership_changes").at(0).at("why"), "lost host \xef\xbf\xbd") << json;
+}
+
 // Reads metrics.jsonl line by line with Python's json: one object a line, the keys in their
 // documented order, each figure the number written (to 9 significant digits), null for NaN.
 constexpr const char* kCheckMetrics = R"(

@@ -17,6 +17,11 @@ std::optional<bool> bool_word(std::string_view text);
 // word; `what` names the option or variable ("--tee", "DDP_LAUNCH_TEE").
 bool parse_bool(const std::string& text, const std::string& what);
 
+// Whether the word after the flag args[i] ("--tee true") is its value: only a bool word is, so that
+// the next option or a program is never taken for one. The one rule for it, which
+// join_bool_values and the launcher's cut between its words and the program's both follow.
+bool bool_value_follows(const std::vector<std::string>& args, size_t i);
+
 // The command line's words with every flag in one form, "--name=value", so that an option parser
 // (cxxopts reads a flag only alone or with "=") needs no rule of its own for them. A flag
 // accepts three spellings:
