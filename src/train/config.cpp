@@ -144,21 +144,22 @@ ConfigKey bool_key(std::string name, Field field, std::string help) {
 }
 
 // A string key; with `choices`, the value must be one of them.
-ConfigKey string_key(std::string name, std::string Config::*member,
-                     std::vector<std::string> choices, std::string hint, std::string help) {
+template <class Field>
+ConfigKey string_key(std::string name, Field field, std::vector<std::string> choices,
+                     std::string hint, std::string help) {
   ConfigKey key;
   key.name = std::move(name);
   key.help = std::move(help);
   std::string joined;
   for (const auto& choice : choices) joined += (joined.empty() ? "" : "|") + choice;
   key.value_hint = choices.empty() ? std::move(hint) : joined;
-  key.set = [member, choices, joined](Config& c, const std::string& v) {
+  key.set = [field, choices, joined](Config& c, const std::string& v) {
     if (!choices.empty() && std::find(choices.begin(), choices.end(), v) == choices.end()) {
       throw BadValue{"one of " + joined};
     }
-    c.*member = v;
+    std::invoke(field, c) = v;
   };
-  key.get = [member](const Config& c) { return c.*member; };
+  key.get = [field](const Config& c) { return std::string(std::invoke(field, c)); };
   return key;
 }
 
@@ -177,6 +178,12 @@ ConfigKey enum_key(std::string name, Field field, const Named<E> (&names)[N], st
   key.get = [field, &names](const Config& c) { return name_of(names, std::invoke(field, c)); };
   return key;
 }
+
+// A member of one of Config's option structs (`path`: "time_series.seq_len") as a key's field.
+#define DDP_MEMBER(path) \
+  [](auto& c) -> auto& { \
+    return c.path;       \
+  }
 
 // The DDP options' field `name` as a key's field: a TORCH_ARG member, reached through its
 // accessors (the const one for `get`, the other for `set`).
@@ -218,22 +225,26 @@ std::vector<ConfigKey> make_keys() {
                  "dataset location (fashion-mnist: a directory, empty: "
                  "/usr/share/datasets/fashion-mnist; csv: a file, empty: the synthetic series)"),
       int_key("train-subset", &C::train_subset, 0, "train on the first N samples only (0: all)"),
-      string_key("date-column", &C::date_column, {}, "NAME",
+      string_key("date-column", DDP_MEMBER(time_series.date_column), {}, "NAME",
                  "csv: the date column, source of the time features (absent: none)"),
-      string_key("target", &C::target, {}, "NAME", "csv: the column to forecast (empty: the last)"),
-      string_key("features", &C::features, {"M", "S", "MS"}, "",
+      string_key("target", DDP_MEMBER(time_series.target), {}, "NAME",
+                 "csv: the column to forecast (empty: the last)"),
+      string_key("features", DDP_MEMBER(time_series.features), {"M", "S", "MS"}, "",
                  "csv: M all columns to all, S the target to itself, MS all columns to the target"),
-      int_key("seq-len", &C::seq_len, 1, "csv: rows of history the encoder reads"),
-      int_key("label-len", &C::label_len, 0,
+      int_key("seq-len", DDP_MEMBER(time_series.seq_len), 1,
+              "csv: rows of history the encoder reads"),
+      int_key("label-len", DDP_MEMBER(time_series.label_len), 0,
               "csv: known rows the decoder starts from (at most seq-len)"),
-      int_key("pred-len", &C::pred_len, 1, "csv: rows to forecast"),
-      int_key("factor", &C::factor, 1, "informer: ProbSparse sampling factor c"),
-      int_key("d-model", &C::d_model, 2, "informer: model width (even, a multiple of n-heads)"),
-      int_key("n-heads", &C::n_heads, 1, "informer: attention heads"),
-      int_key("e-layers", &C::e_layers, 1, "informer: encoder layers"),
-      int_key("d-layers", &C::d_layers, 1, "informer: decoder layers"),
-      int_key("d-ff", &C::d_ff, 1, "informer: feed-forward width"),
-      float_key("dropout", &C::dropout, 0.0, false, "informer: dropout probability, below 1"),
+      int_key("pred-len", DDP_MEMBER(time_series.pred_len), 1, "csv: rows to forecast"),
+      int_key("factor", DDP_MEMBER(informer.factor), 1, "informer: ProbSparse sampling factor c"),
+      int_key("d-model", DDP_MEMBER(informer.d_model), 2,
+              "informer: model width (even, a multiple of n-heads)"),
+      int_key("n-heads", DDP_MEMBER(informer.n_heads), 1, "informer: attention heads"),
+      int_key("e-layers", DDP_MEMBER(informer.e_layers), 1, "informer: encoder layers"),
+      int_key("d-layers", DDP_MEMBER(informer.d_layers), 1, "informer: decoder layers"),
+      int_key("d-ff", DDP_MEMBER(informer.d_ff), 1, "informer: feed-forward width"),
+      float_key("dropout", DDP_MEMBER(informer.dropout), 0.0, false,
+                "informer: dropout probability, below 1"),
       int_key("epochs", &C::epochs, 1, "number of epochs"),
       int_key("batch-size", &C::batch_size, 1, "batch size per rank"),
       int_key("global-batch-size", &C::global_batch_size, 0,
@@ -523,16 +534,18 @@ void validate(const Config& config) {
                     "and csv data trains the informer",
                     config.model, config.dataset));
   }
-  if (config.label_len > config.seq_len) {
-    throw InputError(fmt::format("key 'label-len': {} is longer than seq-len {}", config.label_len,
-                                 config.seq_len));
+  const auto& series = config.time_series;
+  if (series.label_len > series.seq_len) {
+    throw InputError(fmt::format("key 'label-len': {} is longer than seq-len {}", series.label_len,
+                                 series.seq_len));
   }
-  if (config.d_model % 2 != 0 || config.d_model % config.n_heads != 0) {
+  const auto& informer = config.informer;
+  if (informer.d_model % 2 != 0 || informer.d_model % informer.n_heads != 0) {
     throw InputError(fmt::format("key 'd-model': {} must be even and a multiple of n-heads {}",
-                                 config.d_model, config.n_heads));
+                                 informer.d_model, informer.n_heads));
   }
-  if (config.dropout >= 1.0) {
-    throw InputError(fmt::format("key 'dropout': {} is not below 1", config.dropout));
+  if (informer.dropout >= 1.0) {
+    throw InputError(fmt::format("key 'dropout': {} is not below 1", informer.dropout));
   }
   if ((config.model == "mlp" || config.model == "resnet18") && config.dataset != "fashion-mnist") {
     throw InputError(fmt::format("model '{}' trains on dataset 'fashion-mnist', not '{}'",

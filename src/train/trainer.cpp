@@ -183,10 +183,10 @@ int64_t batch_size_per_rank(const Config& config, int world_size) {
 }
 
 // The lr schedule of the run, its base lr scaled for the global batch (--lr-scaling).
-LrSchedule lr_schedule_of(const Config& config, int world_size) {
+LrSchedule lr_schedule_of(const Config& config, int64_t batch_size, int world_size) {
   LrSchedule schedule;
   schedule.kind = config.lr_schedule;
-  const int64_t global_batch = config.batch_size * world_size * config.grad_accum_steps;
+  const int64_t global_batch = batch_size * world_size * config.grad_accum_steps;
   schedule.base_lr = scaled_lr(config.lr, config.lr_scaling, global_batch, config.reference_batch);
   if (config.lr_scaling == LrScaling::kLinear) {
     log::info("lr {} scaled linearly to {} for the global batch {} (reference batch {})", config.lr,
@@ -243,18 +243,18 @@ Trainer::Trainer(Config config, Distributed dist)
     }
     torch::set_num_threads(threads);
   }
-  config_.batch_size = batch_size_per_rank(config_, dist_.world_size());
+  batch_size_ = batch_size_per_rank(config_, dist_.world_size());
   batch_world_ = dist_.world_size();
   bool resumed = false;
   if (joiner) {
     build_model(/*init_sync=*/false);  // the group's state comes whole when it joins (run())
   } else if (!elastic_->attempt([&] {
                build_model(/*init_sync=*/true);
-               resumed = resume_if_asked();  // may change batch_size
+               resumed = resume_if_asked();  // may change batch_size_
              })) {
     resumed = step_ > 0;  // --elastic: re-formed meanwhile, and healed
   }
-  schedule_ = lr_schedule_of(config_, dist_.world_size());
+  schedule_ = lr_schedule_of(config_, batch_size_, dist_.world_size());
   if (dist_.is_main()) write_run_files(resumed);
 }
 
@@ -300,9 +300,13 @@ void Trainer::build_model(bool init_sync) {
 void Trainer::wrap_model(bool init_sync) {
   // Collective unless init_sync is off: checks the model is the same everywhere, broadcasts rank
   // 0's weights.
-  model_ =
-      DistributedDataParallel(workload_.module, dist_.group,
-                              DistributedDataParallelOptions(config_.ddp).init_sync(init_sync));
+  auto options = DistributedDataParallelOptions(config_.ddp).init_sync(init_sync);
+  // A tuned bucket size (bucket-cap-mb auto), once agreed, is the run's: a group re-formed by an
+  // elastic change keeps it, as a resumed run does (start_bucket_tuning).
+  if (tuned_bucket_cap_bytes_ > 0) {
+    options.bucket_cap_mb(static_cast<double>(tuned_bucket_cap_bytes_) / (1024 * 1024));
+  }
+  model_ = DistributedDataParallel(workload_.module, dist_.group, options);
   register_comm_hook(model_, config_, dist_.group);
 }
 
@@ -372,12 +376,12 @@ TrainResult Trainer::train() {
               config_.epochs);
     return result;
   }
-  const int64_t global = config_.batch_size * dist_.world_size() * config_.grad_accum_steps;
+  const int64_t global = batch_size_ * dist_.world_size() * config_.grad_accum_steps;
   log::info(
       "training {} on {} ({} train / {} test samples) on {} rank(s), {} threads each, batch {} "
       "per rank{} ({} global)",
       config_.model, config_.dataset, workload_.train_set.size(), workload_.test_set.size(),
-      dist_.world_size(), torch::get_num_threads(), config_.batch_size,
+      dist_.world_size(), torch::get_num_threads(), batch_size_,
       config_.grad_accum_steps > 1
           ? fmt::format(" x {} accumulated micro-batches", config_.grad_accum_steps)
           : "",
@@ -650,7 +654,7 @@ torch::Tensor Trainer::forward_backward(EpochPass& pass, const data::Batch& batc
 }
 
 int64_t Trainer::steps_for(int64_t samples) const {
-  const int64_t batches = (samples + config_.batch_size - 1) / config_.batch_size;
+  const int64_t batches = (samples + batch_size_ - 1) / batch_size_;
   return (batches + config_.grad_accum_steps - 1) / config_.grad_accum_steps;
 }
 
@@ -671,11 +675,10 @@ Trainer::EpochPass Trainer::begin_epoch(int64_t epoch) {
   pass.sequence = resumed ? data::reshard(start_epoch_samples_, world, !config_.uneven)
                           : epoch_sequence(epoch, world);
   const torch::Tensor order = data::rank_share(pass.sequence, world, dist_.rank());
-  const int64_t n =
-      config_.drop_last ? order.size(0) / config_.batch_size * config_.batch_size : order.size(0);
+  const int64_t n = config_.drop_last ? order.size(0) / batch_size_ * batch_size_ : order.size(0);
   if (n == 0 && !resumed) {
     throw InputError(fmt::format("drop-last: each rank's {} samples are fewer than one batch of {}",
-                                 order.size(0), config_.batch_size));
+                                 order.size(0), batch_size_));
   }
   pass.epoch = epoch;
   // A resumed epoch goes on after the steps its checkpoint had taken.
@@ -786,7 +789,7 @@ void Trainer::check_parameters() {
 
 data::LoaderOptions Trainer::loader_options(int64_t epoch, int64_t first_step) const {
   data::LoaderOptions o;
-  o.batch_size = config_.batch_size;
+  o.batch_size = batch_size_;
   o.workers = static_cast<int>(config_.workers);
   o.pin_memory = config_.pin_memory && dist_.device.is_cuda();  // pinning needs CUDA
   if (config_.augment) {
@@ -830,8 +833,8 @@ Scores Trainer::evaluate(const data::TensorDataset& set) {
   auto add = [&](int slot, const torch::Tensor& batch_sum) {
     sums[slot] += batch_sum.to(torch::kDouble);
   };
-  for (int64_t begin = 0; begin < n; begin += config_.batch_size) {
-    const int64_t size = std::min(config_.batch_size, n - begin);
+  for (int64_t begin = 0; begin < n; begin += batch_size_) {
+    const int64_t size = std::min(batch_size_, n - begin);
     const data::Batch batch = set.gather(order.narrow(0, begin, size));
     const auto input = batch.input.to(dist_.device);
     const auto target = batch.target.to(dist_.device);
@@ -867,7 +870,7 @@ Scores Trainer::evaluate(const data::TensorDataset& set) {
 // gather drops the step, so that every committed step has its record.
 std::vector<std::string> Trainer::gather_sample_ids(const EpochPass& pass) {
   // The pass's loader takes this rank's order from its start, a step's batches at a time.
-  const int64_t per_step = config_.batch_size * config_.grad_accum_steps;
+  const int64_t per_step = batch_size_ * config_.grad_accum_steps;
   const int64_t size = pass.order.size(0);
   const int64_t begin = std::min((pass.step - pass.first_step) * per_step, size);
   const at::Tensor ids = pass.order.narrow(0, begin, std::min(per_step, size - begin)).contiguous();
@@ -901,8 +904,7 @@ std::string Trainer::record_samples(const EpochPass& pass, const std::vector<std
 }
 
 ElasticPosition Trainer::position_of(const EpochPass& pass) const {
-  const int64_t per_rank =
-      (pass.step - pass.first_step) * config_.batch_size * config_.grad_accum_steps;
+  const int64_t per_rank = (pass.step - pass.first_step) * batch_size_ * config_.grad_accum_steps;
   return {pass.epoch, pass.step, pass.steps, pass.sequence,
           data::trained_prefix(pass.sequence.size(0), dist_.world_size(), per_rank)};
 }
@@ -934,10 +936,10 @@ void Trainer::adopt_group() {
 }
 
 void Trainer::take_state(const Checkpoint& state, const std::string& origin) {
-  config_.batch_size = state.batch_size;
+  batch_size_ = state.batch_size;
   apply(state, origin);
   batch_world_ = dist_.world_size();
-  schedule_ = lr_schedule_of(config_, dist_.world_size());
+  schedule_ = lr_schedule_of(config_, batch_size_, dist_.world_size());
 }
 
 ElasticPosition Trainer::state_position() const {

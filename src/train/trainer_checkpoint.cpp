@@ -163,7 +163,7 @@ Checkpoint Trainer::checkpoint_here(CheckpointPosition at, const torch::Tensor& 
   c.epoch_samples = untrained;
   c.step = step_;
   c.world_size = dist_.world_size();
-  c.batch_size = config_.batch_size;
+  c.batch_size = batch_size_;
   c.seed = config_.seed;
   c.optimizer = to_string(config_.optimizer);
   c.config = to_yaml(config_);
@@ -396,7 +396,7 @@ void Trainer::check_resumable(const Checkpoint& c, const std::string& path) {
           "global batch {}",
           path, c.world_size, world, c.batch_size, *batch, c.batch_size * c.world_size);
     }
-    config_.batch_size = *batch;
+    batch_size_ = *batch;
   }
   if (dist_.is_main()) {
     for (const auto& change : changed_settings(c.config, to_yaml(config_), kFreeOnResume)) {
@@ -456,8 +456,7 @@ Checkpoint Trainer::state_at(const ElasticPosition& at, int world) {
   Checkpoint c = checkpoint_here({at.epoch, at.epoch_step}, at.rest());
   c.world_size = world;
   // The global batch is kept where the new world divides it; else each rank keeps its batch.
-  c.batch_size =
-      batch_size_for_world(config_.batch_size, batch_world_, world).value_or(config_.batch_size);
+  c.batch_size = batch_size_for_world(batch_size_, batch_world_, world).value_or(batch_size_);
   c.optimizer_state = byte_tensor(serialized(optimizer()));
   const at::Tensor rng = cpu_rng_state().contiguous();
   c.rng_state = rng.unsqueeze(0).repeat({world, 1});  // every rank continues this stream

@@ -28,7 +28,7 @@ std::function<torch::Tensor(const torch::Tensor&)> forward_of(Holder holder) {
 // The csv dataset: windows over the file's (or the synthetic series') training, validation and
 // test parts.
 void load_csv(const Config& config, Workload& w) {
-  const data::TimeSeriesOptions o = time_series_options(config);
+  const data::TimeSeriesOptions& o = config.time_series;
   data::TimeSeriesData series;
   if (config.data.empty()) {
     log::info("no data file: the synthetic series (scripts/make_timeseries_csv writes it)");
@@ -48,21 +48,14 @@ void load_csv(const Config& config, Workload& w) {
 // of them followed by zeros in place of the future values (Informer's generative input), with
 // the marks of all its rows, which are known in advance.
 void make_informer(const Config& config, Workload& w) {
-  models::InformerOptions o;
+  models::InformerOptions o = config.informer;
   const int64_t columns = w.train_set.inputs.size(2) - 4;
   const int64_t outputs = w.train_set.targets.size(2);
   o.enc_in = o.dec_in = columns;
   o.c_out = outputs;
-  o.seq_len = config.seq_len;
-  o.label_len = config.label_len;
-  o.pred_len = config.pred_len;
-  o.factor = config.factor;
-  o.d_model = config.d_model;
-  o.n_heads = config.n_heads;
-  o.e_layers = config.e_layers;
-  o.d_layers = config.d_layers;
-  o.d_ff = config.d_ff;
-  o.dropout = config.dropout;
+  o.seq_len = config.time_series.seq_len;
+  o.label_len = config.time_series.label_len;
+  o.pred_len = config.time_series.pred_len;
   models::Informer net(o);
   w.module = net.ptr();
   w.forward = [net, o, columns](const torch::Tensor& window) mutable {
@@ -83,17 +76,6 @@ void make_informer(const Config& config, Workload& w) {
 }
 
 }  // namespace
-
-data::TimeSeriesOptions time_series_options(const Config& config) {
-  data::TimeSeriesOptions o;
-  o.date_column = config.date_column;
-  o.target = config.target;
-  o.features = config.features;
-  o.seq_len = config.seq_len;
-  o.label_len = config.label_len;
-  o.pred_len = config.pred_len;
-  return o;
-}
 
 Workload make_workload(const Config& config, const models::NormFactory& norm) {
   Workload w;

@@ -177,8 +177,10 @@ std::string expect_survived(const std::vector<std::string>& faults, int lost,
   EXPECT_EQ(count_of(r.output, "lost: signal SIGKILL (9)"), lost) << r.output;
   EXPECT_EQ(count_of(r.output, "[launcher] elastic: restart "), lost) << r.output;
   // Rank 0 named the worker lost, with its signal, in the log and in metrics.jsonl (with the
-  // recovery time: from the change seen to the first step committed after it).
-  EXPECT_TRUE(mentions(r.output, "(lost: rank ")) << r.output;
+  // recovery time: from the change seen to the first step committed after it). Workers lost
+  // together may be one change ("lost: ranks 1,2 of generation 0").
+  EXPECT_TRUE(mentions(r.output, "(lost: rank ") || mentions(r.output, "(lost: ranks "))
+      << r.output;
   const std::string metrics = ddp::testing::read_file(elastic.file("metrics.jsonl"));
   EXPECT_EQ(count_of(metrics, "\"epoch\":"), kEpochs);
   EXPECT_TRUE(mentions(metrics, "\"membership_changes\":[{\"after_step\":")) << metrics;

@@ -83,11 +83,11 @@ TEST(Training, InformerWorkloadNeverReadsTheFutureAndHasANaiveForecast) {
   Config c;
   c.model = "informer";
   c.dataset = "csv";
-  c.seq_len = 48;
-  c.label_len = 24;
-  c.pred_len = 12;
-  c.d_model = 16;
-  c.d_ff = 16;
+  c.time_series.seq_len = 48;
+  c.time_series.label_len = 24;
+  c.time_series.pred_len = 12;
+  c.informer.d_model = 16;
+  c.informer.d_ff = 16;
   auto w = ddp::train::make_workload(c);
   EXPECT_EQ(w.train_set.size(), 7000 - 48 - 12 + 1);
   ASSERT_TRUE(w.val_set.has_value());

@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "ddp/core/distributed_data_parallel.h"
+#include "ddp/data/time_series.h"
+#include "ddp/models/informer.h"
 #include "ddp/train/lr_schedule.h"
 
 namespace ddp::train {
@@ -45,21 +47,13 @@ struct Config {
   std::string dataset = "fashion-mnist";
   std::string data;          // empty: the dataset's default (csv: the synthetic series)
   int64_t train_subset = 0;  // 0: all training samples
-  // Time series (dataset csv), with the Informer code's names and defaults.
-  std::string date_column = "date";  // "" or absent from the file: no time features
-  std::string target;                // "": the last column
-  std::string features = "M";        // M: all to all; S: target to target; MS: all to target
-  int64_t seq_len = 96;
-  int64_t label_len = 48;
-  int64_t pred_len = 24;
-  // Informer's size (small defaults: a CPU epoch on 10,000 rows takes about a minute).
-  int64_t factor = 5;  // ProbSparse sampling factor c
-  int64_t d_model = 64;
-  int64_t n_heads = 4;
-  int64_t e_layers = 2;
-  int64_t d_layers = 1;
-  int64_t d_ff = 128;
-  double dropout = 0.05;
+  // Time series (dataset csv): the loader's own options, with the Informer code's names and
+  // defaults (keys date-column, target, features, seq-len, label-len, pred-len).
+  data::TimeSeriesOptions time_series;
+  // Informer's size, the model's own options (keys factor, d-model, n-heads, e-layers, d-layers,
+  // d-ff, dropout; small defaults: a CPU epoch on 10,000 rows takes about a minute). Its lengths
+  // are time_series' and its columns the data's: make_workload sets them when it makes the model.
+  models::InformerOptions informer;
   // How long, in what batches.
   int64_t epochs = 1;
   int64_t batch_size = 64;        // per rank

@@ -167,7 +167,7 @@ class Trainer : private ElasticTrainee {
   ElasticPosition state_position() const override;
   uint64_t state_digest() override;
   int64_t steps() const override { return step_; }
-  int64_t batch_size() const override { return config_.batch_size; }
+  int64_t batch_size() const override { return batch_size_; }
 
   // How the training batches of `epoch` are prepared (--workers, --pin-memory, --augment), in a
   // pass that starts after `first_step` of its steps.
@@ -229,7 +229,11 @@ class Trainer : private ElasticTrainee {
   int64_t start_epoch_ = 0;            // epochs done before this run (resume)
   int64_t start_epoch_step_ = 0;       // steps of epoch start_epoch_ done before it (a SIGTERM's)
   torch::Tensor start_epoch_samples_;  // and the ids of it still to train (undefined: none)
-  int64_t batch_world_ = 1;            // the world size config_.batch_size is for
+  // The batch per rank now, for batch_world_ ranks: the config's (batch-size, or global-batch-size
+  // over the world), a checkpoint's for a new world, or the group's after an elastic change. The
+  // config stays as the user wrote it.
+  int64_t batch_size_ = 0;
+  int64_t batch_world_ = 1;
   std::optional<MetricsWriter> metrics_file_;    // rank 0
   std::unique_ptr<std::ofstream> samples_file_;  // --record-samples, rank 0
   std::unique_ptr<ElasticMember> elastic_;       // does nothing without --elastic

@@ -31,9 +31,6 @@ struct Workload {
 // plain BatchNorm; --sync-bn passes SyncBatchNorm's). Throws InputError on bad data.
 Workload make_workload(const Config& config, const models::NormFactory& norm = nullptr);
 
-// What the csv dataset and the informer are built with, from the config.
-data::TimeSeriesOptions time_series_options(const Config& config);
-
 // Mean loss of a batch: cross-entropy for classification, MSE for regression.
 torch::Tensor compute_loss(data::Task task, const torch::Tensor& output,
                            const torch::Tensor& target);
