@@ -191,11 +191,24 @@ std::vector<int> thread_ids() {
   return tids;
 }
 
+// Whether `tid` keeps `sig` blocked. A mask seen blocked may be a moment's: glibc's
+// pthread_create blocks every signal in the creating thread until the new one exists (the capture's
+// own helper is started so), so it is read again a few times over 10 ms.
+bool keeps_signal_blocked(int tid, int sig) {
+  for (int look = 0; look < 5; ++look) {
+    if (!blocks_signal(tid, sig)) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
+
 // The addresses of `tid`'s stack, or an error; a thread that has not answered in `patience` is
-// given up on (it may be stopped, or in the kernel without a way out).
-std::vector<uint64_t> walk_thread(int tid, std::string& error) {
+// given up on (it may be stopped, or in the kernel without a way out). `asker`: the thread that
+// asked for the capture, which unblocked the signal (a moment's mask aside: the signal then waits,
+// pending, until it is restored).
+std::vector<uint64_t> walk_thread(int tid, bool asker, std::string& error) {
   constexpr long kPatienceNs = 500'000'000;
-  if (blocks_signal(tid, g_signal)) {
+  if (!asker && keeps_signal_blocked(tid, g_signal)) {
     error = fmt::format("blocks signal {}: no stack", g_signal);
     return {};
   }
@@ -395,7 +408,7 @@ class SignalUnblocked {
 };
 
 // What capture() does, on a thread of its own, so that the thread that called it is walked too.
-std::vector<ThreadStack> capture_from_helper() {
+std::vector<ThreadStack> capture_from_helper(pid_t asker) {
   const pid_t helper = this_tid();
   std::vector<std::vector<uint64_t> > walked;  // threads[i]'s addresses
   std::vector<ThreadStack> threads;
@@ -405,7 +418,7 @@ std::vector<ThreadStack> capture_from_helper() {
     t.tid = tid;
     t.main = tid == ::getpid();
     t.name = read_first_line(fmt::format("/proc/self/task/{}/comm", tid));
-    walked.push_back(walk_thread(tid, t.error));
+    walked.push_back(walk_thread(tid, tid == asker, t.error));
     threads.push_back(std::move(t));
   }
   // Symbolized after every thread was walked: the threads are held up no longer than needed.
@@ -442,9 +455,9 @@ std::vector<ThreadStack> capture() {
     // The asking thread waits in join() below and is walked like the others; it takes the
     // signal meanwhile even where its own mask blocks it.
     const SignalUnblocked unblocked(g_signal);
-    std::thread helper([&threads] {
+    std::thread helper([&threads, asker = this_tid()] {
       try {
-        threads = capture_from_helper();
+        threads = capture_from_helper(asker);
       } catch (const std::exception&) {  // out of memory, most likely: no stacks
       }
     });
