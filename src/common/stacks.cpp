@@ -43,13 +43,6 @@ bool is_system_path(const std::string& path) {
   return false;
 }
 
-std::string read_first_line(const std::string& path) {
-  std::ifstream in(path);
-  std::string line;
-  std::getline(in, line);
-  return line;
-}
-
 }  // namespace
 
 std::string executable_path() {
@@ -179,6 +172,13 @@ bool install_handler() {
     return true;
   }
   return false;
+}
+
+std::string read_first_line(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
 }
 
 std::vector<int> thread_ids() {
