@@ -153,6 +153,17 @@ bool blocks_signal(int tid, int sig) {
   return false;
 }
 
+// Whether `tid` keeps `sig` blocked. A mask seen blocked may be a moment's: glibc's
+// pthread_create blocks every signal in the creating thread until the new one exists (the capture's
+// own helper is started so), so it is read again a few times over 10 ms.
+bool keeps_signal_blocked(int tid, int sig) {
+  for (int look = 0; look < 5; ++look) {
+    if (!blocks_signal(tid, sig)) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
+
 // The first real-time signal nobody handles (glibc keeps those below SIGRTMIN for itself) and
 // the main thread does not block: a mask is inherited through fork and exec, and a process started
 // with real-time signals blocked (some job runners do) passes that mask to every thread it starts.
@@ -162,7 +173,7 @@ bool install_handler() {
   for (int sig = SIGRTMIN + 1; sig <= SIGRTMAX; ++sig) {
     struct sigaction old {};
     if (::sigaction(sig, nullptr, &old) != 0 || old.sa_handler != SIG_DFL) continue;
-    if (blocks_signal(::getpid(), sig)) continue;
+    if (keeps_signal_blocked(::getpid(), sig)) continue;
     struct sigaction action {};
     action.sa_sigaction = on_stack_request;
     action.sa_flags = SA_SIGINFO | SA_RESTART;
@@ -189,17 +200,6 @@ std::vector<int> thread_ids() {
   }
   std::sort(tids.begin(), tids.end());
   return tids;
-}
-
-// Whether `tid` keeps `sig` blocked. A mask seen blocked may be a moment's: glibc's
-// pthread_create blocks every signal in the creating thread until the new one exists (the capture's
-// own helper is started so), so it is read again a few times over 10 ms.
-bool keeps_signal_blocked(int tid, int sig) {
-  for (int look = 0; look < 5; ++look) {
-    if (!blocks_signal(tid, sig)) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return true;
 }
 
 // The addresses of `tid`'s stack, or an error; a thread that has not answered in `patience` is

@@ -304,7 +304,7 @@ void Trainer::wrap_model(bool init_sync) {
   // A tuned bucket size (bucket-cap-mb auto), once agreed, is the run's: a group re-formed by an
   // elastic change keeps it, as a resumed run does (start_bucket_tuning).
   if (tuned_bucket_cap_bytes_ > 0) {
-    options.bucket_cap_mb(static_cast<double>(tuned_bucket_cap_bytes_) / (1024 * 1024));
+    options.bucket_cap_mb(core::bytes_to_mib(tuned_bucket_cap_bytes_));
   }
   model_ = DistributedDataParallel(workload_.module, dist_.group, options);
   register_comm_hook(model_, config_, dist_.group);
@@ -554,7 +554,7 @@ std::pair<torch::Tensor, int64_t> Trainer::step_gradients(EpochPass& pass,
 
 void Trainer::start_bucket_tuning() {
   if (tuned_bucket_cap_bytes_ > 0) {
-    const double mb = static_cast<double>(tuned_bucket_cap_bytes_) / (1024 * 1024);
+    const double mb = core::bytes_to_mib(tuned_bucket_cap_bytes_);
     model_->set_bucket_cap_mb(mb);
     log::info("bucket-cap-mb auto: {} MiB, as the checkpoint's run chose", mb);
     return;

@@ -20,6 +20,11 @@ inline size_t mib_to_bytes(double mb) {
   return static_cast<size_t>(mb * 1024 * 1024);
 }
 
+// The size in MiB of `bytes`: mib_to_bytes' inverse, for a size kept in bytes.
+inline double bytes_to_mib(int64_t bytes) {
+  return static_cast<double>(bytes) / (1024 * 1024);
+}
+
 // What bucketing needs to know of a gradient.
 struct TensorSlot {
   size_t bytes = 0;
