@@ -4,7 +4,7 @@
 // Prints, on rank 0, one row per size: bytes, elements, time (us), algbw and busbw (GB/s),
 // where busbw = algbw * 2 (n - 1) / n is comparable across world sizes.
 // TORCH_DISTRIBUTED_DEBUG=DETAIL checks each all-reduce across the ranks first
-// (ddp/comm/collective_check.h), as in ddp_train.
+// (ddp/comm/diagnostics/collective_check.h), as in ddp_train.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
@@ -12,7 +12,7 @@
 #include <cxxopts.hpp>
 #include <iostream>
 
-#include "ddp/comm/collective_check.h"
+#include "ddp/comm/diagnostics/collective_check.h"
 #include "ddp/comm/rendezvous.h"
 
 namespace {

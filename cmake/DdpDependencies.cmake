@@ -37,7 +37,7 @@ if(DDP_MPI)
   endif()
 endif()
 
-# Stack traces for the hang doctor (src/common/stacks.cpp): libunwind walks the threads' stacks,
+# Stack traces for the hang doctor (src/comm/diagnostics/stacks.cpp): libunwind walks the threads' stacks,
 # libdw (elfutils) names their functions, files and lines. Both are optional: without them a rank's
 # flight record comes without its stacks. DDP_WITH_STACKS=OFF builds without them where they are
 # installed (scripts/clang-build.sh does, so that the build without them is compiled too).

@@ -1,4 +1,4 @@
-# The NCCL backend (src/comm/nccl_backend.cpp). Three outcomes, decided by ddp_configure_nccl():
+# The NCCL backend (src/comm/backends/nccl_backend.cpp). Three outcomes, decided by ddp_configure_nccl():
 #   built         LibTorch has CUDA and NCCL (nccl.h + libnccl) is found: the backend is compiled
 #                 into the comm library and DDP_HAVE_NCCL is set.
 #   compile-only  LibTorch has no CUDA (Debian's 1.13) but a CUDA toolkit's headers and nccl.h are
@@ -14,7 +14,7 @@ get_filename_component(_ddp_nccl_project_dir "${CMAKE_CURRENT_LIST_DIR}/.." ABSO
 # (see above) and sets DDP_HAVE_NCCL (ON/OFF) in the caller's scope.
 function(ddp_configure_nccl comm_target)
   set(DDP_HAVE_NCCL OFF PARENT_SCOPE)
-  set(source "${_ddp_nccl_project_dir}/src/comm/nccl_backend.cpp")
+  set(source "${_ddp_nccl_project_dir}/src/comm/backends/nccl_backend.cpp")
   string(TOUPPER "${DDP_NCCL}" mode)
   if(NOT mode MATCHES "^(AUTO|ON|OFF)$")
     message(FATAL_ERROR "ddp: DDP_NCCL must be AUTO, ON or OFF, not '${DDP_NCCL}'")
@@ -115,7 +115,8 @@ libnccl: ${DDP_NCCL_LIBRARY}); set DDP_NCCL_ROOT or NCCL_ROOT to its prefix")
   if(NOT torch_cuda AND DDP_CUDA_INCLUDE_DIR AND DDP_NCCL_INCLUDE_DIR AND have_c10_cuda)
     add_library(ddp_nccl_compile_check OBJECT "${source}")
     target_compile_definitions(ddp_nccl_compile_check PRIVATE DDP_HAVE_NCCL)
-    target_include_directories(ddp_nccl_compile_check PRIVATE "${_ddp_nccl_project_dir}/include")
+    target_include_directories(ddp_nccl_compile_check PRIVATE "${_ddp_nccl_project_dir}/include"
+                                                             "${_ddp_nccl_project_dir}/src/comm")
     if(TARGET ddp::torch)
       target_link_libraries(ddp_nccl_compile_check PRIVATE ddp::torch)  # usage requirements only
     else()

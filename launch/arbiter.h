@@ -1,7 +1,8 @@
 #pragma once
 // The arbiter of elastic membership (Note [Elastic membership] and Note [Elastic nodes] in
-// ddp/comm/elastic_keys.h): node 0's launcher decides, from what it is told, which workers form
-// each generation, who is restarted, and when the job goes back to its newest checkpoint or ends.
+// ddp/comm/elastic/elastic_keys.h): node 0's launcher decides, from what it is told, which workers
+// form each generation, who is restarted, and when the job goes back to its newest checkpoint or
+// ends.
 //
 // A state machine: (state, event) -> (state, actions), with no store, no process and no clock of
 // its own (each event carries the time), so every decision is unit-tested

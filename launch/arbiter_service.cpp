@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <thread>
 
-#include "ddp/comm/elastic_keys.h"
+#include "ddp/comm/elastic/elastic_keys.h"
 
 namespace ddp::launch {
 namespace {

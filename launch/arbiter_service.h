@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "arbiter.h"
-#include "store_connection.h"
+#include "ddp/comm/store/store_connection.h"
 
 namespace ddp::launch {
 

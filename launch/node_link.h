@@ -1,6 +1,7 @@
 #pragma once
 // A node other than node 0, under elastic membership (Note [Elastic nodes] in
-// ddp/comm/elastic_keys.h): its launcher's link to node 0's arbiter, through the job's store.
+// ddp/comm/elastic/elastic_keys.h): its launcher's link to node 0's arbiter, through the job's
+// store.
 
 #include <chrono>
 #include <cstdint>
@@ -11,8 +12,8 @@
 #include <vector>
 
 #include "arbiter.h"
-#include "ddp/comm/elastic_keys.h"
-#include "store_connection.h"
+#include "ddp/comm/elastic/elastic_keys.h"
+#include "ddp/comm/store/store_connection.h"
 
 namespace ddp::launch {
 

@@ -14,7 +14,8 @@ struct LaunchOptions {
   int nnodes = 1;
   // --nnodes MIN:MAX (torchrun's syntax): elastic. Node 0's launcher serves the job's store
   // itself; each launcher restarts a failed worker alone (counted against --max-restarts) and the
-  // others go on without stopping (comm/elastic.h); the job goes on while MIN nodes are in it.
+  // others go on without stopping (comm/elastic/elastic.h); the job goes on while MIN nodes are in
+  // it.
   bool elastic = false;
   int min_nnodes = 1;
   double node_timeout = 15.0;  // elastic, several nodes: seconds without a node's heartbeat

@@ -21,14 +21,14 @@
 #include <optional>
 
 #include "arbiter_service.h"
-#include "ddp/comm/diagnose.h"
-#include "ddp/comm/elastic_keys.h"
+#include "ddp/comm/diagnostics/diagnose.h"
+#include "ddp/comm/elastic/elastic_keys.h"
+#include "ddp/comm/store/store_connection.h"
+#include "ddp/comm/store/store_server.h"
 #include "ddp/common/error.h"
 #include "ddp/common/files.h"
 #include "ddp/common/socket.h"
 #include "node_link.h"
-#include "store_connection.h"
-#include "store_server.h"
 
 namespace ddp::launch {
 namespace {
@@ -254,11 +254,11 @@ class Supervisor {
     return w;
   }
 
-  // Elastic (Note [Elastic membership] and Note [Elastic nodes] in ddp/comm/elastic_keys.h):
-  // node 0's launcher serves the store and its arbiter decides the generations; a failed worker
-  // is restarted alone and the others go on, or, when nothing holds the group's state any more or
-  // the program does not take part, every worker starts again (Note [Committed state has an
-  // owner] in arbiter.h).
+  // Elastic (Note [Elastic membership] and Note [Elastic nodes] in
+  // ddp/comm/elastic/elastic_keys.h): node 0's launcher serves the store and its arbiter decides
+  // the generations; a failed worker is restarted alone and the others go on, or, when nothing
+  // holds the group's state any more or the program does not take part, every worker starts again
+  // (Note [Committed state has an owner] in arbiter.h).
   int run_elastic() {
     if (o_.node_rank > 0) return run_elastic_node();
     port_ = o_.master_port != 0 ? o_.master_port : o_.nnodes == 1 ? free_port() : 29500;
@@ -788,8 +788,8 @@ class Supervisor {
     return ended;
   }
 
-  // The hang doctor's report over the records the workers left, if any (comm/diagnose.h), with
-  // `ended` for the ranks that left none.
+  // The hang doctor's report over the records the workers left, if any
+  // (comm/diagnostics/diagnose.h), with `ended` for the ranks that left none.
   void report_flight_records(const comm::RankEnds& ended) const {
     bool any = false;
     std::error_code ec;

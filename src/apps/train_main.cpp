@@ -12,13 +12,13 @@
 #include <string>
 #include <vector>
 
-#include "ddp/comm/diagnose.h"
-#include "ddp/comm/flight_recorder.h"
+#include "ddp/comm/diagnostics/diagnose.h"
+#include "ddp/comm/diagnostics/flight_recorder.h"
+#include "ddp/comm/diagnostics/stacks.h"
 #include "ddp/comm/rendezvous.h"
 #include "ddp/common/error.h"
 #include "ddp/common/files.h"
 #include "ddp/common/log.h"
-#include "ddp/common/stacks.h"
 #include "ddp/data/time_series.h"
 #include "ddp/train/config.h"
 #include "ddp/train/trainer.h"
@@ -158,7 +158,8 @@ bool parse_command_line(int argc, char** argv, ddp::train::Config& config) {
 }
 
 // SIGUSR1 asks every rank for its flight record (<output>/debug/rank<r>.json), like py-spy for a
-// hung job: the handler only sets a flag that the watchdog thread (ddp/comm/watchdog.h) acts on.
+// hung job: the handler only sets a flag that the watchdog thread (ddp/comm/diagnostics/watchdog.h)
+// acts on.
 void on_sigusr1(int /*signal*/) {
   ddp::comm::request_flight_dump_from_signal();
 }

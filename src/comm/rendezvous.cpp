@@ -7,9 +7,9 @@
 #include <charconv>
 #include <iterator>
 
-#include "backends.h"
-#include "ddp/comm/collective_check.h"
-#include "job_store.h"
+#include "backends/backends.h"
+#include "ddp/comm/diagnostics/collective_check.h"
+#include "store/job_store.h"
 
 namespace ddp::comm {
 namespace {

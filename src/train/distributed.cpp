@@ -7,7 +7,7 @@
 
 #include <algorithm>
 
-#include "ddp/comm/collective_check.h"
+#include "ddp/comm/diagnostics/collective_check.h"
 #include "ddp/comm/hierarchical.h"
 #include "ddp/comm/host_collectives.h"
 #include "ddp/common/error.h"

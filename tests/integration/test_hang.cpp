@@ -19,8 +19,8 @@
 #include <stdexcept>
 #include <thread>
 
-#include "ddp/comm/diagnose.h"
-#include "ddp/common/stacks.h"
+#include "ddp/comm/diagnostics/diagnose.h"
+#include "ddp/comm/diagnostics/stacks.h"
 #include "ranks.h"
 #include "subprocess.h"
 

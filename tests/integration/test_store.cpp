@@ -1,6 +1,6 @@
-// The job's rendezvous store (src/comm/job_store.h) over real sockets: its wire format, c10d's
-// Store semantics for clients with the job token (get waits for set, add counts, wait times out),
-// and refusals, counted and logged, for a client without the token, with another job's, or
+// The job's rendezvous store (src/comm/store/job_store.h) over real sockets: its wire format,
+// c10d's Store semantics for clients with the job token (get waits for set, add counts, wait times
+// out), and refusals, counted and logged, for a client without the token, with another job's, or
 // speaking another protocol. Then a real job under the launcher that an intruder tries to join.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -14,7 +14,7 @@
 
 #include "ddp/common/error.h"
 #include "errors.h"
-#include "job_store.h"
+#include "store/job_store.h"
 #include "subprocess.h"
 #include "torch_compat.h"
 

@@ -1,6 +1,6 @@
 #pragma once
-// What an elastic run's log and records say (--elastic, comm/elastic.h): the generations that went
-// on, and whether each epoch trained every sample once.
+// What an elastic run's log and records say (--elastic, comm/elastic/elastic.h): the generations
+// that went on, and whether each epoch trained every sample once.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 

@@ -49,7 +49,7 @@
 #include <utility>
 #include <vector>
 
-#include "ddp/comm/elastic.h"
+#include "ddp/comm/elastic/elastic.h"
 #include "ddp/comm/rendezvous.h"
 #include "ddp/common/error.h"
 #include "ddp/common/log.h"

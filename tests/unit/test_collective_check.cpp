@@ -1,9 +1,9 @@
-// TORCH_DISTRIBUTED_DEBUG=DETAIL's comparison (comm/collective_check.h): the signatures as they
-// travel, and the message that names each differing rank and both calls.
+// TORCH_DISTRIBUTED_DEBUG=DETAIL's comparison (comm/diagnostics/collective_check.h): the signatures
+// as they travel, and the message that names each differing rank and both calls.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "ddp/comm/collective_check.h"
+#include "ddp/comm/diagnostics/collective_check.h"
 #include "errors.h"
 
 namespace {

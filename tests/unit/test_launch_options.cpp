@@ -6,7 +6,7 @@
 #include <csignal>
 #include <fstream>
 
-#include "ddp/comm/elastic_keys.h"
+#include "ddp/comm/elastic/elastic_keys.h"
 #include "ddp/common/error.h"
 #include "options.h"
 
@@ -260,7 +260,7 @@ TEST(LaunchOptions, NnodesMinMaxIsElastic) {
             std::string::npos);
 }
 
-// The membership keys' values, both ways (comm/elastic_keys.h).
+// The membership keys' values, both ways (comm/elastic/elastic_keys.h).
 TEST(ElasticKeys, MembersAndDecisionsReadBackAsWritten) {
   using ddp::comm::StepDecision;
   const std::vector<std::string> members = {"0.0", "2.0", "1.1"};

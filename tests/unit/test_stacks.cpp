@@ -1,8 +1,8 @@
-// Every thread's stack (ddp/common/stacks.h): a thread parked in a known function is walked and
-// named with its function, file and line; the thread that asks is walked too; the choice of the
-// program's own frame; a process started with real-time signals blocked, and an asking thread that
-// blocks them; and the invariant that linking libunwind leaves C++ exceptions to libgcc.
-// Compiled with debug info (tests/CMakeLists.txt), as a user's RelWithDebInfo build is.
+// Every thread's stack (ddp/comm/diagnostics/stacks.h): a thread parked in a known function is
+// walked and named with its function, file and line; the thread that asks is walked too; the choice
+// of the program's own frame; a process started with real-time signals blocked, and an asking
+// thread that blocks them; and the invariant that linking libunwind leaves C++ exceptions to
+// libgcc. Compiled with debug info (tests/CMakeLists.txt), as a user's RelWithDebInfo build is.
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "ddp/common/stacks.h"
+#include "ddp/comm/diagnostics/stacks.h"
 
 namespace {
 

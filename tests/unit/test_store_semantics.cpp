@@ -1,9 +1,9 @@
-// The key-value semantics of the job's rendezvous store (src/comm/store_semantics.h) without a
-// socket: each request's reply and what it does to the keys, as c10d's Store defines them.
+// The key-value semantics of the job's rendezvous store (src/comm/store/store_semantics.h) without
+// a socket: each request's reply and what it does to the keys, as c10d's Store defines them.
 #include <gtest/gtest.h>
 
 #include "ddp/common/error.h"
-#include "store_semantics.h"
+#include "store/store_semantics.h"
 
 namespace {
 

@@ -1,6 +1,7 @@
-// The watchdog's terminate handler (src/comm/watchdog.cpp) when the watchdog's own thread is the
-// one that terminates, in the middle of taking every thread's stacks: the handler, on that same
-// thread, must not wait for the capture it is itself inside. Death tests: each runs in a child.
+// The watchdog's terminate handler (src/comm/diagnostics/watchdog.cpp) when the watchdog's own
+// thread is the one that terminates, in the middle of taking every thread's stacks: the handler, on
+// that same thread, must not wait for the capture it is itself inside. Death tests: each runs in a
+// child.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/syscall.h>
@@ -13,11 +14,11 @@
 #include <string>
 #include <thread>
 
-#include "ddp/comm/diagnose.h"
-#include "ddp/comm/flight_recorder.h"
+#include "ddp/comm/diagnostics/diagnose.h"
+#include "ddp/comm/diagnostics/flight_recorder.h"
+#include "ddp/comm/diagnostics/stacks.h"
+#include "ddp/comm/diagnostics/watchdog.h"
 #include "ddp/comm/rendezvous.h"
-#include "ddp/comm/watchdog.h"
-#include "ddp/common/stacks.h"
 #include "subprocess.h"
 
 namespace {

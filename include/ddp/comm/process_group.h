@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "ddp/comm/flight_recorder.h"
+#include "ddp/comm/diagnostics/flight_recorder.h"
 #include "ddp/common/error.h"
 
 namespace ddp::comm {

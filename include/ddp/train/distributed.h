@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "ddp/comm/elastic.h"
+#include "ddp/comm/elastic/elastic.h"
 #include "ddp/comm/rendezvous.h"
 #include "ddp/train/config.h"
 

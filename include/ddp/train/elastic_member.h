@@ -1,7 +1,7 @@
 #pragma once
 // The worker side of elastic training (--elastic; the protocol is Note [Elastic membership] in
-// ddp/comm/elastic_keys.h, the launcher's side launch/arbiter.h): where this member stands, its
-// vote on every step, the change of generation, the heal that gives every member one consistent
+// ddp/comm/elastic/elastic_keys.h, the launcher's side launch/arbiter.h): where this member stands,
+// its vote on every step, the change of generation, the heal that gives every member one consistent
 // state, the group growing, and the records of it all. The Trainer calls it at named points and
 // never sees the agent, a vote or a generation:
 //

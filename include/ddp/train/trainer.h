@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "ddp/comm/watchdog.h"
+#include "ddp/comm/diagnostics/watchdog.h"
 #include "ddp/core/bucket_tuning.h"
 #include "ddp/core/diloco.h"
 #include "ddp/core/distributed_data_parallel.h"

@@ -17,7 +17,7 @@
 #include <optional>
 #include <utility>
 
-#include "backends.h"
+#include "backends/backends.h"
 #include "job_thread.h"
 
 namespace ddp::comm {

@@ -1,4 +1,4 @@
-#include "ddp/comm/watchdog.h"
+#include "ddp/comm/diagnostics/watchdog.h"
 
 #include <unistd.h>
 #include <algorithm>
@@ -7,10 +7,10 @@
 #include <mutex>
 #include <vector>
 
-#include "ddp/comm/flight_recorder.h"
+#include "ddp/comm/diagnostics/flight_recorder.h"
+#include "ddp/comm/diagnostics/stacks.h"
 #include "ddp/common/files.h"
 #include "ddp/common/log.h"
-#include "ddp/common/stacks.h"
 
 namespace ddp::comm {
 namespace {

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "ddp/comm/elastic_keys.h"
+#include "ddp/comm/elastic/elastic_keys.h"
 #include "ddp/comm/process_group.h"
 #include "ddp/comm/rendezvous.h"
 

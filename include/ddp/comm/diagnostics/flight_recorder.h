@@ -7,7 +7,7 @@
 //
 // Thread-safe: collectives may be issued from autograd threads (DDP's hooks) while the watchdog
 // thread reads the buffer. Free of LibTorch (library ddp::flight), so the launcher can read and
-// merge the records too (comm/diagnose.h).
+// merge the records too (comm/diagnostics/diagnose.h).
 
 #include <cstdint>
 #include <deque>
@@ -32,8 +32,8 @@ struct CollectiveRecord {
 };
 
 // Where a rank's main thread was when its record was written: the innermost frame of the
-// program's own code (ddp/common/stacks.h), and the file beside the record with every thread's
-// stack.
+// program's own code (ddp/comm/diagnostics/stacks.h), and the file beside the record with every
+// thread's stack.
 struct WaitingIn {
   std::string function;
   std::string file;  // "" without debug info

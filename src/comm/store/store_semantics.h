@@ -10,7 +10,7 @@
 #include <optional>
 #include <string>
 
-#include "store_protocol.h"
+#include "ddp/comm/store/store_protocol.h"
 
 namespace ddp::comm {
 

@@ -19,9 +19,9 @@
 #include <chrono>
 
 #include "ddp/comm/rendezvous.h"
+#include "ddp/comm/store/store_protocol.h"
+#include "ddp/comm/store/store_server.h"
 #include "store_client.h"
-#include "store_protocol.h"
-#include "store_server.h"
 
 namespace ddp::comm {
 

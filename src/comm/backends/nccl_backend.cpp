@@ -43,7 +43,7 @@
 #include <utility>
 #include <vector>
 
-#include "backends.h"
+#include "backends/backends.h"
 
 // NCCL before 2.3 has no NCCL_VERSION; its version code used the old formula.
 #ifndef NCCL_VERSION

@@ -9,10 +9,10 @@
 #include <exception>
 #include <functional>
 
-#include "backends.h"
+#include "backends/backends.h"
 #include "ddp/common/log.h"
 #include "ddp/common/socket.h"
-#include "job_store.h"
+#include "store/job_store.h"
 
 namespace ddp::comm {
 namespace {

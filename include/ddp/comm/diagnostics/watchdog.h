@@ -3,8 +3,8 @@
 // (horovod/common/stall_inspector.h) apart from its controller: one thread per group that
 // publishes this rank's progress, warns once about each collective waited on too long, and writes
 // the flight record when SIGUSR1 asked (request_flight_dump_from_signal). Beside each record it
-// writes every thread's stack (ddp/common/stacks.h), rank<r>.stacks.txt; for a collective that
-// times out, the stacks of the moment just before, while the thread still waits in it.
+// writes every thread's stack (ddp/comm/diagnostics/stacks.h), rank<r>.stacks.txt; for a collective
+// that times out, the stacks of the moment just before, while the thread still waits in it.
 
 #include <chrono>
 #include <condition_variable>
@@ -15,7 +15,7 @@
 #include <string>
 #include <thread>
 
-#include "ddp/comm/flight_recorder.h"
+#include "ddp/comm/diagnostics/flight_recorder.h"
 #include "ddp/comm/process_group.h"
 
 namespace ddp::comm {

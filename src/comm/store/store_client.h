@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "ddp/comm/store/store_connection.h"
+#include "ddp/comm/store/store_protocol.h"
+#include "ddp/comm/store/store_server.h"
 #include "ddp/common/socket.h"
-#include "store_connection.h"
-#include "store_protocol.h"
-#include "store_server.h"
 
 namespace ddp::comm {
 

@@ -1,4 +1,4 @@
-#include "ddp/common/stacks.h"
+#include "ddp/comm/diagnostics/stacks.h"
 
 #include <fmt/format.h>
 

@@ -1,4 +1,4 @@
-#include "ddp/comm/elastic_keys.h"
+#include "ddp/comm/elastic/elastic_keys.h"
 
 #include <fmt/format.h>
 

@@ -1,7 +1,7 @@
 // World size 1 with no dependencies: every collective is the identity and completes at once.
 #include <ATen/ATen.h>
 
-#include "backends.h"
+#include "backends/backends.h"
 
 namespace ddp::comm {
 namespace {

@@ -1,4 +1,4 @@
-#include "ddp/comm/elastic.h"
+#include "ddp/comm/elastic/elastic.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -11,11 +11,11 @@
 #include <thread>
 #include <utility>
 
-#include "backends.h"
+#include "backends/backends.h"
 #include "ddp/common/error.h"
 #include "ddp/common/log.h"
 #include "job_thread.h"
-#include "store_client.h"
+#include "store/store_client.h"
 
 namespace ddp::comm {
 namespace {

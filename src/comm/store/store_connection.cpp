@@ -1,4 +1,4 @@
-#include "store_connection.h"
+#include "ddp/comm/store/store_connection.h"
 
 #include <fmt/format.h>
 

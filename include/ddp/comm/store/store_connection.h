@@ -7,8 +7,8 @@
 #include <mutex>
 #include <string>
 
+#include "ddp/comm/store/store_protocol.h"
 #include "ddp/common/socket.h"
-#include "store_protocol.h"
 
 namespace ddp::comm {
 

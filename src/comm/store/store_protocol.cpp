@@ -1,4 +1,4 @@
-#include "store_protocol.h"
+#include "ddp/comm/store/store_protocol.h"
 
 #include <fmt/format.h>
 

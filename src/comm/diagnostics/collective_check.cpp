@@ -1,4 +1,4 @@
-#include "ddp/comm/collective_check.h"
+#include "ddp/comm/diagnostics/collective_check.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/DeviceType.h>

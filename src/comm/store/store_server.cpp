@@ -1,4 +1,4 @@
-#include "store_server.h"
+#include "ddp/comm/store/store_server.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -12,9 +12,9 @@
 #include <map>
 #include <vector>
 
+#include "ddp/comm/store/store_protocol.h"
 #include "ddp/common/error.h"
 #include "ddp/common/log.h"
-#include "store_protocol.h"
 #include "store_semantics.h"
 
 namespace ddp::comm {

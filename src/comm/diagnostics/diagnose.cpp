@@ -1,4 +1,4 @@
-#include "ddp/comm/diagnose.h"
+#include "ddp/comm/diagnostics/diagnose.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
