@@ -10,6 +10,9 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${DDP_CLANG_BUILD_DIR:-$root/build-clang}"
 
 "$root/scripts/install-deps.sh"  # clang is one of the packages
+# shellcheck source=scripts/lib/ccache.sh
+source "$root/scripts/lib/ccache.sh"
+ddp_ccache_setup "$root"  # where DDP_CCACHE_ROOT names a cache (CI's)
 # -O0 -g0: the least compile time; warnings do not depend on it here (GCC's flow-based ones do,
 # which is why GCC's build is the Release one).
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \

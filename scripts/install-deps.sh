@@ -28,7 +28,7 @@ if [ -z "$major" ]; then
 fi
 
 packages=(
-  build-essential cmake ninja-build pkg-config git
+  build-essential cmake ninja-build pkg-config git ccache
   libtorch-dev libgloo-dev
   libopenmpi-dev openmpi-bin
   libcxxopts-dev libspdlog-dev libfmt-dev libgtest-dev libyaml-cpp-dev nlohmann-json3-dev zlib1g-dev

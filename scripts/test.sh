@@ -12,6 +12,8 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${DDP_BUILD_DIR:-$root/build}"
 # shellcheck source=scripts/lib/stage.sh
 source "$root/scripts/lib/stage.sh"
+# Builds through ccache where DDP_CCACHE_ROOT names a cache (CI's: see .ci/run).
+ddp_ccache_setup "$root"
 tier="${DDP_TEST_TIER:-full}"
 case "$tier" in
   fast) tier_args=(-L fast) ;;

@@ -7,7 +7,10 @@
 #   debian_root_clone DIR REPO               a fresh clone of REPO's HEAD at DIR/work/ddp
 #   debian_root_run DIR COMMAND              runs COMMAND (a bash string) inside DIR, with /proc,
 #                                             /sys, /dev, /dev/pts and /dev/shm mounted for its
-#                                             duration; they are unmounted whatever happens
+#                                             duration; they are unmounted whatever happens. The
+#                                             host's DDP_CCACHE_ROOT, where set, is mounted at its
+#                                             own path and set inside (the builds' caches outlive
+#                                             the root: scripts/lib/ccache.sh)
 
 debian_root_make() {
   local suite="$1" dir="$2"
@@ -87,12 +90,17 @@ debian_root_run() {
     mkdir -p "$dir/dev/shm"
     mount -t tmpfs -o mode=1777 shm "$dir/dev/shm" && _debian_root_mounts+=("$dir/dev/shm")
   fi
+  if [[ -n "${DDP_CCACHE_ROOT:-}" ]]; then
+    mkdir -p "$DDP_CCACHE_ROOT" "$dir$DDP_CCACHE_ROOT"
+    mount --bind "$DDP_CCACHE_ROOT" "$dir$DDP_CCACHE_ROOT" && _debian_root_mounts+=("$dir$DDP_CCACHE_ROOT")
+  fi
   cp -L /etc/resolv.conf "$dir/etc/resolv.conf" 2>/dev/null || true
   # The host's name must resolve inside as well: Slurm 24.11's slurmctld answers a client (scancel)
   # at the host name in its credential, and fails after 10 s where that name is unknown.
   cp -L /etc/hosts "$dir/etc/hosts" 2>/dev/null || true
   local status=0
   chroot "$dir" /usr/bin/env -i HOME=/root TERM="${TERM:-dumb}" LANG=C.UTF-8 CI="${CI:-}" \
+    DDP_CCACHE_ROOT="${DDP_CCACHE_ROOT:-}" \
     PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     /bin/bash -c "$command" || status=$?
   _debian_root_unmount

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "built_paths.h"
 #include "ddp/train/pt_file.h"
 #include "ddp/train/state_dict.h"
 #include "ranks.h"

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <thread>
 
+#include "built_paths.h"
 #include "ddp/core/autocast.h"
 #include "ddp/train/checkpoint.h"
 #include "ddp/train/pt_file.h"

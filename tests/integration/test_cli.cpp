@@ -5,6 +5,7 @@
 #include <map>
 #include <regex>
 
+#include "built_paths.h"
 #include "ddp/comm/rendezvous.h"
 #include "ddp/train/config.h"
 #include "subprocess.h"

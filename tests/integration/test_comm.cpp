@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <regex>
 
+#include "built_paths.h"
 #include "ddp/comm/rendezvous.h"
 #include "ddp/common/socket.h"
 #include "ranks.h"

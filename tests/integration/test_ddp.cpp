@@ -6,6 +6,7 @@
 
 #include <regex>
 
+#include "built_paths.h"
 #include "ranks.h"
 
 namespace {

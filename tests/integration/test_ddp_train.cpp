@@ -5,6 +5,7 @@
 
 #include <regex>
 
+#include "built_paths.h"
 #include "ranks.h"
 #include "run_files.h"
 #include "subprocess.h"

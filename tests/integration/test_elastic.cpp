@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "built_paths.h"
 #include "ddp/core/autocast.h"
 #include "elastic_log.h"
 #include "run_files.h"

@@ -11,6 +11,7 @@
 #include <iostream>
 #include <random>
 
+#include "built_paths.h"
 #include "ddp/train/checkpoint.h"
 #include "run_files.h"
 #include "subprocess.h"

@@ -19,6 +19,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "built_paths.h"
 #include "ddp/comm/diagnostics/diagnose.h"
 #include "ddp/comm/diagnostics/stacks.h"
 #include "ranks.h"

@@ -13,6 +13,7 @@
 #include <memory>
 #include <thread>
 
+#include "built_paths.h"
 #include "elastic_log.h"
 #include "netns.h"
 #include "ranks.h"

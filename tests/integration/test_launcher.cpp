@@ -11,6 +11,7 @@
 
 #include <cerrno>
 
+#include "built_paths.h"
 #include "ddp/train/pt_file.h"
 #include "ddp/train/state_dict.h"
 #include "ranks.h"

@@ -8,6 +8,7 @@
 #include <regex>
 #include <set>
 
+#include "built_paths.h"
 #include "ranks.h"
 #include "subprocess.h"
 

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "built_paths.h"
 #include "ranks.h"
 #include "subprocess.h"
 

@@ -15,15 +15,16 @@
 #include <thread>
 #include <vector>
 
+#include "built_paths.h"
 #include "run_files.h"
 #include "subprocess.h"
 #include "train_args.h"
 
 namespace {
 
+using ddp::testing::expect_same_weights;
 using ddp::testing::launch;
 using ddp::testing::mlp_args;
-using ddp::testing::expect_same_weights;
 using ddp::testing::process_alive;
 using ddp::testing::ProcessResult;
 using ddp::testing::TempDir;
@@ -143,9 +144,8 @@ TEST_F(Slurm, SrunTrainsTheMlpOnTwoRanksWithoutMasterAddr) {
   EXPECT_NE(srun.output.find("from SLURM_JOB_ID "), std::string::npos) << srun.output;
 
   // The same world under the launcher trains the same weights.
-  const auto launched =
-      ddp::testing::run_process(launch({"--nproc", "2"}, mlp_args(under_launcher.path(), 1)),
-                                {}, seconds(240));
+  const auto launched = ddp::testing::run_process(
+      launch({"--nproc", "2"}, mlp_args(under_launcher.path(), 1)), {}, seconds(240));
   ASSERT_EQ(launched.exit_code, 0) << launched.output;
   expect_same_weights(under_srun.file("model.pt"), under_launcher.file("model.pt"));
 }

@@ -12,6 +12,7 @@
 
 #include <thread>
 
+#include "built_paths.h"
 #include "ddp/common/error.h"
 #include "errors.h"
 #include "store/job_store.h"

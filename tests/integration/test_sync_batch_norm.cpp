@@ -2,6 +2,7 @@
 // input gradient, weight and bias gradients, running statistics (sync_bn_worker.cpp).
 #include <gtest/gtest.h>
 
+#include "built_paths.h"
 #include "ranks.h"
 
 namespace {

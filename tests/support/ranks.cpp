@@ -1,4 +1,5 @@
 #include "ranks.h"
+#include "built_paths.h"
 
 #include <gtest/gtest.h>
 

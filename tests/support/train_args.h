@@ -5,6 +5,7 @@
 
 #include <string>
 #include <vector>
+#include "built_paths.h"
 
 namespace ddp::testing {
 

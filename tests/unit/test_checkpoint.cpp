@@ -5,6 +5,7 @@
 
 #include <filesystem>
 
+#include "built_paths.h"
 #include "ddp/common/error.h"
 #include "ddp/common/files.h"
 #include "ddp/models/sequential_models.h"

@@ -3,6 +3,7 @@
 
 #include <filesystem>
 
+#include "built_paths.h"
 #include "ddp/common/error.h"
 #include "ddp/train/config.h"
 #include "errors.h"

@@ -10,6 +10,7 @@
 #include <map>
 #include <string>
 
+#include "built_paths.h"
 #include "ddp/comm/rendezvous.h"
 #include "ddp/core/diloco.h"
 #include "diloco_reference.h"

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "built_paths.h"
 #include "ddp/common/error.h"
 #include "ddp/core/sync_batch_norm.h"
 #include "ddp/models/informer.h"

@@ -5,6 +5,7 @@
 
 #include <sstream>
 
+#include "built_paths.h"
 #include "ddp/data/distributed_sampler.h"
 #include "subprocess.h"
 
