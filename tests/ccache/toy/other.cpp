@@ -1,0 +1,2 @@
+#include "plain.h"
+int plain_value() { return PLAIN_VALUE; }

@@ -1,0 +1,1 @@
+#include "pch.h"

@@ -1,0 +1,3 @@
+#pragma once
+#include <cstdio>
+#include "in_pch.h"
