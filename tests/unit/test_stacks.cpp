@@ -161,6 +161,12 @@ TEST(Stacks, TheOwnFrameSkipsSystemHeadersAndLibrariesThenFallsBackToTheExecutab
   t.frames.insert(t.frames.begin() + 1, frame("lib_f", "/home/me/lib.cpp", 3, "/home/me/libx.so"));
   t.frames.insert(t.frames.begin() + 1, frame("sys_f", "/build/z/z.c", 3, "/usr/lib/libz.so"));
   EXPECT_EQ(ddp::stacks::innermost_own_frame(t, exe)->function, "lib_f");
+  // A program built with -ffile-prefix-map names its sources relative to its tree: they are its
+  // own where the object is; glibc's are not, in a system library.
+  ThreadStack mapped;
+  mapped.frames = {frame("clock_nanosleep", "./nptl/clock_nanosleep.c", 48, "/usr/lib/libc.so.6"),
+                   frame("my_eval(int)", "./src/train.cpp", 57, exe)};
+  EXPECT_EQ(ddp::stacks::innermost_own_frame(mapped, exe)->function, "my_eval(int)");
   // Without debug info: the first frame of the executable with a symbol.
   ThreadStack bare;
   bare.frames = {frame("pthread_cond_wait", "", 0, "/usr/lib/libc.so.6"), frame("", "", 0, exe),

@@ -53,9 +53,11 @@ std::string executable_path() {
 
 std::optional<Frame> innermost_own_frame(const ThreadStack& thread, const std::string& executable) {
   for (const Frame& f : thread.frames) {
-    // A relative source path is a distribution's build (glibc's "./nptl/..." when its debug
-    // symbols are installed); a program built with CMake names its sources in full.
-    const bool own_source = !f.file.empty() && f.file.front() == '/' && !is_system_path(f.file);
+    // The object decides whose a relative source path is: a program built with
+    // -ffile-prefix-map (Debian's build flags, reproducible builds, CI's cache) names its own
+    // sources "./src/...", as a distribution's library names its own ("./nptl/..." in glibc,
+    // under /usr/lib).
+    const bool own_source = !f.file.empty() && !is_system_path(f.file);
     if (own_source && (f.object == executable || !is_system_path(f.object))) return f;
   }
   for (const Frame& f : thread.frames) {
