@@ -476,6 +476,12 @@ struct HierarchyCase {
   std::string hosts;
 };
 
+// Printed in the test's registered name: gtest prints a struct without one as its bytes, pointers
+// included, so the name changed with every build and ctest never found its cost data.
+void PrintTo(const HierarchyCase& c, std::ostream* os) {
+  *os << c.backend << " on hosts " << c.hosts;
+}
+
 class HierarchicalAllReduce : public ::testing::TestWithParam<HierarchyCase> {};
 
 TEST_P(HierarchicalAllReduce, EqualsTheFlatOne) {
