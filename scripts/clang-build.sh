@@ -13,18 +13,12 @@ build="${DDP_CLANG_BUILD_DIR:-$root/build-clang}"
 # shellcheck source=scripts/lib/ccache.sh
 source "$root/scripts/lib/ccache.sh"
 ddp_ccache_setup "$root"  # where DDP_CCACHE_ROOT names a cache (CI's)
-# Through the cache, without the precompiled header: clang's PCH holds the absolute paths and the
-# time it was made, and CMake passes it behind -Xclang, where ccache rewrites no path, so every
-# file that used it would miss in a fresh clone. Each unity batch then parses LibTorch's headers
-# itself (cold: about as long; warm: served from the cache).
-pch=()
-[[ -z "${CCACHE_DIR:-}" ]] || pch=(-DCMAKE_DISABLE_PRECOMPILE_HEADERS=ON)
 # -O0 -g0: the least compile time; warnings do not depend on it here (GCC's flow-based ones do,
 # which is why GCC's build is the Release one).
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
   -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O0 -g0" -DCMAKE_C_FLAGS_RELEASE="-O0 -g0" \
   -DDDP_BUILD_TESTS=ON -DDDP_BUILD_BENCH=ON -DDDP_WARNINGS_AS_ERRORS=ON -DDDP_WITH_STACKS=OFF \
-  "${pch[@]}" "$@" >/dev/null
+  "$@" >/dev/null
 cmake --build "$build"
 # Without stack traces the tests that need them skip, saying why; the others pass.
 "$build/ddp_stacks_tests" | grep -E "no stack traces|SKIPPED|PASSED|FAILED"
