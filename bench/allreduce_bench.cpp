@@ -6,6 +6,7 @@
 // TORCH_DISTRIBUTED_DEBUG=DETAIL checks each all-reduce across the ranks first
 // (ddp/comm/diagnostics/collective_check.h), as in ddp_train.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <fmt/format.h>
 
 #include <chrono>

@@ -81,7 +81,7 @@ Workload make_workload(const Config& config, const models::NormFactory& norm) {
   Workload w;
   if (config.dataset == "fashion-mnist") {
     const std::string dir = config.data.empty() ? kDefaultFashionMnistDir : config.data;
-    w.train_set = data::load_fashion_mnist(dir, data::Split::kTrain);
+    w.train_set = data::load_fashion_mnist(dir, data::Split::kTrain, config.train_subset);
     w.test_set = data::load_fashion_mnist(dir, data::Split::kTest);
   } else if (config.dataset == "random") {
     // One seeded draw so train and test share the target map; the test half follows the train half.

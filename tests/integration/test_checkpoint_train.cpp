@@ -205,9 +205,10 @@ TEST(CheckpointTrain, AmpFp16KeepsItsGradScalerAndResumesBitwise) {
 // evaluation (the sample). The checkpoint after epoch 1 of a 1-epoch run, which evaluated the test
 // split too, resumes into exactly the uninterrupted run, which did not.
 TEST(CheckpointTrain, InformerResumesBitwiseThoughEvaluationsDiffered) {
-  TempDir whole, split;
-  auto informer_job = [](const std::string& out, int epochs, std::vector<std::string> extra) {
-    extra.insert(extra.begin(), {"--train-subset", "640", "--threads", "1"});
+  TempDir whole, split, data;
+  const std::string series = ddp::testing::write_short_series(data.file("ts.csv"));
+  auto informer_job = [&](const std::string& out, int epochs, std::vector<std::string> extra) {
+    extra.insert(extra.begin(), {"--data", series, "--train-subset", "640", "--threads", "1"});
     return train_job("informer_csv.yaml", out, epochs, std::move(extra));
   };
   expect_all_ok(ddp::testing::run_env_ranks(2, informer_job(whole.path(), 2, {}), seconds(180)));

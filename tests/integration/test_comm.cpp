@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <regex>
+#include <torch/types.h>
 
 #include "built_paths.h"
 #include "ddp/comm/rendezvous.h"

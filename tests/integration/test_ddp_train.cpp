@@ -359,12 +359,14 @@ TEST(Sync, LocalSgdEveryStepWithPlainSgdTrainsAsDdp) {
 // ranks that disagreed on them would mismatch their collectives), its checkpoint keeps the size
 // chosen, and the resume trains with it without trying again.
 TEST(BucketTuning, AutoTrainsAsTheDefaultAndAResumeKeepsTheSizeChosen) {
-  TempDir fixed, tuned;
-  auto run = [](const TempDir& out, const char* epochs, std::vector<std::string> more) {
+  TempDir fixed, tuned, data;
+  const std::string series = ddp::testing::write_short_series(data.file("ts.csv"));
+  auto run = [&](const TempDir& out, const char* epochs, std::vector<std::string> more) {
     // clang-format off
     // A line per option and its value.
     std::vector<std::string> argv = {
         DDP_TRAIN_BIN, "--config", std::string(DDP_SOURCE_DIR) + "/configs/informer_csv.yaml",
+        "--data", series,
         "--d-model", "256",
         "--d-ff", "1024",
         "--e-layers", "1",

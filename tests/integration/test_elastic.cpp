@@ -321,7 +321,8 @@ INSTANTIATE_TEST_SUITE_P(
 // and take the restarted worker back; every epoch's samples trained once (no step applied half).
 TEST(Elastic, LostAtTheForwardsBufferBroadcastTheOthersGoOn) {
   constexpr int kInformerEpochs = 3;  // of 4 steps (100 windows, 10 per rank)
-  TempDir out;
+  TempDir out, data;
+  const std::string series = ddp::testing::write_short_series(data.file("ts.csv"));
   const ProcessResult r = ddp::testing::run_process({DDP_LAUNCHER_BIN,
                                                      "--nnodes",
                                                      "1:1",
@@ -332,6 +333,8 @@ TEST(Elastic, LostAtTheForwardsBufferBroadcastTheOthersGoOn) {
                                                      DDP_FAULT_TRAIN_BIN,
                                                      "--config",
                                                      config("informer_csv.yaml"),
+                                                     "--data",
+                                                     series,
                                                      "--train-subset",
                                                      "100",
                                                      "--batch-size",

@@ -127,6 +127,26 @@ TEST(FashionMnistLoader, LoadsAGoodSetNormalised) {
   EXPECT_NEAR(set.inputs[5][0][1][2].item<double>(), expected, 1e-6);
 }
 
+// Every byte value, normalised as the tensor operations would normalise the whole image tensor,
+// bitwise; max_items keeps the first images and their labels.
+TEST(FashionMnistLoader, NormalisesEveryByteAsTheTensorOperationsAndKeepsTheFirstItems) {
+  TempDir dir;
+  write_set(dir, "train", 256, 256);
+  auto set = ddp::data::load_fashion_mnist(dir.path(), ddp::data::Split::kTrain);
+  const auto bytes = torch::arange(256, torch::kInt64).repeat_interleave(6).to(torch::kUInt8);
+  const auto expected = bytes.to(torch::kFloat32)
+                            .div_(255.0)
+                            .sub_(ddp::data::kFashionMnistMean)
+                            .div_(ddp::data::kFashionMnistStd)
+                            .reshape({256, 1, 2, 3});
+  EXPECT_TRUE(torch::equal(set.inputs, expected));
+  auto head = ddp::data::load_fashion_mnist(dir.path(), ddp::data::Split::kTrain, 100);
+  EXPECT_TRUE(torch::equal(head.inputs, expected.narrow(0, 0, 100)));
+  EXPECT_TRUE(torch::equal(head.targets, set.targets.narrow(0, 0, 100)));
+  auto all = ddp::data::load_fashion_mnist(dir.path(), ddp::data::Split::kTrain, 1000);
+  EXPECT_EQ(all.inputs.size(0), 256);
+}
+
 TEST(FashionMnistLoader, RejectsCountMismatch) {
   TempDir dir;
   write_set(dir, "t10k", 12, 11);
