@@ -3,7 +3,10 @@
 
 # install_test_arguments NAME "$@": the tests' two arguments, BUILD_DIR and SOURCE_DIR, as
 # build_dir and source_dir; data_dir and python from the environment; tmp, a scratch folder named
-# after NAME that is removed on exit.
+# after NAME that is removed on exit. It lies in the build directory, at the same path in every
+# run (the install tests hold its lock, so no two share it): where CI's compiler cache is on
+# (scripts/lib/ccache.sh), a later run in a fresh clone is then served the programs built against
+# the package, as every path of their compilations is inside the tree and written relative.
 # shellcheck disable=SC2034  # the variables are the sourcing test's
 install_test_arguments() {
   local name=$1
@@ -16,7 +19,9 @@ install_test_arguments() {
   source_dir=$(cd "$2" && pwd)
   data_dir=${DDP_FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}
   python=${DDP_PYTHON:-/usr/bin/python3}
-  tmp=$(mktemp -d "${TMPDIR:-/tmp}/ddp-$name.XXXXXX")
+  tmp="$build_dir/Testing/Temporary/$name"
+  rm -rf "$tmp"
+  mkdir -p "$tmp"
   trap 'rm -rf "$tmp"' EXIT
 }
 
