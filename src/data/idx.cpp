@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -23,7 +24,9 @@ uint32_t read_be32(const std::string& bytes, size_t offset) {
 // The uncompressed size, so that reading takes one allocation (a 47 MB image file read through
 // a doubling string spent as long in copies as in zlib): a plain file's size, or for gzip the
 // trailer's ISIZE (the size modulo 2^32 of the last member; only a hint, the string grows past it).
+// A corrupt trailer may claim 4 GiB: the hint stops at 1 GiB, so that it never allocates for it.
 size_t uncompressed_size_hint(const std::string& path) {
+  constexpr size_t kMaxHint = size_t{1} << 30;
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   const std::streamoff size = in.tellg();
   unsigned char magic[2] = {0, 0};
@@ -36,8 +39,9 @@ size_t uncompressed_size_hint(const std::string& path) {
   in.seekg(size - 4);
   in.read(reinterpret_cast<char*>(trailer), 4);
   if (!in) return 0;
-  return size_t{trailer[0]} | (size_t{trailer[1]} << 8) | (size_t{trailer[2]} << 16) |
-         (size_t{trailer[3]} << 24);
+  const size_t isize = size_t{trailer[0]} | (size_t{trailer[1]} << 8) |
+                      (size_t{trailer[2]} << 16) | (size_t{trailer[3]} << 24);
+  return std::min(isize, kMaxHint);
 }
 
 }  // namespace

@@ -109,6 +109,19 @@ TEST(Idx, RejectsTruncatedGzip) {
       << msg;
 }
 
+// The gzip trailer's size is only a hint for the read's allocation: one that claims 4 GiB is
+// read as the corrupt file it is.
+TEST(Idx, ATrailerClaimingFourGibIsACorruptFileNotAnAllocation) {
+  TempDir dir;
+  write_gz(dir.file("full.gz"), idx_bytes({6}, {1, 2, 3, 4, 5, 6}));
+  std::string gz = ddp::testing::read_file(dir.file("full.gz"));
+  gz.replace(gz.size() - 4, 4, std::string(4, '\xff'));
+  ddp::testing::write_file(dir.file("claims.gz"), gz);
+  const auto msg = input_error_of([&] { ddp::data::read_idx(dir.file("claims.gz"), 1); });
+  EXPECT_NE(msg.find(dir.file("claims.gz") + ": corrupt or truncated gzip data"), std::string::npos)
+      << msg;
+}
+
 TEST(Idx, RejectsMissingFile) {
   EXPECT_NE(input_error_of([] {
               ddp::data::read_idx("/nonexistent/x.gz", 1);
