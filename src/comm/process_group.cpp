@@ -5,6 +5,8 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 
 namespace ddp::comm {
 
@@ -68,13 +70,38 @@ CommError::CommError(CollectiveInfo info, const std::string& what)
 
 namespace {
 
-// A backend's Work that tells the flight recorder when it is done or failed.
+using BlockedNanos = std::shared_ptr<std::atomic<int64_t>>;
+
+// Adds the time from its construction to its destruction to `total`.
+class BlockedTimer {
+ public:
+  explicit BlockedTimer(std::atomic<int64_t>& total) : total_(total) {}
+  ~BlockedTimer() {
+    total_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                  std::chrono::steady_clock::now() - start_)
+                  .count();
+  }
+  BlockedTimer(const BlockedTimer&) = delete;
+  BlockedTimer& operator=(const BlockedTimer&) = delete;
+
+ private:
+  std::atomic<int64_t>& total_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+// A backend's Work that tells the flight recorder when it is done or failed, and counts the
+// time its wait blocked.
 class RecordedWork : public Work {
  public:
-  RecordedWork(WorkPtr inner, std::shared_ptr<FlightRecorder> recorder, uint64_t seq)
-      : inner_(std::move(inner)), recorder_(std::move(recorder)), seq_(seq) {}
+  RecordedWork(WorkPtr inner, std::shared_ptr<FlightRecorder> recorder, uint64_t seq,
+               BlockedNanos blocked)
+      : inner_(std::move(inner)),
+        recorder_(std::move(recorder)),
+        seq_(seq),
+        blocked_(std::move(blocked)) {}
   void wait() override {
     try {
+      const BlockedTimer timer(*blocked_);
       inner_->wait();
     } catch (...) {
       recorder_->finished(seq_, false);
@@ -88,6 +115,7 @@ class RecordedWork : public Work {
   WorkPtr inner_;
   std::shared_ptr<FlightRecorder> recorder_;
   uint64_t seq_;
+  BlockedNanos blocked_;
 };
 
 }  // namespace
@@ -118,7 +146,12 @@ ProcessGroup::ProcessGroup(int rank, int world_size, ProcessGroupOptions options
 template <class Issue>
 WorkPtr ProcessGroup::recorded(const CollectiveInfo& info, Issue issue) {
   try {
-    return std::make_shared<RecordedWork>(issue(), recorder_, info.seq);
+    WorkPtr work;
+    {
+      const BlockedTimer timer(*blocked_);
+      work = issue();
+    }
+    return std::make_shared<RecordedWork>(std::move(work), recorder_, info.seq, blocked_);
   } catch (...) {
     recorder_->finished(info.seq, false);
     throw;

@@ -363,6 +363,11 @@ std::vector<ConfigKey> make_keys() {
       string_key("timeline", &C::timeline, {}, "PATH",
                  "write a Chrome trace of every rank's steps and all-reduces to PATH after the run "
                  "(chrome://tracing, ui.perfetto.dev)"),
+      int_key("straggler-every", &C::straggler_every, 1,
+              "steps between the exchanges of the ranks' step times that name a straggler"),
+      float_key("straggler-threshold", &C::straggler_threshold, 0.0, false,
+                "name a rank a straggler when its computation, data wait or collectives take "
+                "this many times the other ranks' median over a window (0: off)"),
       int_key("eval-every", &C::eval_every, 0,
               "evaluate every N epochs (0: after the last epoch only)"),
       int_key("save-every", &C::save_every, 0,

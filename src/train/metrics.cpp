@@ -60,6 +60,26 @@ std::string to_json(const EpochMetrics& m) {
     c["recovery_seconds"] = figure(r.recovery_seconds, 6);
     j["membership_changes"].push_back(c);
   }
+  const double per_step_ms =
+      m.rank_times_steps > 0 ? 1000.0 / static_cast<double>(m.rank_times_steps) : 0.0;
+  for (size_t r = 0; r < m.rank_times.size() && m.rank_times_steps > 0; ++r) {
+    const StepTimes& t = m.rank_times[r];
+    Json c;
+    c["rank"] = r;
+    c["data"] = figure(t.data_s * per_step_ms, 6);
+    c["compute"] = figure(t.compute_s * per_step_ms, 6);
+    c["comm"] = figure(t.comm_s * per_step_ms, 6);
+    c["optimizer"] = figure(t.optimizer_s * per_step_ms, 6);
+    j["rank_step_ms"].push_back(c);
+  }
+  if (m.straggler) {
+    const StragglerVerdict& v = *m.straggler;
+    j["straggler"] = {{"rank", v.rank},
+                      {"cause", cause_name(v.cause)},
+                      {"ratio", figure(v.ratio, 6)},
+                      {"rank_ms", figure(v.rank_ms, 6)},
+                      {"median_ms", figure(v.median_ms, 6)}};
+  }
   // One line: no indent, and a newline in a string is written as \n. A byte that is not UTF-8 (an
   // error message's, in `why`) becomes U+FFFD, as in the flight records and the timeline.
   return j.dump(-1, ' ', /*ensure_ascii=*/false, Json::error_handler_t::replace);

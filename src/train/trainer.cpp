@@ -41,6 +41,24 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// The seconds the collectives of the group in `slot` blocked this process since its
+// construction; 0 when --elastic replaced the group meanwhile. It holds the slot, not the group:
+// a survivor's replacing its group is what ends a peer's wait (trainer.h).
+class BlockedClock {
+ public:
+  explicit BlockedClock(const std::shared_ptr<comm::ProcessGroup>& slot)
+      : slot_(slot), group_(slot.get()), start_(slot->blocked_seconds()) {}
+  double seconds() const {
+    if (slot_.get() != group_) return 0.0;
+    return std::max(0.0, group_->blocked_seconds() - start_);
+  }
+
+ private:
+  const std::shared_ptr<comm::ProcessGroup>& slot_;
+  const comm::ProcessGroup* group_;
+  double start_;
+};
+
 void set_lr(torch::optim::Optimizer& optimizer, double lr) {
   for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
 }
@@ -402,6 +420,7 @@ TrainResult Trainer::train() {
   const EpochMetrics& final = result.epochs.back();
   log::info("done: {} epochs, {}, {:.0f} samples/s; metrics in {}", config_.epochs, describe(final),
             final.samples_per_s, result.metrics_path);
+  log_straggler_table();
   return result;
 }
 
@@ -418,6 +437,12 @@ bool Trainer::end_of_epoch(EpochMetrics& m, TrainResult& result) {
             describe(m), m.samples_per_s, m.epoch_seconds, m.lr);
   if (result.epochs.empty() || result.epochs.back().epoch < m.epoch) {
     m.membership_changes = elastic_->take_records();
+    if (stragglers_) {  // the step times of this epoch's windows (rank 0)
+      m.rank_times = stragglers_->epoch();
+      m.rank_times_steps = stragglers_->epoch_steps();
+      m.straggler = stragglers_->epoch_straggler();
+      stragglers_->begin_epoch();
+    }
     if (metrics_file_) metrics_file_->write(m);
     result.epochs.push_back(m);
   }
@@ -490,7 +515,10 @@ bool Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
 bool Trainer::train_steps(EpochPass& pass, EpochMetrics& m) {
   // --uneven: a rank out of batches joins the others' steps until all are done (core/join.h).
   if (config_.uneven) model_->begin_join();
-  while (std::optional<std::vector<data::Batch>> batches = next_step_batches(pass)) {
+  while (true) {
+    StepTimes times;  // this step's, for the straggler attribution (straggler.h)
+    const std::optional<std::vector<data::Batch>> batches = timed_step_batches(pass, times);
+    if (!batches) break;
     const auto step_start = Clock::now();
     m.lr = lr_at(schedule_, step_, pass.steps);
     set_lr(optimizer(), m.lr);
@@ -502,11 +530,16 @@ bool Trainer::train_steps(EpochPass& pass, EpochMetrics& m) {
     std::pair<torch::Tensor, int64_t> reduced;
     std::vector<std::string> ids;  // --record-samples: every rank's
     elastic_->commit([&] {
+      const BlockedClock blocked(dist_.group);
       reduced = step_gradients(pass, *batches);
+      times.comm_s = blocked.seconds();
+      times.compute_s = std::max(0.0, seconds_since(step_start) - times.comm_s);
       if (config_.record_samples) ids = gather_sample_ids(pass);
     });
-    optimizer_step();  // on the reduced gradients, the same on every rank (not under --sync)
+    timed_optimizer_step(times);  // on the reduced gradients, the same on every rank
     ++step_;
+    window_ += times;
+    ++window_steps_;
     if (bucket_tuner_) tune_buckets(seconds_since(step_start));
     if (diloco_) {  // --sync local-sgd, diloco: every sync-every steps, the models meet
       const Phase phase = step_phase(*dist_.group, timeline_.get(), "synchronization", step_);
@@ -520,6 +553,7 @@ bool Trainer::train_steps(EpochPass& pass, EpochMetrics& m) {
     if (config_.check_params_every > 0 && step_ % config_.check_params_every == 0) {
       check_parameters();
     }
+    if (attributes_stragglers() && step_ % config_.straggler_every == 0) exchange_step_times();
     if (stop_after_step(pass)) {  // --checkpoint-on-signal
       elastic_->settle();
       return false;
@@ -532,6 +566,26 @@ bool Trainer::train_steps(EpochPass& pass, EpochMetrics& m) {
   }
   end_epoch(pass, m);
   return true;
+}
+
+std::optional<std::vector<data::Batch>> Trainer::timed_step_batches(EpochPass& pass,
+                                                                   StepTimes& times) {
+  const auto start = Clock::now();
+  // Its own label (the timeline's spans are next_batch's): a rank stalled in its loader is seen
+  // there by the flight record.
+  const Phase phase(*dist_.group, fmt::format("step {}: data", step_ + 1));
+  auto batches = next_step_batches(pass);
+  times.data_s = seconds_since(start);
+  return batches;
+}
+
+void Trainer::timed_optimizer_step(StepTimes& times) {
+  const auto start = Clock::now();
+  const BlockedClock blocked(dist_.group);
+  optimizer_step();
+  const double comm_s = blocked.seconds();  // --zero's broadcasts, the GradScaler's inf check
+  times.comm_s += comm_s;
+  times.optimizer_s = std::max(0.0, seconds_since(start) - comm_s);
 }
 
 std::pair<torch::Tensor, int64_t> Trainer::step_gradients(EpochPass& pass,
@@ -756,6 +810,36 @@ bool Trainer::stop_requested() {
   if (!config_.checkpoint_on_signal) return false;
   const Phase phase(*dist_.group, fmt::format("step {}: signal check", step_));
   return comm::any_rank(*dist_.group, g_stop_requested != 0, dist_.device);
+}
+
+void Trainer::exchange_step_times() {
+  const Phase phase(*dist_.group, fmt::format("step {}: straggler figures", step_));
+  const std::vector<double> figures = to_doubles(window_);
+  const auto n = static_cast<int64_t>(figures.size());
+  const auto options = torch::TensorOptions(torch::kDouble).device(dist_.device);
+  const auto mine = torch::tensor(figures, torch::kDouble).to(dist_.device);
+  auto all = torch::empty({dist_.world_size() * n}, options);
+  dist_.group->all_gather(all, mine)->wait();
+  const int64_t steps = std::exchange(window_steps_, 0);
+  window_ = StepTimes{};
+  if (!dist_.is_main()) return;  // rank 0 judges (after an elastic change, the new rank 0)
+  if (!stragglers_) stragglers_.emplace(config_.straggler_threshold);
+  all = all.cpu().contiguous();
+  std::vector<StepTimes> ranks;
+  for (int r = 0; r < dist_.world_size(); ++r) {
+    ranks.push_back(step_times_from(all.data_ptr<double>() + r * n));
+  }
+  const auto lines = stragglers_->add_window(ranks, steps, step_);
+  if (!lines.info.empty()) log::info("{}", lines.info);
+  if (!lines.warning.empty()) log::warn("{}", lines.warning);
+}
+
+void Trainer::log_straggler_table() const {
+  if (!stragglers_ || stragglers_->run_steps() == 0) return;
+  log::info("step times per rank over {} steps (ms a step):", stragglers_->run_steps());
+  for (const auto& line : straggler_table(stragglers_->run(), stragglers_->run_steps())) {
+    log::info("  {}", line);
+  }
 }
 
 void Trainer::check_parameters() {

@@ -15,7 +15,7 @@
 // "elastic: vote" is each vote's (on its own thread): fail there counts the vote and then fails
 // it on this rank. The trigger: --fault-after-step
 // N, the first phase after optimizer step N (its --checkpoint-on-signal or parameter check, the
-// next step's forward, or the epoch's end), or --fault-at PHASE, where the phase labelled PHASE
+// next step's fetching of its batches, or the epoch's end), or --fault-at PHASE, where the phase labelled PHASE
 // begins ("step 3: backward"), before any of its collectives; both: the first PHASE after step N
 // ("backward: bucket 0"). Only in the job's first run (a launcher's restart runs clean) and on rank
 // R (default 0), or, with --fault-worker ID, on the elastic worker ID in any run ("1.1": the
@@ -26,6 +26,10 @@
 // while its group is smaller than the job at full size (the launcher's WORLD_SIZE: --nnodes MAX x
 // --nproc), so that a restarted worker, or a node that comes late, has the time to start before a
 // small group ends the job.
+//
+// --slow-rank R with --slow-compute S and/or --slow-data S: rank R of the first run waits S
+// seconds where each step's forward begins (its computation is slower) or where each step's
+// batches are fetched (its data loader is slower): a straggler, for straggler.h's tests.
 //
 // Under --elastic each generation's group is wrapped too (FaultyAgent), and R is the worker's
 // rank in the first generation. There, two more phases begin: "elastic: forming generation G"
@@ -59,6 +63,11 @@
 
 namespace {
 
+struct Slowness {
+  int rank = -1;  // -1: none
+  double compute_s = 0, data_s = 0;
+};
+
 struct Fault {
   std::string action;  // kill, sigterm, perturb, delay:S, extra, fail
   int rank = 0;
@@ -68,17 +77,25 @@ struct Fault {
 };
 
 // Takes the --fault* options (each followed by its value) out of argv; the rest is ddp_train's.
-std::vector<Fault> take_fault_options(std::vector<char*>& args, double& pace) {
+std::vector<Fault> take_fault_options(std::vector<char*>& args, double& pace, Slowness& slow) {
   std::vector<Fault> faults;
   std::vector<char*> rest;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string word = args[i];
-    if (word.rfind("--fault", 0) != 0) {
+    if (word.rfind("--fault", 0) != 0 && word.rfind("--slow-", 0) != 0) {
       rest.push_back(args[i]);
       continue;
     }
     if (i + 1 == args.size()) throw ddp::InputError(word + " needs a value");
     const std::string value = args[++i];
+    if (word == "--slow-rank") {
+      slow.rank = std::stoi(value);
+      continue;
+    }
+    if (word == "--slow-compute" || word == "--slow-data") {
+      (word == "--slow-compute" ? slow.compute_s : slow.data_s) = std::stod(value);
+      continue;
+    }
     if (word == "--fault") {
       faults.emplace_back().action = value;
       continue;
@@ -115,8 +132,8 @@ std::vector<Fault> take_fault_options(std::vector<char*>& args, double& pace) {
 // The faults of this worker, across the generations of its group: each acts once.
 class Faults {
  public:
-  Faults(const std::vector<Fault>& faults, double pace, int full_world)
-      : faults_(faults.begin(), faults.end()), pace_(pace), full_world_(full_world) {}
+  Faults(const std::vector<Fault>& faults, double pace, int full_world, Slowness slow = {})
+      : faults_(faults.begin(), faults.end()), pace_(pace), full_world_(full_world), slow_(slow) {}
   void set_module(torch::nn::Module* module) { module_ = module; }
 
   // Where `phase` begins on this worker (its rank `rank` now, of `world`), whose group is `group`
@@ -125,12 +142,14 @@ class Faults {
   bool at_phase(const std::string& phase, int rank, int world,
                 ddp::comm::ProcessGroup* group = nullptr) {
     const std::lock_guard<std::mutex> lock(mutex_);  // the elastic vote's thread calls too
-    const std::string forward = ": forward";
-    if (pace_ > 0 && world < full_world_ && phase.rfind("step ", 0) == 0 &&
-        phase.size() > forward.size() &&
-        phase.compare(phase.size() - forward.size(), forward.size(), forward) == 0) {
-      std::this_thread::sleep_for(std::chrono::duration<double>(pace_));
-    }
+    const auto step_part = [&](const std::string& part) {
+      return phase.rfind("step ", 0) == 0 && phase.size() > part.size() &&
+             phase.compare(phase.size() - part.size(), part.size(), part) == 0;
+    };
+    const auto wait = [](double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); };
+    if (pace_ > 0 && world < full_world_ && step_part(": forward")) wait(pace_);
+    if (rank == slow_.rank && step_part(": forward")) wait(slow_.compute_s);
+    if (rank == slow_.rank && step_part(": data")) wait(slow_.data_s);
     bool fail = false;
     for (State& s : faults_) {
       if (!s.done && triggered(s, phase)) {
@@ -155,16 +174,19 @@ class Faults {
     bool done = false;
   };
 
-  // --fault-after-step N: a phase of step N was seen, and this one is neither its forward,
-  // backward (micro-batches repeat them) or optimizer nor the reducer's "backward: ..." (with
-  // --fault-at too: this one is PHASE).
+  // --fault-after-step N: a phase of step N was seen, and this one is neither its data,
+  // forward, backward (micro-batches repeat them) or optimizer nor the reducer's "backward: ..."
+  // (with --fault-at too: this one is PHASE).
   static bool triggered(State& s, const std::string& phase) {
     if (s.fault.after_step == 0) return phase == s.fault.at_phase;
     const std::string own = fmt::format("step {}: ", s.fault.after_step);
     const bool of_step = phase.rfind(own, 0) == 0;
-    const bool in_pass = phase == own + "forward" || phase == own + "backward" ||
-                         phase == own + "optimizer" || phase.rfind("backward: ", 0) == 0;
-    if (of_step) s.seen_step = true;
+    const bool in_pass = phase == own + "data" || phase == own + "forward" ||
+                         phase == own + "backward" || phase == own + "optimizer" ||
+                         phase.rfind("backward: ", 0) == 0;
+    // The data phase does not count as seen: at an epoch's end the trainer labels the fetch of a
+    // step that does not come ("step 9: data" after step 8, the epoch's last).
+    if (of_step && phase != own + "data") s.seen_step = true;
     if (!s.fault.at_phase.empty()) return s.seen_step && !of_step && phase == s.fault.at_phase;
     return s.seen_step && !in_pass;
   }
@@ -195,6 +217,7 @@ class Faults {
   std::vector<State> faults_;
   double pace_ = 0;
   int full_world_ = 0;
+  Slowness slow_;
   torch::nn::Module* module_ = nullptr;
 };
 
@@ -313,8 +336,9 @@ int main(int argc, char** argv) {
   std::vector<char*> args(argv, argv + argc);
   std::vector<Fault> faults;
   double pace = 0;
+  Slowness slow;
   try {
-    faults = take_fault_options(args, pace);
+    faults = take_fault_options(args, pace, slow);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ddp_fault_train: %s\n", e.what());
     return 2;
@@ -330,9 +354,12 @@ int main(int argc, char** argv) {
           if (here) mine.push_back(fault);
         }
         std::shared_ptr<Faults> state;
-        if (!mine.empty() || (pace > 0 && dist.launch.restart_count == 0)) {
+        const bool first_run = dist.launch.restart_count == 0;
+        if (!mine.empty() || (first_run && (pace > 0 || slow.rank >= 0))) {
           const char* full = std::getenv("WORLD_SIZE");
-          state = std::make_shared<Faults>(mine, pace, full ? std::atoi(full) : dist.world_size());
+          if (!first_run) slow.rank = -1;
+          state = std::make_shared<Faults>(mine, pace, full ? std::atoi(full) : dist.world_size(),
+                                           slow);
           dist.group = std::make_shared<FaultyGroup>(dist.group, state);
           if (dist.agent) {
             dist.agent = std::make_shared<FaultyAgent>(dist.launch, dist.agent->id(),

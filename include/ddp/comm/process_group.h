@@ -10,6 +10,7 @@
 #include <ATen/Tensor.h>
 #include <c10/core/ScalarType.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -129,6 +130,10 @@ class ProcessGroup {
   // the backend's algorithm moves: a ring all-reduce sends about twice that). For benchmarks and
   // the reducer's per-bucket statistics.
   int64_t bytes_issued() const { return bytes_issued_; }
+  // Seconds spent blocked in this group's collectives so far: in the calls that issue them and
+  // in their Works' wait(). What a rank waited for the others (straggler.h); is_completed() polls
+  // count nothing.
+  double blocked_seconds() const { return static_cast<double>(blocked_->load()) * 1e-9; }
 
   // The flight recorder, and the phase of the training step the next collectives belong to
   // ("forward", "backward: bucket 2", "evaluation", ...). Virtual for groups that wrap another
@@ -190,6 +195,8 @@ class ProcessGroup {
   ProcessGroupOptions options_;
   uint64_t seq_ = 0;
   int64_t bytes_issued_ = 0;
+  // Nanoseconds of blocked_seconds(), shared with the Works (which may outlive the group).
+  std::shared_ptr<std::atomic<int64_t>> blocked_ = std::make_shared<std::atomic<int64_t>>(0);
   std::shared_ptr<FlightRecorder> recorder_ = std::make_shared<FlightRecorder>();
   std::shared_ptr<ProgressBoard> board_;
 };

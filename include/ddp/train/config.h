@@ -117,6 +117,10 @@ struct Config {
   std::string progress = "auto";  // auto | bar | lines | off (see train/progress.h)
   double progress_every = 30.0;   // seconds between progress lines in a log
   std::string timeline;           // "": none; else the Chrome trace written after the run
+  // Straggler attribution (train/straggler.h): the ranks' step times exchanged every this many
+  // steps, and the ratio over the other ranks' median that names a straggler (0: off).
+  int64_t straggler_every = 50;
+  double straggler_threshold = 2.0;
   int64_t eval_every = 1;         // epochs; 0: evaluate after the last epoch only
   // Checkpoints (rank 0 writes into output_dir).
   int64_t save_every = 1;  // epochs; 0: at the end only

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "ddp/train/straggler.h"
+
 namespace ddp::train {
 
 // The figures of one pass over an evaluation set (every sample counted once over all ranks).
@@ -43,13 +45,21 @@ struct EpochMetrics {
   // the payload; 0 on one rank without a comm hook). What compression hooks save.
   double grad_bytes_per_step = 0.0;
   std::vector<MembershipRecord> membership_changes;  // --elastic
+  // Every rank's step times summed over the straggler windows exchanged in this epoch (rank 0's
+  // record, straggler.h), over rank_times_steps steps; and the straggler named in them.
+  std::vector<StepTimes> rank_times;
+  int64_t rank_times_steps = 0;
+  std::optional<StragglerVerdict> straggler;
 };
 
 // One JSON object on one line: {"epoch":1,"steps":938,"lr":0.1,"train_loss":...,
 // "val_loss", "val_mae", "test_loss", "test_accuracy", "test_mae", "naive_test_loss",
 // "naive_test_mae", "samples_per_s", "epoch_seconds", "grad_bytes_per_step"}, in this order, and
-// "membership_changes" (a list of objects with MembershipRecord's fields) where there were any; an
-// absent value (or NaN, infinity) is null. Figures to 9 significant digits, the two timings to 6.
+// "membership_changes" (a list of objects with MembershipRecord's fields) where there were any,
+// "rank_step_ms" (per rank: {"rank","data","compute","comm","optimizer"}, ms a step) where
+// straggler windows ended in the epoch, and "straggler" ({"rank","cause","ratio","rank_ms",
+// "median_ms"}) where one was named; an absent value (or NaN, infinity) is null. Figures to 9
+// significant digits, the two timings to 6.
 std::string to_json(const EpochMetrics& m);
 
 // The epoch's log line: "train loss 0.3, test loss 0.4, test accuracy 0.9, ..." with the figures
