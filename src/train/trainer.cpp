@@ -822,13 +822,16 @@ void Trainer::exchange_step_times() {
   dist_.group->all_gather(all, mine)->wait();
   const int64_t steps = std::exchange(window_steps_, 0);
   window_ = StepTimes{};
-  if (!dist_.is_main()) return;  // rank 0 judges (after an elastic change, the new rank 0)
-  if (!stragglers_) stragglers_.emplace(config_.straggler_threshold);
   all = all.cpu().contiguous();
   std::vector<StepTimes> ranks;
   for (int r = 0; r < dist_.world_size(); ++r) {
     ranks.push_back(step_times_from(all.data_ptr<double>() + r * n));
   }
+  // Every rank's flight record keeps the verdict, for the hang doctor (the same on every rank).
+  const auto verdict = find_straggler(ranks, steps, config_.straggler_threshold);
+  dist_.group->set_straggler(verdict ? straggler_message(*verdict, step_ - steps + 1, step_) : "");
+  if (!dist_.is_main()) return;  // rank 0 logs (after an elastic change, the new rank 0)
+  if (!stragglers_) stragglers_.emplace(config_.straggler_threshold);
   const auto lines = stragglers_->add_window(ranks, steps, step_);
   if (!lines.info.empty()) log::info("{}", lines.info);
   if (!lines.warning.empty()) log::warn("{}", lines.warning);

@@ -82,6 +82,37 @@ TEST(Hang, ALateRankIsNamedByTheStallWarningAndTheDiagnosis) {
       << report.output;
 }
 
+// A rank that was slowing before it stalled: rank 1 computes 5 ms a step longer (its steps take
+// a fraction of a millisecond otherwise), so the straggler attribution, every 4 steps, names it;
+// then it waits 8 s where step 10 begins its backward. Rank 0's stall warning and the diagnosis
+// both say that it was the straggler.
+TEST(Hang, ARankSlowingBeforeTheStallIsNamedAsSuch) {
+  TempDir out;
+  const auto ranks = ddp::testing::run_env_ranks(
+      2,
+      linear_job(out.path(),
+                 {"--epochs", "5", "--comm-timeout", "4", "--stall-warning", "1",
+                  "--straggler-every", "4"},
+                 {"--slow-rank", "1", "--slow-compute", "0.005", "--fault", "delay:8",
+                  "--fault-rank", "1", "--fault-at", "step 10: backward"}),
+      seconds(90));
+  ASSERT_EQ(ranks.size(), 2u);
+  for (const auto& r : ranks) EXPECT_NE(r.exit_code, 0) << r.output;
+  const std::string slowing = "straggler: rank 1 computes ";
+  EXPECT_NE(ranks[0].output.find("has waited 1 s for the other ranks; not entered by rank(s) 1"),
+            std::string::npos)
+      << ranks[0].output;
+  EXPECT_NE(ranks[0].output.find("; before it, " + slowing), std::string::npos) << ranks[0].output;
+  auto report =
+      ddp::testing::run_process({DDP_TRAIN_BIN, "--diagnose", out.path()}, {}, seconds(30));
+  ASSERT_EQ(report.exit_code, 0) << report.output;
+  EXPECT_NE(report.output.find("rank(s) 1 entered collective"), std::string::npos)
+      << report.output;
+  EXPECT_NE(report.output.find("before the stall, " + slowing), std::string::npos)
+      << report.output;
+  EXPECT_NE(report.output.find("over steps 5-8 ("), std::string::npos) << report.output;
+}
+
 // Where a rank that never came was: rank 2 of 3, under the launcher, sleeps in a function of the
 // "user's" code (tests/support/user_code.cpp, built with debug info) where step 3's backward
 // begins; ranks 0 and 1 time out after 4 s in the gradients' all-reduce, #8. The launcher's report

@@ -207,6 +207,30 @@ TEST(Diagnose, NamesTheRankBehindAndTheCollectiveItDidNotEnter) {
       << report;
 }
 
+// The straggler named over the last window before the stall: kept by every rank's recorder,
+// written in its record, read back, and the newest one's line ends the report.
+TEST(Diagnose, ARankThatWasSlowingBeforeTheStallIsNamedAsSuch) {
+  const std::string slowing =
+      "straggler: rank 1 computes 4.0x slower than the median of the other ranks over steps 5-8 "
+      "(forward+backward+optimizer 8.0 ms vs 2.0 ms a step); data and network normal";
+  ddp::comm::FlightRecorder recorder;
+  recorder.issued(11, "all_reduce(avg)", 64);
+  EXPECT_EQ(recorder.to_json(0, 2, "gloo", "timeout").find("straggler"), std::string::npos);
+  recorder.set_straggler(slowing);
+  EXPECT_EQ(recorder.straggler(), slowing);
+  auto zero = ddp::comm::parse_flight_dump(recorder.to_json(0, 2, "gloo", "timeout"), "rank0.json");
+  EXPECT_EQ(zero.straggler, slowing);
+  zero.time = 200.0;
+  auto one = dump(1, 2, {record(10, "all_reduce(avg)", "backward: bucket 0", 1, 2, kDone)},
+                  "step 9: backward");
+  one.straggler = "straggler: rank 1 computes 3.0x slower (an older window)";
+  const auto report = ddp::comm::diagnose({zero, one});
+  EXPECT_NE(report.find("\nbefore the stall, " + slowing + "\n"), std::string::npos) << report;
+  EXPECT_EQ(report.find("an older window"), std::string::npos) << report;
+  recorder.set_straggler("");  // recovered: nothing written
+  EXPECT_EQ(recorder.to_json(0, 2, "gloo", "timeout").find("straggler"), std::string::npos);
+}
+
 TEST(Diagnose, NamesARankThatEnteredOnlyAfterTheOthersGaveUp) {
   const auto a = record(11, "broadcast(root 0)", "step 2: forward", 1, 2, kDone);
   const auto report = ddp::comm::diagnose(

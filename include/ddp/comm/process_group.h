@@ -141,6 +141,8 @@ class ProcessGroup {
   // step, never per collective.
   const FlightRecorder& recorder() const { return *recorder_; }
   virtual void set_phase(std::string phase) { recorder_->set_phase(std::move(phase)); }
+  // The straggler attribution's last verdict, kept by the flight recorder (see there).
+  void set_straggler(std::string verdict) { recorder_->set_straggler(std::move(verdict)); }
 
   // How far every rank is, where the backend shares a store (gloo): each rank's watchdog
   // (watchdog.h) publishes its last issued sequence number; the stall warning reads them all.

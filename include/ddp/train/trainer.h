@@ -164,7 +164,8 @@ class Trainer : private ElasticTrainee {
     return config_.straggler_threshold > 0.0 && dist_.world_size() > 1 && !config_.uneven;
   }
   // Every rank's step times over the window that ends at this step (an all_gather of 4 doubles
-  // each, a collective); rank 0 names a straggler, or its recovery.
+  // each, a collective); rank 0 names a straggler, or its recovery, and every rank's flight
+  // record keeps the verdict (the hang doctor's "before the stall").
   void exchange_step_times();
   // Rank 0, at the end of the run: each rank's mean step times over the windows exchanged.
   void log_straggler_table() const;

@@ -410,6 +410,7 @@ FlightDump parse_flight_dump(const std::string& text, const std::string& file) {
     d.waiting_in = WaitingIn{w.text("function"), w.text("file"), w.integer<int>("line"),
                              w.text("stacks_file")};
   }
+  if (root.contains("straggler")) d.straggler = f.text("straggler");  // where one was named
   if (d.rank < 0 || d.rank >= d.world_size) {
     throw InputError(fmt::format("{}: rank {} outside world size {}", file, d.rank, d.world_size));
   }
@@ -436,15 +437,30 @@ std::vector<FlightDump> read_flight_dumps(const std::string& dir) {
   return dumps;
 }
 
+namespace {
+
+// The newest record's straggler line ("" where none was named): a rank that was slowing before
+// the stall, as rank 0 had seen it over the last window of steps (every rank keeps the verdict).
+std::string slowing_before(const std::vector<FlightDump>& dumps) {
+  const FlightDump* newest = nullptr;
+  for (const auto& d : dumps) {
+    if (!d.straggler.empty() && (newest == nullptr || d.time > newest->time)) newest = &d;
+  }
+  return newest == nullptr ? "" : "before the stall, " + newest->straggler + "\n";
+}
+
+}  // namespace
+
 std::string diagnose(const std::vector<FlightDump>& dumps, const RankEnds& ended) {
   DDP_CHECK(!dumps.empty(), "diagnose needs at least one flight record");
   const Missing missing = missing_of(dumps, ended);
   const std::string out = rank_summary(dumps, missing);
-  if (auto disagree = disagreement(dumps)) return out + "diagnosis: " + *disagree + "\n";
+  const std::string slowing = slowing_before(dumps);
+  if (auto disagree = disagreement(dumps)) return out + "diagnosis: " + *disagree + "\n" + slowing;
   uint64_t newest = 0;
   for (const auto& d : dumps) newest = std::max(newest, d.last_issued);
-  if (auto behind = behind_diagnosis(dumps, newest, missing)) return out + *behind;
-  return out + newest_diagnosis(dumps, newest, missing);
+  if (auto behind = behind_diagnosis(dumps, newest, missing)) return out + *behind + slowing;
+  return out + newest_diagnosis(dumps, newest, missing) + slowing;
 }
 
 }  // namespace ddp::comm

@@ -104,6 +104,16 @@ uint64_t FlightRecorder::last_issued() const {
   return last_issued_;
 }
 
+void FlightRecorder::set_straggler(std::string verdict) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  straggler_ = std::move(verdict);
+}
+
+std::string FlightRecorder::straggler() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return straggler_;
+}
+
 std::string FlightRecorder::to_json(int rank, int world_size, const std::string& backend,
                                     const std::string& reason,
                                     const std::optional<WaitingIn>& waiting_in) const {
@@ -125,6 +135,7 @@ std::string FlightRecorder::to_json(int rank, int world_size, const std::string&
                             {"line", waiting_in->line},
                             {"stacks_file", waiting_in->stacks_file}};
   }
+  if (!straggler_.empty()) record["straggler"] = straggler_;
   // Indented, one field a line, for a reader with `less`. An error message or an op name may hold
   // bytes that are not UTF-8 (JSON must be): those become U+FFFD rather than an exception that
   // would lose the whole record.

@@ -124,7 +124,9 @@ void Watchdog::check_stall() {
   } catch (const std::exception& e) {
     log::debug("rank {}: could not read the other ranks' progress: {}", group_->rank(), e.what());
   }
-  log::warn("{}", stall_message(group_->rank(), *pending, waited, progress));
+  const std::string slowing = group_->recorder().straggler();
+  log::warn("{}{}", stall_message(group_->rank(), *pending, waited, progress),
+            slowing.empty() ? "" : "; before it, " + slowing);
 }
 
 Watchdog::Stacks Watchdog::take_stacks(uint64_t seq, const std::string& why) const {

@@ -23,6 +23,7 @@ struct FlightDump {
   uint64_t last_issued = 0;
   std::vector<CollectiveRecord> collectives;  // oldest first
   std::optional<WaitingIn> waiting_in;        // where its stacks were taken, if they were
+  std::string straggler;  // the last straggler named before it was written ("" for none)
 };
 
 // Parses one rank<r>.json. Throws InputError naming `file` when it is not a flight record, and
@@ -40,7 +41,9 @@ using RankEnds = std::map<int, std::string>;
 // `ended`, which names how the ranks that left no record ended. A rank without a record (killed
 // before it could write one, or never asked) may or may not have entered a collective: the
 // diagnosis then speaks of "every rank with a record", names the ranks without one and says what
-// that leaves unknown; it claims "every rank" only when every rank left a record.
+// that leaves unknown; it claims "every rank" only when every rank left a record. Where the
+// records hold a straggler named before the stall, the newest one's line ends the report
+// ("before the stall, straggler: rank 1 computes ...").
 std::string diagnose(const std::vector<FlightDump>& dumps, const RankEnds& ended = {});
 
 }  // namespace ddp::comm

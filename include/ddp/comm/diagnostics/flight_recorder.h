@@ -57,11 +57,17 @@ class FlightRecorder {
   // The oldest collective still issued (waited on), if any.
   std::optional<CollectiveRecord> oldest_pending() const;
   uint64_t last_issued() const;
+  // The straggler attribution's verdict on the last window of steps ("straggler: rank 1 computes
+  // ...", train/straggler.h; "" for none), which the record keeps: the hang doctor says which
+  // rank was slowing before a stall.
+  void set_straggler(std::string verdict);
+  std::string straggler() const;
 
   // {"rank": r, "world_size": n, "backend": b, "reason": why, "time": now, "phase": current,
   //  "last_issued": seq, "collectives": [{"seq", "op", "phase", "bytes", "start", "end",
-  //  "state"}, ...], "waiting_in": {"function", "file", "line", "stacks_file"}}, indented, the
-  //  last only where `waiting_in` is given; times to the millisecond. Strings are UTF-8: bytes
+  //  "state"}, ...], "waiting_in": {"function", "file", "line", "stacks_file"},
+  //  "straggler": verdict}, indented, "waiting_in" only where it is given and "straggler" only
+  //  where one was named; times to the millisecond. Strings are UTF-8: bytes
   //  that are not (an error message may hold any) become U+FFFD.
   std::string to_json(int rank, int world_size, const std::string& backend,
                       const std::string& reason,
@@ -71,6 +77,7 @@ class FlightRecorder {
   size_t capacity_;
   mutable std::mutex mutex_;
   std::string phase_ = "setup";
+  std::string straggler_;
   uint64_t last_issued_ = 0;
   std::deque<CollectiveRecord> records_;
 };
