@@ -42,15 +42,24 @@ Timeline::Timeline(size_t max_events)
   events_.reserve(std::min<size_t>(max_events_, 65536));
 }
 
+bool Timeline::full() {
+  if (events_.size() + marks_.size() < max_events_) return false;
+  if (dropped_++ == 0) log::warn("timeline: {} events recorded, later ones are dropped", max_events_);
+  return true;
+}
+
 void Timeline::add(const char* name, const char* category, int lane, Clock::time_point begin,
                    Clock::time_point end, int64_t step, int64_t bytes) {
-  if (events_.size() >= max_events_) {
-    if (dropped_++ == 0) {
-      log::warn("timeline: {} events recorded, later ones are dropped", max_events_);
-    }
-    return;
-  }
-  events_.push_back({name, category, lane, begin, end, step, bytes});
+  if (!full()) events_.push_back({name, category, lane, begin, end, step, bytes});
+}
+
+void Timeline::add_counter(std::string name, Clock::time_point at,
+                           std::vector<std::pair<std::string, double>> values) {
+  if (!full()) marks_.push_back({std::move(name), at, std::move(values)});
+}
+
+void Timeline::add_instant(std::string name, Clock::time_point at) {
+  if (!full()) marks_.push_back({std::move(name), at, {}});
 }
 
 std::string Timeline::trace_events(int rank, double origin_wall) const {
@@ -85,6 +94,20 @@ std::string Timeline::trace_events(int rank, double origin_wall) const {
     Json args = Json::object();
     if (e.step >= 0) args["step"] = e.step;
     if (e.bytes >= 0) args["bytes"] = e.bytes;
+    event["args"] = std::move(args);
+    out += ",\n";
+    out += event_text(event);
+  }
+  for (const auto& m : marks_) {
+    Json event;
+    event["name"] = m.name;
+    event["ph"] = m.values.empty() ? "i" : "C";
+    event["pid"] = rank;
+    event["tid"] = kStepLane;
+    event["ts"] = to_nanoseconds(us(m.at));
+    if (m.values.empty()) event["s"] = "p";  // an instant across the rank's lanes
+    Json args = Json::object();
+    for (const auto& [key, value] : m.values) args[key] = value;
     event["args"] = std::move(args);
     out += ",\n";
     out += event_text(event);

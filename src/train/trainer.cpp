@@ -814,19 +814,34 @@ bool Trainer::stop_requested() {
 
 void Trainer::exchange_step_times() {
   const Phase phase(*dist_.group, fmt::format("step {}: straggler figures", step_));
-  const std::vector<double> figures = to_doubles(window_);
+  // The window's sums and its step count: a member that joined (or re-formed) during the window
+  // counted fewer steps than the others, so each rank's sums are scaled to the longest count.
+  std::vector<double> figures = to_doubles(window_);
+  if (timeline_ && window_steps_ > 0) {  // this rank's ms a step over the window, as a graph
+    const double ms = 1000.0 / static_cast<double>(window_steps_);
+    timeline_->add_counter("step ms", Clock::now(),
+                           {{"data", window_.data_s * ms},
+                            {"compute", window_.compute_s * ms},
+                            {"comm", window_.comm_s * ms},
+                            {"optimizer", window_.optimizer_s * ms}});
+  }
+  figures.push_back(static_cast<double>(std::exchange(window_steps_, 0)));
+  window_ = StepTimes{};
   const auto n = static_cast<int64_t>(figures.size());
   const auto options = torch::TensorOptions(torch::kDouble).device(dist_.device);
   const auto mine = torch::tensor(figures, torch::kDouble).to(dist_.device);
   auto all = torch::empty({dist_.world_size() * n}, options);
   dist_.group->all_gather(all, mine)->wait();
-  const int64_t steps = std::exchange(window_steps_, 0);
-  window_ = StepTimes{};
   all = all.cpu().contiguous();
   std::vector<StepTimes> ranks;
+  std::vector<int64_t> counts;
   for (int r = 0; r < dist_.world_size(); ++r) {
-    ranks.push_back(step_times_from(all.data_ptr<double>() + r * n));
+    const double* values = all.data_ptr<double>() + r * n;
+    ranks.push_back(step_times_from(values));
+    counts.push_back(static_cast<int64_t>(values[n - 1]));
   }
+  const int64_t steps = scale_to_longest(ranks, counts);
+  if (steps == 0) return;  // a rank counted no step since a re-forming: nothing to judge
   // Every rank's flight record keeps the verdict, for the hang doctor (the same on every rank).
   const auto verdict = find_straggler(ranks, steps, config_.straggler_threshold);
   dist_.group->set_straggler(verdict ? straggler_message(*verdict, step_ - steps + 1, step_) : "");
@@ -835,6 +850,9 @@ void Trainer::exchange_step_times() {
   const auto lines = stragglers_->add_window(ranks, steps, step_);
   if (!lines.info.empty()) log::info("{}", lines.info);
   if (!lines.warning.empty()) log::warn("{}", lines.warning);
+  for (const std::string& line : {lines.info, lines.warning}) {  // marked where they were seen
+    if (timeline_ && !line.empty()) timeline_->add_instant(line, Clock::now());
+  }
 }
 
 void Trainer::log_straggler_table() const {
@@ -1010,6 +1028,10 @@ void Trainer::release_group() {
 }
 
 void Trainer::adopt_group() {
+  // A new generation starts a new window of step times on every member, so that a step dropped
+  // by the re-forming is counted nowhere.
+  window_ = StepTimes{};
+  window_steps_ = 0;
   if (scaler_) scaler_->set_group(dist_.group);
   watchdog_ = start_watchdog(config_, dist_, comm::current_env());
   wrap_model(/*init_sync=*/false);  // Note [One state transfer per change]: the heal's is the one

@@ -74,7 +74,8 @@ TEST_P(SlowRank, IsNamedWithinFiftyStepsWithItsCause) {
     const std::string output =
         run_job(backend, 2,
                 job(DDP_FAULT_TRAIN_BIN, out.path(), 2,
-                    {"--slow-rank", "1", "--slow-compute", "0.02"}));
+                    {"--slow-rank", "1", "--slow-compute", "0.02", "--timeline",
+                     out.file("trace.json")}));
     EXPECT_NE(output.find("straggler: rank 1 computes "), std::string::npos) << output;
     EXPECT_NE(output.find("over steps 1-50 (forward+backward+optimizer "), std::string::npos)
         << output;
@@ -92,6 +93,22 @@ TEST_P(SlowRank, IsNamedWithinFiftyStepsWithItsCause) {
     // The end of the run: a table with a row per rank.
     EXPECT_NE(output.find("step times per rank over 100 steps (ms a step):"), std::string::npos)
         << output;
+    // The timeline: each rank's two windows as a "step ms" graph; rank 0 marks the naming.
+    const auto trace = nlohmann::json::parse(ddp::testing::read_file(out.file("trace.json")));
+    std::vector<int> counters(2, 0);
+    std::vector<double> compute(2, 0.0);
+    std::string marked;
+    for (const auto& e : trace.at("traceEvents")) {
+      const int pid = e.at("pid").get<int>();
+      if (e.at("ph") == "C" && e.at("name") == "step ms") {
+        ++counters.at(pid);
+        compute.at(pid) = e.at("args").at("compute").get<double>();
+      }
+      if (e.at("ph") == "i" && pid == 0) marked += e.at("name").get<std::string>();
+    }
+    EXPECT_EQ(counters, (std::vector<int>{2, 2}));
+    EXPECT_GT(compute[1], compute[0] + 15.0);
+    EXPECT_EQ(marked.rfind("straggler: rank 1 computes ", 0), 0u) << marked;
   }
   {  // Rank 2 of 3 waits 20 ms a step for its batches: data loading, not computation.
     TempDir out;

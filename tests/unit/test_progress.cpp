@@ -128,12 +128,35 @@ TEST(Timeline, TraceEventsAreChromeCompleteEventsOnTheRanksLanes) {
   EXPECT_EQ(python.exit_code, 0) << python.output;
 }
 
+TEST(Timeline, CountersAndInstantsAreChromeEventsOfTheRank) {
+  Timeline timeline;
+  const auto t0 = Timeline::Clock::now();
+  timeline.add_counter("step ms", t0 + std::chrono::microseconds(500),
+                       {{"data", 1.5}, {"compute", 41.0}});
+  timeline.add_instant("straggler: rank 1 computes 2.9x slower", t0 + std::chrono::milliseconds(1));
+  const auto root = nlohmann::json::parse(
+      ddp::train::chrome_trace({timeline.trace_events(1, timeline.start_wall())}));
+  std::map<std::string, nlohmann::json> marks;  // phase -> event
+  for (const auto& e : root.at("traceEvents")) {
+    if (e.at("ph") == "C" || e.at("ph") == "i") marks[e.at("ph").get<std::string>()] = e;
+  }
+  ASSERT_EQ(marks.size(), 2u) << root.dump();
+  EXPECT_EQ(marks["C"].at("name"), "step ms");
+  EXPECT_EQ(marks["C"].at("pid"), 1);
+  EXPECT_EQ(marks["C"].at("args"), (nlohmann::json{{"data", 1.5}, {"compute", 41.0}}));
+  EXPECT_EQ(marks["i"].at("name"), "straggler: rank 1 computes 2.9x slower");
+  EXPECT_EQ(marks["i"].at("s"), "p");
+  EXPECT_NEAR(marks["i"].at("ts").get<double>() - marks["C"].at("ts").get<double>(), 500.0, 1e-3);
+}
+
 TEST(Timeline, KeepsAtMostItsLimitAndCountsTheRest) {
   Timeline timeline(2);
   const auto t = Timeline::Clock::now();
   for (int i = 0; i < 5; ++i) timeline.add("forward", "compute", Timeline::kStepLane, t, t, i);
+  timeline.add_instant("straggler", t);  // marks count against the same limit
   EXPECT_EQ(timeline.events().size(), 2u);
-  EXPECT_EQ(timeline.dropped(), 3u);
+  EXPECT_TRUE(timeline.marks().empty());
+  EXPECT_EQ(timeline.dropped(), 4u);
 }
 
 }  // namespace

@@ -3,7 +3,9 @@
 // (chrome://tracing, https://ui.perfetto.dev). One process per rank; lane 0 holds the training
 // step's phases (data wait, forward, backward with the reducer's finalize inside it, optimizer
 // step) and the epoch's evaluation and checkpoint; lane 1 + b holds bucket b's all-reduces, so
-// that communication running under backward shows as overlapping bars.
+// that communication running under backward shows as overlapping bars. Each rank's "step ms"
+// counter graphs its straggler-attribution window (data, compute, comm, optimizer in ms a step),
+// and rank 0 marks where it named a straggler, or its recovery (train/straggler.h).
 //
 // Times are taken on the steady clock and written as microseconds since the earliest start of
 // any rank on the wall clock, so the ranks line up (across hosts as well as their clocks agree).
@@ -18,6 +20,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ddp::comm {
@@ -42,12 +45,26 @@ class Timeline {
     int64_t bytes;  // all-reduces: the bucket's bytes on the wire; -1: none
   };
 
-  // Keeps at most `max_events` events (about 64 bytes each); later ones are dropped and counted.
+  // What is seen at one time rather than over a span: a counter's values (Chrome's "C" event,
+  // drawn as a graph of the rank: the straggler attribution's ms a step), or, without values, an
+  // instant on lane 0 ("i": a straggler named, with its log line).
+  struct Mark {
+    std::string name;
+    Clock::time_point at;
+    std::vector<std::pair<std::string, double>> values;  // empty: an instant
+  };
+
+  // Keeps at most `max_events` events (about 64 bytes each) and marks; later ones are dropped and
+  // counted.
   explicit Timeline(size_t max_events = 4'000'000);
 
   void add(const char* name, const char* category, int lane, Clock::time_point begin,
            Clock::time_point end, int64_t step = -1, int64_t bytes = -1);
+  void add_counter(std::string name, Clock::time_point at,
+                   std::vector<std::pair<std::string, double>> values);
+  void add_instant(std::string name, Clock::time_point at);
   const std::vector<Event>& events() const { return events_; }
+  const std::vector<Mark>& marks() const { return marks_; }
   size_t dropped() const { return dropped_; }
   // The wall-clock time (seconds since the Unix epoch) of this timeline's creation.
   double start_wall() const { return start_wall_; }
@@ -82,9 +99,11 @@ class Timeline {
   };
 
  private:
+  bool full();  // counts the drop
   size_t max_events_;
   size_t dropped_ = 0;
   std::vector<Event> events_;
+  std::vector<Mark> marks_;
   Clock::time_point start_steady_;
   double start_wall_;
 };

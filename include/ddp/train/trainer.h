@@ -163,7 +163,7 @@ class Trainer : private ElasticTrainee {
   bool attributes_stragglers() const {
     return config_.straggler_threshold > 0.0 && dist_.world_size() > 1 && !config_.uneven;
   }
-  // Every rank's step times over the window that ends at this step (an all_gather of 4 doubles
+  // Every rank's step times over the window that ends at this step (an all_gather of 5 doubles
   // each, a collective); rank 0 names a straggler, or its recovery, and every rank's flight
   // record keeps the verdict (the hang doctor's "before the stall").
   void exchange_step_times();
