@@ -42,7 +42,7 @@ Timeline::Timeline(size_t max_events)
   events_.reserve(std::min<size_t>(max_events_, 65536));
 }
 
-bool Timeline::full() {
+bool Timeline::refuse() {
   if (events_.size() + marks_.size() < max_events_) return false;
   if (dropped_++ == 0) log::warn("timeline: {} events recorded, later ones are dropped", max_events_);
   return true;
@@ -50,16 +50,16 @@ bool Timeline::full() {
 
 void Timeline::add(const char* name, const char* category, int lane, Clock::time_point begin,
                    Clock::time_point end, int64_t step, int64_t bytes) {
-  if (!full()) events_.push_back({name, category, lane, begin, end, step, bytes});
+  if (!refuse()) events_.push_back({name, category, lane, begin, end, step, bytes});
 }
 
 void Timeline::add_counter(std::string name, Clock::time_point at,
                            std::vector<std::pair<std::string, double>> values) {
-  if (!full()) marks_.push_back({std::move(name), at, std::move(values)});
+  if (!refuse()) marks_.push_back({std::move(name), at, std::move(values)});
 }
 
 void Timeline::add_instant(std::string name, Clock::time_point at) {
-  if (!full()) marks_.push_back({std::move(name), at, {}});
+  if (!refuse()) marks_.push_back({std::move(name), at, {}});
 }
 
 std::string Timeline::trace_events(int rank, double origin_wall) const {

@@ -99,7 +99,7 @@ class Timeline {
   };
 
  private:
-  bool full();  // counts the drop
+  bool refuse();  // true once the limit is reached; counts the drop
   size_t max_events_;
   size_t dropped_ = 0;
   std::vector<Event> events_;
