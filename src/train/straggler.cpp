@@ -28,20 +28,6 @@ StepTimes step_times_from(const double* values) {
   return t;
 }
 
-int64_t scale_to_longest(std::vector<StepTimes>& ranks, const std::vector<int64_t>& counts) {
-  if (counts.size() != ranks.size() || counts.empty()) return 0;
-  if (*std::min_element(counts.begin(), counts.end()) <= 0) return 0;
-  const int64_t longest = *std::max_element(counts.begin(), counts.end());
-  for (size_t r = 0; r < ranks.size(); ++r) {
-    const double scale = static_cast<double>(longest) / static_cast<double>(counts[r]);
-    ranks[r].data_s *= scale;
-    ranks[r].compute_s *= scale;
-    ranks[r].comm_s *= scale;
-    ranks[r].optimizer_s *= scale;
-  }
-  return longest;
-}
-
 const char* cause_name(StragglerCause cause) {
   switch (cause) {
     case StragglerCause::kComputation: return "computation";

@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -812,19 +813,23 @@ bool Trainer::stop_requested() {
   return comm::any_rank(*dist_.group, g_stop_requested != 0, dist_.device);
 }
 
+void Trainer::record_window() const {
+  if (!timeline_ || window_steps_ == 0) return;
+  // This rank's ms a step over the window, as a graph.
+  const double ms = 1000.0 / static_cast<double>(window_steps_);
+  timeline_->add_counter("step ms", Clock::now(),
+                         {{"data", window_.data_s * ms},
+                          {"compute", window_.compute_s * ms},
+                          {"comm", window_.comm_s * ms},
+                          {"optimizer", window_.optimizer_s * ms}});
+}
+
 void Trainer::exchange_step_times() {
   const Phase phase(*dist_.group, fmt::format("step {}: straggler figures", step_));
-  // The window's sums and its step count: a member that joined (or re-formed) during the window
-  // counted fewer steps than the others, so each rank's sums are scaled to the longest count.
+  record_window();
+  // The window's sums and its step count. A re-forming starts a new window on every member
+  // (adopt_group), so every rank counted the same steps; the count is exchanged to check that.
   std::vector<double> figures = to_doubles(window_);
-  if (timeline_ && window_steps_ > 0) {  // this rank's ms a step over the window, as a graph
-    const double ms = 1000.0 / static_cast<double>(window_steps_);
-    timeline_->add_counter("step ms", Clock::now(),
-                           {{"data", window_.data_s * ms},
-                            {"compute", window_.compute_s * ms},
-                            {"comm", window_.comm_s * ms},
-                            {"optimizer", window_.optimizer_s * ms}});
-  }
   figures.push_back(static_cast<double>(std::exchange(window_steps_, 0)));
   window_ = StepTimes{};
   const auto n = static_cast<int64_t>(figures.size());
@@ -840,8 +845,11 @@ void Trainer::exchange_step_times() {
     ranks.push_back(step_times_from(values));
     counts.push_back(static_cast<int64_t>(values[n - 1]));
   }
-  const int64_t steps = scale_to_longest(ranks, counts);
-  if (steps == 0) return;  // a rank counted no step since a re-forming: nothing to judge
+  const int64_t steps = counts.front();
+  DDP_CHECK(std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == steps; }),
+            fmt::format("step {}: the ranks counted different steps in the window ({})", step_,
+                        fmt::join(counts, ", ")));
+  if (steps == 0) return;  // a re-forming at the window's last step: nothing to judge
   // Every rank's flight record keeps the verdict, for the hang doctor (the same on every rank).
   const auto verdict = find_straggler(ranks, steps, config_.straggler_threshold);
   dist_.group->set_straggler(verdict ? straggler_message(*verdict, step_ - steps + 1, step_) : "");

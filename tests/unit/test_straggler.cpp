@@ -62,26 +62,6 @@ TEST(Straggler, BalancedRanksAndTinyDifferencesNameNone) {
   EXPECT_FALSE(find_straggler({per_step(1, 10, 30, 1), per_step(1, 40, 1, 1)}, 0, 2.0));
 }
 
-TEST(Straggler, AMemberThatJoinedDuringTheWindowIsScaledToTheOthersSteps) {
-  // An elastic joiner counted 10 of the window's 50 steps, at the others' 20 ms a step: its sums
-  // are a fifth of theirs, and it is neither faster nor slower once scaled.
-  std::vector<StepTimes> ranks = {per_step(1, 20, 3, 1), per_step(1, 20, 3, 1, 10)};
-  EXPECT_EQ(ddp::train::scale_to_longest(ranks, {50, 10}), 50);
-  EXPECT_NEAR(ranks[1].compute_s, ranks[0].compute_s, 1e-12);
-  EXPECT_NEAR(ranks[1].data_s, ranks[0].data_s, 1e-12);
-  EXPECT_FALSE(find_straggler(ranks, 50, 2.0));
-  // The same joiner computing 3x slower is named, with its per-step figure.
-  ranks = {per_step(1, 20, 30, 1), per_step(1, 60, 1, 1, 10)};
-  const int64_t steps = ddp::train::scale_to_longest(ranks, {50, 10});
-  const auto v = find_straggler(ranks, steps, 2.0);
-  ASSERT_TRUE(v.has_value());
-  EXPECT_EQ(v->rank, 1);
-  EXPECT_NEAR(v->rank_ms, 61.0, 1e-9);
-  // A rank that counted no step (a re-forming at the window's last step): nothing to judge.
-  ranks = {per_step(1, 20, 3, 1), StepTimes{}};
-  EXPECT_EQ(ddp::train::scale_to_longest(ranks, {50, 0}), 0);
-}
-
 TEST(Straggler, CommunicationIsNamedOnlyWhereNoRankComputesOrLoadsSlowly) {
   // Equal work, one rank blocked in collectives 4x the others' (its link): communication.
   const std::vector<StepTimes> link = {per_step(1, 10, 2, 1), per_step(1, 10, 8, 1),

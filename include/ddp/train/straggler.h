@@ -31,12 +31,6 @@ struct StepTimes {
 std::vector<double> to_doubles(const StepTimes& t);
 StepTimes step_times_from(const double* values);
 
-// Each rank's window sums (`ranks`) over its own count of steps (`counts`): a member that joined
-// an elastic group during the window counted fewer. Scales every rank's sums to the longest count,
-// which it returns, so that they compare as the same number of steps; 0 (and `ranks` unchanged)
-// when any rank counted none. A pure function.
-int64_t scale_to_longest(std::vector<StepTimes>& ranks, const std::vector<int64_t>& counts);
-
 enum class StragglerCause { kComputation, kDataLoading, kCommunication };
 const char* cause_name(StragglerCause cause);  // "computation", "data loading", "communication"
 

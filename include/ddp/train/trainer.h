@@ -167,6 +167,8 @@ class Trainer : private ElasticTrainee {
   // each, a collective); rank 0 names a straggler, or its recovery, and every rank's flight
   // record keeps the verdict (the hang doctor's "before the stall").
   void exchange_step_times();
+  // --timeline: this rank's window as a "step ms" counter.
+  void record_window() const;
   // Rank 0, at the end of the run: each rank's mean step times over the windows exchanged.
   void log_straggler_table() const;
   // --record-samples: every rank's sample ids of the step in flight (a collective), and the
