@@ -1,0 +1,113 @@
+#pragma once
+// The collectives of ranks on one host through one shared-memory region (a Segment's, or any
+// memory the ranks share: threads of one process in the tests). Free of LibTorch (see reduce.h).
+//
+// Note [Rounds of the shared-memory channel]
+// The region holds a control block per rank and two sets of buffers, each a slot per rank and a
+// result area of `slot_bytes`. A collective moves its data in rounds of at most a slot; round k
+// (counted over the channel's life, the same on every rank) uses set k % 2:
+//
+//   1. each rank copies its part into its slot and publishes arrived = k;
+//   2. it waits until every rank has arrived at k (the barrier of the round);
+//   3. it reads what it needs of the others' slots: an all-gather copies them all, a small
+//      all-reduce combines them all, a large one combines only this rank's slice of the chunk
+//      into the result area, publishes reduced = k, waits for every rank's, and copies the
+//      whole result out.
+//
+// A rank writes set k % 2 in round k only after round k - 1's barrier, which every rank passes
+// only once it has finished round k - 2, the last to use that set: two sets are enough, and a
+// round costs one barrier (two for a sliced all-reduce). Published values are release stores
+// read with acquire loads, so a slot's data is visible once its rank's counter is.
+//
+// Waiting spins briefly, then sleeps on a futex in the region that every publication rings.
+// A rank that fails (its timeout, an error) marks the channel broken with its reason: the others
+// stop waiting at once and their error gives that reason, naming the rank it names. A rank that
+// dies is seen by its process id being gone.
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "ddp/comm/shm/reduce.h"
+#include "ddp/common/error.h"
+
+namespace ddp::comm::shm {
+
+// A collective of the channel that failed: a rank that did not arrive within the timeout, a
+// rank that is gone or that broke the channel. The channel is unusable afterwards.
+class ChannelError : public Error {
+ public:
+  ChannelError(const std::string& what, int culprit) : Error(what), culprit_(culprit) {}
+  int culprit() const { return culprit_; }  // the rank named (-1: none in particular)
+
+ private:
+  int culprit_;
+};
+
+class Channel {
+ public:
+  // The bytes a channel of `world` ranks with slots of `slot_bytes` needs.
+  static size_t region_bytes(int world, size_t slot_bytes);
+  // The slot size for `world` ranks within `budget` bytes of region: a multiple of 4 KiB, at
+  // most 4 MiB (rounds of more gain nothing), at least 4 KiB. A pure function.
+  static size_t slot_bytes_for(int world, size_t budget);
+
+  // `region`: region_bytes(world, slot_bytes), zero-filled before the first rank attaches (a new
+  // segment is), 64-byte aligned. Every rank constructs its own Channel on the same region with
+  // the same world and slot_bytes. `timeout`: how long one collective may wait for the others.
+  Channel(void* region, int rank, int world, size_t slot_bytes, std::chrono::milliseconds timeout);
+
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+  size_t slot_bytes() const { return slot_bytes_; }
+
+  // In place over `count` elements of `type`: data = data(0) op ... op data(world-1).
+  void all_reduce(void* data, size_t count, DType type, Op op);
+  // `bytes` of root's data to every rank.
+  void broadcast(void* data, size_t bytes, int root);
+  // Rank r's `bytes` of `in` at out + r * bytes.
+  void all_gather(void* out, const void* in, size_t bytes);
+  // `in` holds world blocks of `count` elements; `out` (count elements) receives the reduction
+  // of block `rank` over the ranks.
+  void reduce_scatter(void* out, const void* in, size_t count, DType type, Op op);
+  // `in` and `out` hold world blocks of `block_bytes`: block q of `in` goes to rank q, block q of
+  // `out` came from rank q.
+  void all_to_all(void* out, const void* in, size_t block_bytes);
+  void barrier();
+
+  // Marks the channel broken by this rank (the others' waits end naming it), as a failed
+  // collective does on its own. For a rank that leaves mid-job.
+  void abort();
+
+ private:
+  struct Control;
+  struct Header;
+  enum Counter { kArrived, kReduced };
+
+  Control& control(int rank) const;
+  // Set `set`'s slot of `rank`, or its result area for rank == world.
+  uint8_t* buffer(int set, int rank) const;
+  // The next round's number; throws ChannelError where the channel is broken.
+  uint64_t begin_round(const char* what);
+  void throw_if_broken(const char* what) const;
+  // Records why (the first breaker's reason wins) and wakes every waiter.
+  void break_channel(const std::string& why, int culprit);
+  void publish(Counter counter, uint64_t round);
+  // Until every rank's `counter` reaches `round`; throws ChannelError (and breaks the channel)
+  // on the timeout, a broken channel or a rank gone.
+  void wait_all(Counter counter, uint64_t round, const char* what);
+  [[noreturn]] void fail(const std::string& why, int culprit);
+  void reduce_round(uint8_t* data, size_t count, DType type, Op op, uint64_t round);
+
+  Header* header_;
+  uint8_t* base_;
+  int rank_;
+  int world_;
+  size_t slot_bytes_;
+  std::chrono::milliseconds timeout_;
+  uint64_t round_ = 0;
+};
+
+}  // namespace ddp::comm::shm

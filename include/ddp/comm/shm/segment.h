@@ -1,0 +1,48 @@
+#pragma once
+// A POSIX shared-memory segment (shm_open, in /dev/shm), mapped into this process.
+//
+// Note [Nothing left in /dev/shm]
+// A segment is created by one rank, opened by the others, and unlinked as soon as every rank has
+// mapped it: from then on it has no name, and the kernel frees it when the last process that maps
+// it ends, however it ends (a SIGKILL included). Only the few milliseconds between the creation
+// and the unlinking leave a name behind a process killed then; the creator also unlinks it on every
+// failure of the setup.
+
+#include <cstddef>
+#include <string>
+
+namespace ddp::comm::shm {
+
+class Segment {
+ public:
+  // Creates `name` ("/ddp-...") of `bytes` bytes, zero-filled, and maps it. Its memory is
+  // reserved now (posix_fallocate): a /dev/shm too small fails here, with ENOSPC in the Error,
+  // rather than with a SIGBUS at the first touch of a page it cannot hold. Fails when `name`
+  // exists.
+  static Segment create(const std::string& name, size_t bytes);
+  // Maps the existing `name`, which must hold at least `bytes` bytes.
+  static Segment open(const std::string& name, size_t bytes);
+
+  Segment(Segment&& other) noexcept;
+  Segment& operator=(Segment&& other) noexcept;
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+  ~Segment();  // unmaps (the name stays unless unlink() was called)
+
+  // Removes the name (not the memory: it stays mapped). Idempotent; a name already gone (another
+  // rank unlinked it) is not an error.
+  void unlink();
+
+  void* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& name() const { return name_; }
+
+ private:
+  Segment(std::string name, void* data, size_t size) : name_(std::move(name)), data_(data), size_(size) {}
+  std::string name_;
+  void* data_ = nullptr;
+  size_t size_ = 0;
+  bool unlinked_ = false;
+};
+
+}  // namespace ddp::comm::shm

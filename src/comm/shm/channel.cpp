@@ -1,0 +1,326 @@
+#include "ddp/comm/shm/channel.h"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <csignal>
+#include <cstring>
+#include <ctime>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace ddp::comm::shm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kLine = 64;     // a cache line: the control blocks do not share one
+constexpr size_t kPage = 4096;   // the buffers start on a page, slots are whole pages
+constexpr size_t kMaxSlot = size_t{4} << 20;
+// Polls before a waiter sleeps: about 20-100 us, longer than most rounds of small tensors take
+// to line up, short enough not to steal much of a core that a rank's computation needs.
+constexpr int kSpins = 2000;
+// A sleeper wakes at least this often, to look at the clock and at the ranks it waits for.
+constexpr long kSleepNs = 2'000'000;
+constexpr auto kLivenessEvery = std::chrono::milliseconds(100);
+// Up to this many bytes a round, every rank combines the whole chunk itself (one barrier); above
+// it, with more than 2 ranks, each combines a slice and copies the others' (two barriers, a
+// world-th of the reading).
+constexpr size_t kWholeChunkBytes = 64 << 10;
+
+size_t align_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Process-shared futex calls (no FUTEX_PRIVATE_FLAG: the word is in memory of several processes).
+void futex_wait(std::atomic<uint32_t>* word, uint32_t expected) {
+  const timespec sleep{0, kSleepNs};
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &sleep, nullptr, 0);
+}
+void futex_wake_all(std::atomic<uint32_t>* word) {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+bool process_gone(int32_t pid) {
+  return pid > 0 && pid != ::getpid() && ::kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  return fmt::format("{} {}", ranks.size() == 1 ? "rank" : "ranks", fmt::join(ranks, ", "));
+}
+
+}  // namespace
+
+// Shared: every field is read and written by several processes, only through atomics (a zeroed
+// region is every atomic at 0: they are lock-free, so plain memory).
+struct alignas(kLine) Channel::Header {
+  std::atomic<uint32_t> bell;       // the futex word: bumped by every publication
+  std::atomic<uint32_t> sleepers;   // waiters in futex_wait: a publisher wakes them only if any
+  // Breaking the channel: the first rank to claim it writes why and whom it names, then
+  // publishes broken_by (a release store: the others read the reason after an acquire load).
+  std::atomic<int32_t> claimed_by;  // 1 + the rank writing the reason; 0: nobody
+  std::atomic<int32_t> broken_by;   // 1 + the rank that broke the channel; 0: whole
+  int32_t culprit;                  // the rank the reason names
+  char reason[236];                 // NUL-terminated
+};
+
+struct alignas(kLine) Channel::Control {
+  std::atomic<uint64_t> counters[2];  // kArrived, kReduced: the last round published
+  std::atomic<int32_t> pid;           // this rank's process, for the liveness check
+};
+
+static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free,
+              "the channel's atomics live in shared memory: they must be lock-free");
+
+size_t Channel::region_bytes(int world, size_t slot_bytes) {
+  const size_t controls = align_up(sizeof(Header) + static_cast<size_t>(world) * sizeof(Control), kPage);
+  return controls + 2 * static_cast<size_t>(world + 1) * slot_bytes;
+}
+
+size_t Channel::slot_bytes_for(int world, size_t budget) {
+  const size_t per = budget / (2 * static_cast<size_t>(world + 1)) / kPage * kPage;
+  return std::clamp(per, kPage, kMaxSlot);
+}
+
+Channel::Channel(void* region, int rank, int world, size_t slot_bytes,
+                 std::chrono::milliseconds timeout)
+    : header_(static_cast<Header*>(region)),
+      base_(static_cast<uint8_t*>(region)),
+      rank_(rank),
+      world_(world),
+      slot_bytes_(slot_bytes),
+      timeout_(timeout) {
+  DDP_CHECK(world >= 1 && rank >= 0 && rank < world, "a channel rank outside its world");
+  DDP_CHECK(slot_bytes >= kPage && slot_bytes % kPage == 0, "a channel slot of whole pages");
+  // all_to_all and reduce_scatter put a piece for every rank in a slot: at least 8 bytes each.
+  DDP_CHECK(slot_bytes / static_cast<size_t>(world) >= 8, "a channel slot too small for its world");
+  DDP_CHECK(reinterpret_cast<uintptr_t>(region) % kLine == 0, "a channel region 64-byte aligned");
+  control(rank_).pid.store(static_cast<int32_t>(::getpid()), std::memory_order_relaxed);
+}
+
+Channel::Control& Channel::control(int rank) const {
+  return reinterpret_cast<Control*>(base_ + sizeof(Header))[rank];
+}
+
+uint8_t* Channel::buffer(int set, int rank) const {
+  const size_t controls = align_up(sizeof(Header) + static_cast<size_t>(world_) * sizeof(Control), kPage);
+  return base_ + controls + (static_cast<size_t>(set) * (world_ + 1) + rank) * slot_bytes_;
+}
+
+uint64_t Channel::begin_round(const char* what) {
+  throw_if_broken(what);
+  return ++round_;
+}
+
+void Channel::throw_if_broken(const char* what) const {
+  const int by = header_->broken_by.load(std::memory_order_acquire);
+  if (by == 0) return;
+  const std::string reason(header_->reason);
+  const int culprit = header_->culprit;
+  if (by - 1 == culprit) throw ChannelError(fmt::format("{} during {}", reason, what), culprit);
+  throw ChannelError(fmt::format("{} (found by rank {})", reason, by - 1), culprit);
+}
+
+void Channel::publish(Counter counter, uint64_t round) {
+  control(rank_).counters[counter].store(round, std::memory_order_release);
+  header_->bell.fetch_add(1, std::memory_order_seq_cst);
+  if (header_->sleepers.load(std::memory_order_seq_cst) > 0) futex_wake_all(&header_->bell);
+}
+
+void Channel::fail(const std::string& why, int culprit) {
+  break_channel(why, culprit);
+  throw ChannelError(why, culprit);
+}
+
+void Channel::abort() {
+  break_channel(fmt::format("rank {} left the shared-memory channel", rank_), rank_);
+}
+
+void Channel::break_channel(const std::string& why, int culprit) {
+  int32_t nobody = 0;
+  if (header_->claimed_by.compare_exchange_strong(nobody, rank_ + 1, std::memory_order_acq_rel)) {
+    // Only the first breaker writes: the others' reasons follow from its.
+    const size_t n = std::min(why.size(), sizeof(header_->reason) - 1);
+    std::memcpy(header_->reason, why.data(), n);
+    header_->reason[n] = '\0';
+    header_->culprit = culprit;
+    header_->broken_by.store(rank_ + 1, std::memory_order_release);
+  }
+  header_->bell.fetch_add(1, std::memory_order_seq_cst);
+  futex_wake_all(&header_->bell);
+}
+
+void Channel::wait_all(Counter counter, uint64_t round, const char* what) {
+  // The ranks not yet at `round`.
+  const auto behind = [&] {
+    std::vector<int> ranks;
+    for (int r = 0; r < world_; ++r) {
+      if (control(r).counters[counter].load(std::memory_order_acquire) < round) ranks.push_back(r);
+    }
+    return ranks;
+  };
+  const auto all_there = [&] {
+    for (int r = 0; r < world_; ++r) {
+      if (control(r).counters[counter].load(std::memory_order_acquire) < round) return false;
+    }
+    return true;
+  };
+  const auto start = Clock::now();
+  auto next_look = start + kLivenessEvery;
+  for (int spins = 0;; ++spins) {
+    if (all_there()) return;
+    throw_if_broken(what);
+    if (spins < kSpins) {
+      cpu_relax();
+      continue;
+    }
+    // Sleep until a publication rings the bell. The bell is read before the counters are looked
+    // at again: a publication after that look changes it, and futex_wait then returns at once.
+    const uint32_t bell = header_->bell.load(std::memory_order_seq_cst);
+    if (all_there()) return;
+    header_->sleepers.fetch_add(1, std::memory_order_seq_cst);
+    futex_wait(&header_->bell, bell);
+    header_->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    const auto now = Clock::now();
+    if (now < next_look) continue;
+    next_look = now + kLivenessEvery;
+    const std::vector<int> missing = behind();
+    for (int r : missing) {
+      const int32_t pid = control(r).pid.load(std::memory_order_relaxed);
+      if (process_gone(pid)) {
+        fail(fmt::format("rank {} (process {}) ended during {}", r, pid, what), r);
+      }
+    }
+    if (!missing.empty() && now - start >= timeout_) {
+      const double s = static_cast<double>(timeout_.count()) / 1000.0;
+      fail(fmt::format("{} did not arrive at {} within {:g} s", rank_list(missing), what, s),
+           missing.front());
+    }
+  }
+}
+
+void Channel::all_reduce(void* data, size_t count, DType type, Op op) {
+  const size_t size = dtype_size(type);
+  const size_t per_round = slot_bytes_ / size;
+  auto* bytes = static_cast<uint8_t*>(data);
+  for (size_t done = 0; done < count; done += per_round) {
+    reduce_round(bytes + done * size, std::min(per_round, count - done), type, op,
+                 begin_round("all_reduce"));
+  }
+}
+
+void Channel::reduce_round(uint8_t* data, size_t count, DType type, Op op, uint64_t round) {
+  const int set = static_cast<int>(round % 2);
+  const size_t size = dtype_size(type);
+  std::memcpy(buffer(set, rank_), data, count * size);
+  publish(kArrived, round);
+  wait_all(kArrived, round, "all_reduce");
+  std::vector<const void*> inputs(static_cast<size_t>(world_));
+  if (world_ <= 2 || count * size <= kWholeChunkBytes) {
+    for (int r = 0; r < world_; ++r) inputs[static_cast<size_t>(r)] = buffer(set, r);
+    reduce(type, op, data, inputs.data(), world_, count);
+    return;
+  }
+  // This rank's slice of the chunk, whole cache lines, combined into the result area.
+  const size_t line = std::max<size_t>(1, kLine / size);
+  const size_t per = align_up((count + static_cast<size_t>(world_) - 1) / world_, line);
+  const size_t lo = std::min(count, static_cast<size_t>(rank_) * per);
+  const size_t hi = std::min(count, lo + per);
+  for (int r = 0; r < world_; ++r) inputs[static_cast<size_t>(r)] = buffer(set, r) + lo * size;
+  uint8_t* result = buffer(set, world_);
+  reduce(type, op, result + lo * size, inputs.data(), world_, hi - lo);
+  publish(kReduced, round);
+  wait_all(kReduced, round, "all_reduce");
+  std::memcpy(data, result, count * size);
+}
+
+void Channel::broadcast(void* data, size_t bytes, int root) {
+  DDP_CHECK(root >= 0 && root < world_, "a broadcast root outside the world");
+  auto* d = static_cast<uint8_t*>(data);
+  for (size_t done = 0; done < bytes; done += slot_bytes_) {
+    const size_t n = std::min(slot_bytes_, bytes - done);
+    const uint64_t round = begin_round("broadcast");
+    const int set = static_cast<int>(round % 2);
+    if (rank_ == root) std::memcpy(buffer(set, root), d + done, n);
+    publish(kArrived, round);
+    wait_all(kArrived, round, "broadcast");
+    if (rank_ != root) std::memcpy(d + done, buffer(set, root), n);
+  }
+}
+
+void Channel::all_gather(void* out, const void* in, size_t bytes) {
+  auto* o = static_cast<uint8_t*>(out);
+  const auto* i = static_cast<const uint8_t*>(in);
+  for (size_t done = 0; done < bytes; done += slot_bytes_) {
+    const size_t n = std::min(slot_bytes_, bytes - done);
+    const uint64_t round = begin_round("all_gather");
+    const int set = static_cast<int>(round % 2);
+    std::memcpy(buffer(set, rank_), i + done, n);
+    publish(kArrived, round);
+    wait_all(kArrived, round, "all_gather");
+    // From the slots, this rank's too: `in` may be a part of `out` (an in-place all-gather).
+    for (int r = 0; r < world_; ++r) std::memcpy(o + r * bytes + done, buffer(set, r), n);
+  }
+}
+
+void Channel::all_to_all(void* out, const void* in, size_t block_bytes) {
+  auto* o = static_cast<uint8_t*>(out);
+  const auto* i = static_cast<const uint8_t*>(in);
+  const size_t per_round = slot_bytes_ / static_cast<size_t>(world_);
+  for (size_t done = 0; done < block_bytes; done += per_round) {
+    const size_t n = std::min(per_round, block_bytes - done);
+    const uint64_t round = begin_round("all_to_all");
+    const int set = static_cast<int>(round % 2);
+    uint8_t* slot = buffer(set, rank_);
+    for (int q = 0; q < world_; ++q) std::memcpy(slot + q * n, i + q * block_bytes + done, n);
+    publish(kArrived, round);
+    wait_all(kArrived, round, "all_to_all");
+    for (int q = 0; q < world_; ++q) {
+      std::memcpy(o + q * block_bytes + done, buffer(set, q) + rank_ * n, n);
+    }
+  }
+}
+
+void Channel::reduce_scatter(void* out, const void* in, size_t count, DType type, Op op) {
+  const size_t size = dtype_size(type);
+  const size_t block = count * size;
+  auto* o = static_cast<uint8_t*>(out);
+  const auto* i = static_cast<const uint8_t*>(in);
+  const size_t per_round = slot_bytes_ / static_cast<size_t>(world_) / size;
+  std::vector<const void*> inputs(static_cast<size_t>(world_));
+  for (size_t done = 0; done < count; done += per_round) {
+    const size_t n = std::min(per_round, count - done);
+    const uint64_t round = begin_round("reduce_scatter");
+    const int set = static_cast<int>(round % 2);
+    uint8_t* slot = buffer(set, rank_);
+    for (int q = 0; q < world_; ++q) {
+      std::memcpy(slot + q * n * size, i + q * block + done * size, n * size);
+    }
+    publish(kArrived, round);
+    wait_all(kArrived, round, "reduce_scatter");
+    for (int r = 0; r < world_; ++r) {
+      inputs[static_cast<size_t>(r)] = buffer(set, r) + static_cast<size_t>(rank_) * n * size;
+    }
+    reduce(type, op, o + done * size, inputs.data(), world_, n);
+  }
+}
+
+void Channel::barrier() {
+  const uint64_t round = begin_round("barrier");
+  publish(kArrived, round);
+  wait_all(kArrived, round, "barrier");
+}
+
+}  // namespace ddp::comm::shm
