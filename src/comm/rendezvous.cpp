@@ -222,10 +222,15 @@ int slurm_port(const std::string& job_id) {
   return 15000 + last;
 }
 
+std::string host_key(const std::string& host_name, const Env& env) {
+  const auto node = env.find("GROUP_RANK");
+  return node == env.end() ? host_name : host_name + "/node " + node->second;
+}
+
 std::string default_backend(const LaunchInfo& launch, bool cuda_device) {
   if (cuda_device) return "nccl";
   if (launch.world_size == 1) return "local";
-  return launch.launcher == Launcher::kMpirun ? "mpi" : "gloo";
+  return launch.launcher == Launcher::kMpirun ? "mpi" : "shm";
 }
 
 std::vector<std::string> compiled_backends() {
@@ -235,6 +240,7 @@ std::vector<std::string> compiled_backends() {
       "local",
 #ifdef DDP_HAVE_GLOO
       "gloo",
+      "shm",  // over gloo
 #endif
 #ifdef DDP_HAVE_MPI
       "mpi",
@@ -262,7 +268,7 @@ bool nccl_over_mpi(const LaunchInfo& launch) {
 }
 
 bool needs_store(const std::string& backend, const LaunchInfo& launch) {
-  return backend == "gloo" ||
+  return backend == "gloo" || backend == "shm" ||
          (backend == "nccl" && launch.world_size > 1 && !nccl_over_mpi(launch));
 }
 
@@ -270,7 +276,8 @@ void check_compiled(const std::string& backend) {
   const auto compiled = compiled_backends();
   if (std::find(compiled.begin(), compiled.end(), backend) != compiled.end()) return;
   const bool known =
-      backend == "gloo" || backend == "mpi" || backend == "nccl" || backend == "local";
+      backend == "gloo" || backend == "shm" || backend == "mpi" || backend == "nccl" ||
+      backend == "local";
   throw InputError(fmt::format("backend '{}' {} (compiled backends: {})", backend,
                                known ? "was not compiled into this build" : "is unknown",
                                fmt::join(compiled, ", ")));
@@ -337,6 +344,7 @@ std::unique_ptr<ProcessGroup> create_process_group(const std::string& backend,
   if (backend == "local") return make_local_process_group(options);
 #ifdef DDP_HAVE_GLOO
   if (backend == "gloo") return make_gloo_process_group(launch, options);
+  if (backend == "shm") return make_shm_process_group(make_gloo_process_group(launch, options), options);
 #endif
 #ifdef DDP_HAVE_MPI
   if (backend == "mpi") {

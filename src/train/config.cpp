@@ -286,7 +286,7 @@ std::vector<ConfigKey> make_keys() {
       int_key("seed", &C::seed, 0, "random seed (model init, shuffling)"),
       string_key("device", &C::device, {"auto", "cpu", "cuda"}, "",
                  "device (auto: cuda if available)"),
-      string_key("backend", &C::backend, {"auto", "local", "gloo", "mpi", "nccl"}, "",
+      string_key("backend", &C::backend, {"auto", "local", "gloo", "shm", "mpi", "nccl"}, "",
                  "process-group backend (auto: nccl on CUDA; on CPU mpi under mpirun, else gloo)"),
       float_key("comm-timeout", &C::comm_timeout, 0.0, true,
                 "seconds a collective waits for the other ranks before failing"),
@@ -574,10 +574,10 @@ void validate(const Config& config) {
     if (refused != nullptr) {
       throw InputError(fmt::format("key 'elastic': cannot be combined with {}", refused));
     }
-    if (config.backend != "auto" && config.backend != "gloo" && config.backend != "nccl") {
+    if (config.backend == "local" || config.backend == "mpi") {
       throw InputError(fmt::format(
           "key 'elastic': backend '{}' cannot survive a lost rank (Open MPI ends every rank with "
-          "it); use gloo (or nccl on GPUs) under launcher --nnodes MIN:MAX",
+          "it); use shm or gloo (or nccl on GPUs) under launcher --nnodes MIN:MAX",
           config.backend));
     }
   }

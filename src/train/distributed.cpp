@@ -40,9 +40,14 @@ std::vector<RankTopology> gather_topology(comm::ProcessGroup& group, const torch
   return out;
 }
 
-// --elastic's backend: the one of the device's tensors that survives a lost rank (not mpi).
+// --elastic's default backend: the device's that survives a lost rank (not mpi).
 std::string elastic_backend(const torch::Device& device) {
-  return device.is_cuda() ? "nccl" : "gloo";
+  return device.is_cuda() ? "nccl" : "shm";
+}
+
+// Whether `backend` can carry --elastic's generations on `device`.
+bool elastic_capable(const std::string& backend, const torch::Device& device) {
+  return device.is_cuda() ? backend == "nccl" : backend == "shm" || backend == "gloo";
 }
 
 // The launcher's store, DDP_ELASTIC_STORE ("host:port"), and the waits of the protocol.
@@ -120,11 +125,6 @@ std::string format_topology(const std::vector<RankTopology>& ranks, const std::s
   return out;
 }
 
-std::string host_key(const std::string& host_name, const comm::Env& env) {
-  const auto node = env.find("GROUP_RANK");
-  return node == env.end() ? host_name : host_name + "/node " + node->second;
-}
-
 std::string hierarchy_decision(const std::string& setting, const std::vector<std::string>& hosts) {
   if (setting == "false") return "";
   const auto by_host = comm::ranks_by_host(hosts);
@@ -145,7 +145,7 @@ void join_next_generation(Distributed& d) {
   d.membership = d.agent->next_membership(d.membership.generation);
   d.launch.rank = d.membership.rank;
   d.launch.world_size = d.membership.world_size();
-  d.group = d.agent->make_group(d.membership, d.options, elastic_backend(d.device));
+  d.group = d.agent->make_group(d.membership, d.options, d.backend);
   if (d.check_collectives) d.group = comm::check_collectives(d.group);
 }
 
@@ -155,10 +155,10 @@ Distributed init_distributed(const Config& config, const comm::Env& env) {
   const int gpus = torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
   d.device = resolve_device(config.device, gpus, d.launch.local_rank);
   // --elastic: gloo or nccl even for one rank (the group may grow).
-  const std::string backend = config.backend != "auto" ? config.backend
-                              : config.elastic
-                                  ? elastic_backend(d.device)
-                                  : comm::default_backend(d.launch, d.device.is_cuda());
+  d.backend = config.backend != "auto" ? config.backend
+              : config.elastic        ? elastic_backend(d.device)
+                                      : comm::default_backend(d.launch, d.device.is_cuda());
+  const std::string& backend = d.backend;
   if (!d.launch.rendezvous_origin.empty()) log::info("rendezvous: {}", d.launch.rendezvous_origin);
   d.options.timeout = to_ms(config.comm_timeout);
   d.options.rendezvous_timeout = to_ms(config.rendezvous_timeout);
@@ -167,10 +167,10 @@ Distributed init_distributed(const Config& config, const comm::Env& env) {
   if (config.elastic) {
     const auto id = env.find("DDP_ELASTIC_ID");
     if (id == env.end() || d.launch.launcher != comm::Launcher::kEnv ||
-        backend != elastic_backend(d.device)) {
+        !elastic_capable(backend, d.device)) {
       throw InputError(
-          "key 'elastic': start ddp_train under launcher --nnodes MIN:MAX, on gloo (CPU) or nccl "
-          "(CUDA) (the launcher serves the job's store and restarts a lost worker; Open MPI "
+          "key 'elastic': start ddp_train under launcher --nnodes MIN:MAX, on shm or gloo (CPU) or "
+          "nccl (CUDA) (the launcher serves the job's store and restarts a lost worker; Open MPI "
           "cannot survive one)");
     }
     d.agent = std::make_shared<comm::ElasticAgent>(d.launch, id->second,
@@ -192,7 +192,7 @@ Distributed init_distributed(const Config& config, const comm::Env& env) {
   }
   // Every rank joins the gather; rank 0 alone logs (Note [Collective order is identical on all
   // ranks]).
-  RankTopology mine{d.launch.rank, host_key(net::host_name(), env), d.launch.local_rank,
+  RankTopology mine{d.launch.rank, comm::host_key(net::host_name(), env), d.launch.local_rank,
                     d.device.str()};
   const auto all = gather_topology(*d.group, d.device, mine);
   log::info("launched by {}: {}", comm::to_string(d.launch.launcher),

@@ -7,6 +7,12 @@
 //       ddp::init_process_group, rank 1 calling another op, dtype or shape at the 5th, or skipping
 //       it (KIND: op, dtype, shape, skip); prints how long each took to fail, and exits 0 when
 //       every one failed with InputError (TORCH_DISTRIBUTED_DEBUG=DETAIL: at once)
+//   comm_worker shm versus-gloo      a gloo group and the shm group over it: every collective of
+//       both on the same inputs, random floats included; shm's sums are the rank-order sums of
+//       every rank's input, bit for bit, and equal gloo's (exactly where the values are integers
+//       or at 2 ranks, to float rounding otherwise)
+//   comm_worker shm die-in-all-reduce   the last rank kills itself (SIGKILL) at all_reduce #2;
+//       the others report how their all_reduce ended
 //   comm_worker BACKEND hierarchical HOST,HOST,...   rank r on host HOST[r] (the layout a test
 //       chooses): comm::hierarchical's all_reduce equals the flat one, for every op, several
 //       dtypes and sizes, several in flight at once
@@ -20,6 +26,10 @@
 #include <thread>
 #include <vector>
 
+#include <signal.h>
+#include <unistd.h>
+
+#include "backends/backends.h"  // make_shm_process_group, for versus-gloo
 #include "ddp/comm/hierarchical.h"
 #include "ddp/comm/rendezvous.h"
 
@@ -436,6 +446,100 @@ void check_hierarchical(ddp::comm::ProcessGroup& flat, ddp::comm::ProcessGroup& 
   }
 }
 
+// Rank r's input for versus-gloo: random values of `dtype` from seed r (any rank can make any
+// rank's), integers in a range that sums exactly in every dtype.
+at::Tensor random_input(int r, int64_t n, at::ScalarType dtype) {
+  at::manual_seed(1000 + r);
+  if (at::isFloatingType(dtype)) return at::randn({n}, at::kDouble).mul(100).to(dtype);
+  if (dtype == at::kBool) return at::randint(0, 2, {n}, at::kLong).to(dtype);
+  return at::randint(-20, 20, {n}, at::kLong).to(dtype);
+}
+
+// The sum over ranks in rank order, as the shared-memory channel adds (Note [A fixed reduction
+// order]): 16-bit floats in float32, rounded once.
+at::Tensor rank_order_sum(int world, int64_t n, at::ScalarType dtype) {
+  const bool narrow = dtype == at::kHalf || dtype == at::kBFloat16;
+  at::Tensor sum = random_input(0, n, dtype);
+  if (narrow) sum = sum.to(at::kFloat);
+  for (int r = 1; r < world; ++r) {
+    const at::Tensor x = random_input(r, n, dtype);
+    sum = dtype == at::kBool ? sum.logical_or(x) : sum.add(narrow ? x.to(at::kFloat) : x);
+  }
+  return sum.to(dtype);
+}
+
+#ifdef DDP_HAVE_GLOO
+void versus_gloo(const ddp::comm::LaunchInfo& launch, const ddp::comm::ProcessGroupOptions& options) {
+  std::shared_ptr<ddp::comm::ProcessGroup> gloo =
+      ddp::comm::create_process_group("gloo", launch, options, false);
+  const auto shm = ddp::comm::make_shm_process_group(gloo, options);
+  expect_true(shm->backend_name() == "shm", "the ranks of one host share memory");
+  const int w = shm->world_size();
+  const int me = shm->rank();
+  for (auto dtype : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kInt, at::kLong,
+                     at::kChar, at::kByte, at::kShort, at::kBool}) {
+    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{1001}, (int64_t{1} << 20) + 3}) {
+      const std::string what = fmt::format("{} of {}", n, ddp::comm::dtype_name(dtype));
+      at::Tensor mine = random_input(me, n, dtype);
+      at::Tensor by_shm = mine.clone();
+      shm->all_reduce(by_shm, ReduceOp::kSum)->wait();
+      expect_equal(by_shm, rank_order_sum(w, n, dtype), "shm all_reduce is the rank-order sum, " + what);
+      // Gloo adds in its ring's order: at 2 ranks a + b == b + a; integers are exact anyway.
+      // Otherwise within a few roundings of the largest partial sum (float16 on gloo rounds to
+      // 16 bits after every addition).
+      at::Tensor by_gloo = mine.clone();
+      gloo->all_reduce(by_gloo, ReduceOp::kSum)->wait();
+      const bool exact = n == 0 || w == 2 || !at::isFloatingType(dtype);
+      const double eps = dtype == at::kHalf ? 0x1p-10 : dtype == at::kBFloat16 ? 0x1p-7 : 1e-6;
+      const double tolerance = w * 1024.0 * eps;  // |inputs| < 512 (5 sigma)
+      ++g_checks;
+      if (exact ? !at::equal(by_shm, by_gloo)
+                : (by_shm.to(at::kDouble) - by_gloo.to(at::kDouble)).abs().max().item<double>() >
+                      tolerance) {
+        ++g_failures;
+        std::cout << "MISMATCH shm and gloo all_reduce, " << what << std::endl;
+      }
+      for (ReduceOp op : {ReduceOp::kMin, ReduceOp::kMax}) {
+        at::Tensor a = mine.clone();
+        at::Tensor b = mine.clone();
+        shm->all_reduce(a, op)->wait();
+        gloo->all_reduce(b, op)->wait();
+        expect_equal(a, b, fmt::format("shm and gloo all_reduce({}), {}", to_string(op), what));
+      }
+      // Data movement: the same bytes as gloo's.
+      at::Tensor g1 = at::empty({w * n}, mine.options());
+      at::Tensor g2 = at::empty({w * n}, mine.options());
+      shm->all_gather(g1, mine)->wait();
+      gloo->all_gather(g2, mine)->wait();
+      expect_equal(g1, g2, "shm and gloo all_gather, " + what);
+      at::Tensor b1 = mine.clone();
+      shm->broadcast(b1, w - 1)->wait();
+      expect_equal(b1, random_input(w - 1, n, dtype), "shm broadcast from the last rank, " + what);
+    }
+  }
+  shm->barrier()->wait();
+}
+#endif
+
+// The last rank dies at the second all_reduce; the others print how theirs ended.
+void die_in_all_reduce(ddp::comm::ProcessGroup& pg) {
+  auto t = at::ones({1000}, at::kFloat);
+  pg.all_reduce(t)->wait();
+  std::cout << "rank " << pg.rank() << ": pid " << ::getpid() << ", backend " << pg.backend_name()
+            << std::endl;
+  if (pg.rank() == pg.world_size() - 1) ::raise(SIGKILL);
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    pg.all_reduce(t)->wait();
+    std::cout << "rank " << pg.rank() << ": all_reduce #2 returned" << std::endl;
+  } catch (const ddp::comm::CommError& e) {
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::steady_clock::now() - start);
+    std::cout << "rank " << pg.rank() << ": after " << ms.count() << " ms: " << e.what() << std::endl;
+    throw;
+  }
+}
+
 std::vector<std::string> split_commas(const std::string& text) {
   std::vector<std::string> out;
   size_t begin = 0;
@@ -466,13 +570,24 @@ int main(int argc, char** argv) {
       options.timeout = std::chrono::milliseconds(std::stoll(argv[3]));
     }
     options.rendezvous_timeout = std::chrono::seconds(30);
+    if (scenario == "versus-gloo") {
+#ifdef DDP_HAVE_GLOO
+      versus_gloo(launch, options);
+#endif
+      std::cout << fmt::format("rank {}/{}: {} checks, {} failures", launch.rank, launch.world_size,
+                               g_checks, g_failures)
+                << std::endl;
+      return g_failures == 0 ? 0 : 3;
+    }
     auto pg = ddp::comm::create_process_group(backend, launch, options, /*cuda_device=*/false);
     if (scenario == "collectives") {
       check_collectives(*pg);
       check_reduce_scatter(*pg);
       check_data_movement(*pg);
       check_16bit_reductions(*pg);
-      if (pg->backend_name() == "gloo") check_float32_accumulation(*pg);
+      if (pg->backend_name() == "gloo" || pg->backend_name() == "shm") {
+        check_float32_accumulation(*pg);
+      }
       check_overlapped_16bit(*pg);
       check_new_group(*pg);
       std::cout << fmt::format("rank {}/{}: {} checks, {} failures", pg->rank(), pg->world_size(),
@@ -488,6 +603,10 @@ int main(int argc, char** argv) {
                                flat->world_size(), g_checks, g_failures)
                 << std::endl;
       return g_failures == 0 ? 0 : 3;
+    }
+    if (scenario == "die-in-all-reduce") {
+      die_in_all_reduce(*pg);
+      return 0;
     }
     if (scenario == "skip") {
       auto t = at::ones({1000}, at::kFloat);

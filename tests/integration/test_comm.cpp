@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
+#include <filesystem>
 #include <regex>
 #include <torch/types.h>
 
@@ -71,7 +73,7 @@ TEST(Launch, EnvContract) {
   EXPECT_EQ(info.local_world_size, 2);
   EXPECT_EQ(info.master_addr, "node0");
   EXPECT_EQ(info.master_port, 29500);
-  EXPECT_EQ(ddp::comm::default_backend(info, false), "gloo");
+  EXPECT_EQ(ddp::comm::default_backend(info, false), "shm");
   EXPECT_EQ(ddp::comm::default_backend(info, true), "nccl");
 }
 
@@ -106,7 +108,7 @@ TEST(Launch, Slurm) {
   EXPECT_EQ(info.world_size, 8);
   EXPECT_EQ(info.local_rank, 1);
   EXPECT_EQ(info.local_world_size, 4);
-  EXPECT_EQ(ddp::comm::default_backend(info, false), "gloo");
+  EXPECT_EQ(ddp::comm::default_backend(info, false), "shm");
 }
 
 std::string launch_error(const Env& env) {
@@ -277,6 +279,28 @@ TEST_P(GlooRanks, CollectivesMatchClosedForms) {
 }
 INSTANTIATE_TEST_SUITE_P(Worlds, GlooRanks, ::testing::Values(2, 3, 4));
 
+// The same checks through shared memory (comm/shm), its subgroups included.
+TEST_P(GlooRanks, CollectivesThroughSharedMemoryMatchClosedForms) {
+  if (!compiled("shm")) GTEST_FAIL() << "shm backend not compiled in";
+  const int world = GetParam();
+  auto results = run_env_ranks(world, {"shm", "collectives"}, std::chrono::seconds(240));
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
+    EXPECT_NE(results[r].output.find(" 0 failures"), std::string::npos) << results[r].output;
+  }
+}
+
+// Shared memory against gloo on the same inputs, and against the rank-order sum bit for bit.
+TEST_P(GlooRanks, SharedMemoryEqualsGlooAndTheRankOrderSum) {
+  if (!compiled("shm")) GTEST_FAIL() << "shm backend not compiled in";
+  const int world = GetParam();
+  auto results = run_env_ranks(world, {"shm", "versus-gloo"}, std::chrono::seconds(240));
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
+    EXPECT_NE(results[r].output.find(" 0 failures"), std::string::npos) << results[r].output;
+  }
+}
+
 // The same checks on the world-size-1 backend (subgroups of the one rank).
 TEST(Local, CollectivesMatchClosedForms) {
   auto results = run_env_ranks(1, {"local", "collectives"}, std::chrono::seconds(120));
@@ -300,6 +324,33 @@ TEST(Gloo, RankThatNeverJoinsTimesOutTheOthers) {
   EXPECT_NE(results[2].output.find("rank 2: not joining all_reduce #2"), std::string::npos);
   // The sleeper sleeps 3 timeouts (9 s); the others must have ended long before the 60 s limit.
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(30));
+}
+
+// A rank killed inside an all_reduce through shared memory: the others end within a second,
+// well before the 60 s timeout, naming it; the segment was unlinked long before.
+TEST(Shm, ARankKilledInAnAllReduceIsNamedAtOnceAndLeavesNothingInDevShm) {
+  const auto start = Clock::now();
+  auto results = run_env_ranks(3, {"shm", "die-in-all-reduce", "60000"}, std::chrono::seconds(60));
+  EXPECT_EQ(results[2].exit_code, 128 + SIGKILL) << results[2].output;
+  std::smatch pid;
+  ASSERT_TRUE(std::regex_search(results[2].output, pid, std::regex("rank 2: pid ([0-9]+)")))
+      << results[2].output;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(results[r].exit_code, 1) << results[r].output;
+    EXPECT_NE(results[r].output.find(fmt::format(
+                  "rank {}: all_reduce(sum) #2 failed on backend shm: rank 2 (process {}) ended "
+                  "during all_reduce",
+                  r, pid[1].str())),
+              std::string::npos)
+        << results[r].output;
+  }
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(20));
+  std::smatch zero;
+  ASSERT_TRUE(std::regex_search(results[0].output, zero, std::regex("rank 0: pid ([0-9]+)")));
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+    EXPECT_NE(entry.path().filename().string().rfind("ddp-" + zero[1].str() + "-", 0), 0u)
+        << entry.path() << " is left";
+  }
 }
 
 TEST(Gloo, BadEnvFailsEveryRankFast) {

@@ -49,8 +49,8 @@ TEST(Hierarchy, TheTrainersSettingDecides) {
 }
 
 TEST(Hierarchy, ANodeTheLauncherNamesIsAHostOfItsOwn) {
-  EXPECT_EQ(ddp::train::host_key("vm", {}), "vm");
-  EXPECT_EQ(ddp::train::host_key("vm", {{"GROUP_RANK", "1"}}), "vm/node 1");
+  EXPECT_EQ(ddp::comm::host_key("vm", {}), "vm");
+  EXPECT_EQ(ddp::comm::host_key("vm", {{"GROUP_RANK", "1"}}), "vm/node 1");
 }
 
 }  // namespace

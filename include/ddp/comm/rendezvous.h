@@ -47,6 +47,11 @@ struct LaunchInfo {
 using Env = std::map<std::string, std::string>;
 Env current_env();
 
+// The host a rank counts as (for the hierarchical all-reduce, and for shared memory): its host
+// name, and its node's rank where the launch names one (GROUP_RANK: the launcher's --node-rank,
+// torchrun's), so that two nodes a launcher was told of are two hosts even on one machine.
+std::string host_key(const std::string& host_name, const Env& env);
+
 // Reads the launch from `env`. The env contract (RANK and WORLD_SIZE set) wins over
 // OMPI_COMM_WORLD_* and SLURM_*, as torchrun's does. Under Slurm, MASTER_ADDR and MASTER_PORT
 // default to first_slurm_host() of the step's node list and slurm_port() of SLURM_JOB_ID, as in

@@ -18,6 +18,7 @@ struct Distributed {
   torch::Device device = torch::kCPU;
   std::shared_ptr<comm::ProcessGroup> group;
   comm::ProcessGroupOptions options;  // the group's
+  std::string backend;                // the group's (under --elastic, every generation's)
   // --elastic: the link to the launcher's arbiter, and this worker's current generation.
   std::shared_ptr<comm::ElasticAgent> agent;
   comm::Membership membership;
@@ -67,11 +68,6 @@ struct RankTopology {
   int local_rank = 0;
   std::string device;
 };
-// The host a rank counts as for the hierarchical all-reduce: its host name, and its node's rank
-// where the launch names one (GROUP_RANK: the launcher's --node-rank, torchrun's), so that two
-// nodes a launcher was told of are two hosts even on one machine.
-std::string host_key(const std::string& host_name, const comm::Env& env);
-
 // Whether --hierarchical (`setting`: auto, true, false) wraps the group, for these ranks' host
 // keys: "" for no, else the line to log. Throws InputError for true on a layout it cannot serve.
 // A pure function.

@@ -290,6 +290,8 @@ class GlooProcessGroup : public ProcessGroup {
     check_cpu(input, info);
     check_cpu(output, info);
     issue_pending();
+    // Nothing to move, the same on every rank; gloo's all-gather divides by the size (SIGFPE).
+    if (input.numel() == 0) return std::make_shared<CompletedWork>();
     return wrap(gather_bytes(*pg_, output, input, world_size()), info);
   }
   WorkPtr do_reduce_scatter(at::Tensor& output, const at::Tensor& input, ReduceOp op,

@@ -113,6 +113,9 @@ std::unique_ptr<ProcessGroup> ElasticAgent::make_group(const Membership& m,
 #endif
 #ifdef DDP_HAVE_GLOO
   if (backend == "gloo") return make_gloo_process_group_on(prefixed, launch, options);
+  if (backend == "shm") {
+    return make_shm_process_group(make_gloo_process_group_on(prefixed, launch, options), options);
+  }
 #endif
   (void)options;
   throw InputError("elastic training needs the gloo or nccl backend; this build lacks " + backend);

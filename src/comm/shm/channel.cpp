@@ -10,6 +10,7 @@
 #include <csignal>
 #include <cstring>
 #include <ctime>
+#include <fstream>
 #include <vector>
 
 #include <fmt/format.h>
@@ -53,8 +54,18 @@ void futex_wake_all(std::atomic<uint32_t>* word) {
   ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
+// Whether `pid` has ended: no such process, or a zombie that its parent has not reaped yet (a
+// test program that waits for its ranks in order; a launcher reaps at once).
 bool process_gone(int32_t pid) {
-  return pid > 0 && pid != ::getpid() && ::kill(pid, 0) != 0 && errno == ESRCH;
+  if (pid <= 0 || pid == ::getpid()) return false;
+  if (::kill(pid, 0) != 0) return errno == ESRCH;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  // "pid (comm) S ...": the state follows the last ')' (a command name may hold one).
+  const auto paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() &&
+         (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
 }
 
 std::string rank_list(const std::vector<int>& ranks) {

@@ -1,0 +1,226 @@
+// CPU tensors of ranks on one host through shared memory (comm/shm), over a gloo group that sets
+// it up and serves whatever it does not: ranks on several hosts (where the hierarchical group's
+// host level is a shm group again), tensors that are not on the CPU, and new_group's members.
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <random>
+
+#include "backends/backends.h"
+#include "ddp/comm/host_collectives.h"
+#include "ddp/comm/shm/channel.h"
+#include "ddp/comm/shm/segment.h"
+#include "ddp/common/log.h"
+#include "ddp/common/socket.h"
+#include "job_thread.h"
+
+namespace ddp::comm {
+namespace {
+
+// The region of one group: a budget that /dev/shm's usual sizes hold (Docker's default is 64 MB,
+// shared with a data loader's workers), in slots of up to 4 MiB.
+constexpr size_t kRegionBudget = size_t{32} << 20;
+
+std::optional<shm::DType> shm_dtype(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat: return shm::DType::kFloat32;
+    case at::kDouble: return shm::DType::kFloat64;
+    case at::kHalf: return shm::DType::kFloat16;
+    case at::kBFloat16: return shm::DType::kBFloat16;
+    case at::kChar: return shm::DType::kInt8;
+    case at::kByte: return shm::DType::kUInt8;
+    case at::kShort: return shm::DType::kInt16;
+    case at::kInt: return shm::DType::kInt32;
+    case at::kLong: return shm::DType::kInt64;
+    case at::kBool: return shm::DType::kBool;
+    default: return std::nullopt;
+  }
+}
+
+shm::Op shm_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kMin: return shm::Op::kMin;
+    case ReduceOp::kMax: return shm::Op::kMax;
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg: return shm::Op::kSum;
+  }
+  return shm::Op::kSum;
+}
+
+// A name no other group on this host has: this process, a count, and randomness against a
+// process id that an earlier job on the host (in another pid namespace) had.
+std::string segment_name() {
+  static std::atomic<int> groups{0};
+  std::random_device random;
+  return fmt::format("/ddp-{}-{}-{:08x}", ::getpid(), groups++, random());
+}
+
+// A collective run by the group's thread: wait() and is_completed() read its future.
+class ShmWork : public Work {
+ public:
+  ShmWork(std::shared_future<void> done, CollectiveInfo info)
+      : done_(std::move(done)), info_(std::move(info)) {}
+  void wait() override {
+    try {
+      done_.get();
+    } catch (const shm::ChannelError& e) {
+      throw CommError(info_, failure_message(info_, "shm", e.what()));
+    }
+  }
+  bool is_completed() override {
+    return done_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  }
+
+ private:
+  std::shared_future<void> done_;
+  CollectiveInfo info_;
+};
+
+class ShmProcessGroup : public ProcessGroup {
+ public:
+  // A collective of `inner`: its ranks agree whether they share a host and a segment.
+  ShmProcessGroup(std::shared_ptr<ProcessGroup> inner, const ProcessGroupOptions& options)
+      : ProcessGroup(inner->rank(), inner->world_size(), options), inner_(std::move(inner)) {
+    wrap(*inner_);
+    attach();
+  }
+  ~ShmProcessGroup() override {
+    // A collective still running here will never complete: end it, and the others' waits.
+    if (channel_ && pending_->load() > 0) channel_->abort();
+    thread_.stop(std::chrono::milliseconds::max());
+  }
+  std::string backend_name() const override { return channel_ ? "shm" : inner_->backend_name(); }
+
+ protected:
+  WorkPtr do_all_reduce(at::Tensor& tensor, ReduceOp op, const CollectiveInfo& info) override {
+    const auto type = shm_dtype(tensor.scalar_type());
+    if (!serves(tensor) || !type) return inner_->all_reduce(tensor, op);
+    return post(info, [this, t = tensor, type = *type, op]() mutable {
+      channel_->all_reduce(t.data_ptr(), static_cast<size_t>(t.numel()), type, shm_op(op));
+      if (op == ReduceOp::kAvg) sum_to_average(t, world_size());
+    });
+  }
+  WorkPtr do_broadcast(at::Tensor& tensor, int root, const CollectiveInfo& info) override {
+    if (!serves(tensor)) return inner_->broadcast(tensor, root);
+    return post(info, [this, t = tensor, root] { channel_->broadcast(t.data_ptr(), t.nbytes(), root); });
+  }
+  WorkPtr do_all_gather(at::Tensor& output, const at::Tensor& input,
+                        const CollectiveInfo& info) override {
+    if (!serves(input) || !serves(output)) return inner_->all_gather(output, input);
+    return post(info, [this, out = output, in = input] {
+      channel_->all_gather(out.data_ptr(), in.data_ptr(), in.nbytes());
+    });
+  }
+  WorkPtr do_reduce_scatter(at::Tensor& output, const at::Tensor& input, ReduceOp op,
+                            const CollectiveInfo& info) override {
+    const auto type = shm_dtype(input.scalar_type());
+    if (!serves(input) || !serves(output) || !type) {
+      return inner_->reduce_scatter(output, input, op);
+    }
+    return post(info, [this, out = output, in = input, type = *type, op]() mutable {
+      channel_->reduce_scatter(out.data_ptr(), in.data_ptr(), static_cast<size_t>(out.numel()),
+                               type, shm_op(op));
+      if (op == ReduceOp::kAvg) sum_to_average(out, world_size());
+    });
+  }
+  WorkPtr do_all_to_all(at::Tensor& output, const at::Tensor& input,
+                        const CollectiveInfo& info) override {
+    if (!serves(input) || !serves(output)) return inner_->all_to_all(output, input);
+    const auto world = static_cast<size_t>(world_size());
+    return post(info, [this, out = output, in = input, world] {
+      channel_->all_to_all(out.data_ptr(), in.data_ptr(), in.nbytes() / world);
+    });
+  }
+  WorkPtr do_barrier(const CollectiveInfo& info) override {
+    if (!channel_) return inner_->barrier();
+    return post(info, [this] { channel_->barrier(); });
+  }
+  std::shared_ptr<ProcessGroup> do_new_group(const std::vector<int>& ranks,
+                                             const CollectiveInfo& /*info*/) override {
+    // The members' group over inner's subgroup: shared memory again where they share a host
+    // (the hierarchical all-reduce's host level).
+    auto sub = inner_->new_group(ranks);
+    if (!sub) return nullptr;
+    return std::make_shared<ShmProcessGroup>(std::move(sub), options());
+  }
+
+ private:
+  bool serves(const at::Tensor& t) const { return channel_ && t.device().is_cpu(); }
+
+  // Runs `job` on the group's thread, in the order of the calls (the same on every rank).
+  WorkPtr post(const CollectiveInfo& info, std::function<void()> job) {
+    pending_->fetch_add(1);
+    auto done = thread_.post([job = std::move(job), pending = pending_] {
+      struct Done {
+        std::atomic<int>* pending;
+        ~Done() { pending->fetch_sub(1); }
+      } count{pending.get()};
+      job();
+    });
+    return std::make_shared<ShmWork>(std::move(done), info);
+  }
+
+  // Every rank on one host: rank 0 creates the segment, the others map it, rank 0 unlinks it
+  // (Note [Nothing left in /dev/shm]). Where any step fails anywhere, every rank stays on inner,
+  // and rank 0 says why.
+  void attach();
+
+  std::shared_ptr<ProcessGroup> inner_;
+  std::optional<shm::Segment> segment_;
+  std::unique_ptr<shm::Channel> channel_;
+  std::shared_ptr<std::atomic<int>> pending_ = std::make_shared<std::atomic<int>>(0);
+  JobThread thread_;  // last: stopped first, before the channel and its memory go
+};
+
+void ShmProcessGroup::attach() {
+  const c10::Device cpu(c10::kCPU);
+  const auto hosts = all_gather_bytes(*inner_, host_key(net::host_name(), current_env()), cpu);
+  for (const auto& h : hosts) {
+    if (h != hosts.front()) return;  // several hosts: inner's (and the hierarchy's host groups)
+  }
+  const size_t slot = shm::Channel::slot_bytes_for(world_size(), kRegionBudget);
+  const size_t bytes = shm::Channel::region_bytes(world_size(), slot);
+  // Each rank's outcome: "" or why it failed. Rank 0's first carries the name.
+  std::string mine;
+  if (rank() == 0) {
+    try {
+      segment_.emplace(shm::Segment::create(segment_name(), bytes));
+    } catch (const Error& e) {
+      mine = e.what();
+    }
+  }
+  const std::string name = broadcast_bytes(*inner_, segment_ ? segment_->name() : "", 0, cpu);
+  if (rank() != 0 && !name.empty()) {
+    try {
+      segment_.emplace(shm::Segment::open(name, bytes));
+    } catch (const Error& e) {
+      mine = e.what();
+    }
+  }
+  const auto outcomes = all_gather_bytes(*inner_, mine, cpu);
+  if (segment_ && rank() == 0) segment_->unlink();  // every rank has mapped it, or never will
+  for (size_t r = 0; r < outcomes.size(); ++r) {
+    if (outcomes[r].empty()) continue;
+    if (rank() == 0) {
+      log::warn("shared memory: rank {}: {}; collectives go through {}", r, outcomes[r],
+                inner_->backend_name());
+    }
+    segment_.reset();
+    return;
+  }
+  channel_ = std::make_unique<shm::Channel>(segment_->data(), rank(), world_size(), slot,
+                                            options().timeout);
+}
+
+}  // namespace
+
+std::unique_ptr<ProcessGroup> make_shm_process_group(std::shared_ptr<ProcessGroup> inner,
+                                                     const ProcessGroupOptions& options) {
+  return std::make_unique<ShmProcessGroup>(std::move(inner), options);
+}
+
+}  // namespace ddp::comm
