@@ -2,7 +2,8 @@
 // all_reduce_perf. Start it as the ranks of a job (mpirun, the launcher, or the env contract):
 //   mpirun -np 2 build/ddp_bench_allreduce --backend mpi
 // Prints, on rank 0, one row per size: bytes, elements, time (us), algbw and busbw (GB/s),
-// where busbw = algbw * 2 (n - 1) / n is comparable across world sizes.
+// where busbw = algbw * 2 (n - 1) / n is comparable across world sizes, and the time of one
+// memcpy of the same bytes on rank 0 (this machine's memory bandwidth, for the shm backend).
 // TORCH_DISTRIBUTED_DEBUG=DETAIL checks each all-reduce across the ranks first
 // (ddp/comm/diagnostics/collective_check.h), as in ddp_train.
 #include <ATen/ATen.h>
@@ -10,7 +11,9 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <cstring>
 #include <cxxopts.hpp>
+#include <vector>
 #include <iostream>
 
 #include "ddp/comm/diagnostics/collective_check.h"
@@ -37,11 +40,25 @@ double time_all_reduce(ddp::comm::ProcessGroup& pg, at::Tensor& t, int warmup, i
   return slowest.cpu().item<double>();
 }
 
+// One memcpy of `bytes` between two buffers of this process, warmed and averaged.
+double time_memcpy(int64_t bytes, int iters) {
+  std::vector<uint8_t> from(static_cast<size_t>(bytes), 1);
+  std::vector<uint8_t> to(static_cast<size_t>(bytes), 0);
+  std::memcpy(to.data(), from.data(), from.size());
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) {
+    std::memcpy(to.data(), from.data(), from.size());
+    // Every copy's bytes count as read (as benchmark::DoNotOptimize does): none is left out.
+    asm volatile("" : : "g"(to.data()) : "memory");
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   cxxopts::Options options("ddp_bench_allreduce", "All-reduce bandwidth of a ddp backend");
-  options.add_options()("backend", "gloo, mpi, nccl, local (default: the launch's default)",
+  options.add_options()("backend", "gloo, shm, mpi, nccl, local (default: the launch's default)",
                         cxxopts::value<std::string>()->default_value("auto"))(
       "min-bytes", "smallest message", cxxopts::value<int64_t>()->default_value("4096"))(
       "max-bytes", "largest message", cxxopts::value<int64_t>()->default_value("67108864"))(
@@ -77,8 +94,8 @@ int main(int argc, char** argv) {
       std::cout << fmt::format(
           "# ddp_bench_allreduce: backend {}, {} ranks, float32 sum, {} iterations{}\n",
           pg->backend_name(), n, args["iters"].as<int>(), detail ? ", DETAIL" : "");
-      std::cout << fmt::format("{:>12} {:>12} {:>12} {:>10} {:>10}\n", "bytes", "elements",
-                               "time(us)", "algbw", "busbw");
+      std::cout << fmt::format("{:>12} {:>12} {:>12} {:>10} {:>10} {:>12}\n", "bytes", "elements",
+                               "time(us)", "algbw", "busbw", "memcpy(us)");
     }
     for (int64_t bytes = args["min-bytes"].as<int64_t>(); bytes <= args["max-bytes"].as<int64_t>();
          bytes *= args["factor"].as<int64_t>()) {
@@ -89,8 +106,9 @@ int main(int argc, char** argv) {
       const double algbw = static_cast<double>(bytes) / seconds / 1e9;
       const double busbw = algbw * 2.0 * (n - 1) / n;
       if (pg->rank() == 0) {
-        std::cout << fmt::format("{:>12} {:>12} {:>12.1f} {:>10.3f} {:>10.3f}\n", bytes, count,
-                                 seconds * 1e6, algbw, busbw);
+        const double copy = time_memcpy(bytes, args["iters"].as<int>());
+        std::cout << fmt::format("{:>12} {:>12} {:>12.1f} {:>10.3f} {:>10.3f} {:>12.1f}\n", bytes,
+                                 count, seconds * 1e6, algbw, busbw, copy * 1e6);
       }
     }
     return 0;

@@ -4,7 +4,8 @@
 One epoch of the MLP on Fashion-MNIST, batch 64 per rank, one thread per rank, evaluation
 excluded. The ceiling: two single-process runs of ddp_train started at once on the same cores
 (their samples/s summed): the same work, nothing shared. Against it: world 2 under mpirun (mpi,
-Open MPI's shared memory) and under our launcher (gloo over loopback TCP). Interleaved rounds
+Open MPI's shared memory), under our launcher with its default backend (shm: our shared memory)
+and under our launcher with --backend gloo (gloo over loopback TCP). Interleaved rounds
 (the order rotates); each ratio is taken within its round. A last run of each with --timeline
 gives the breakdown of a step (rank 0's means): forward, backward's computation, the wait for
 the all-reduces at backward's end, the optimizer, the rest (loading the batch, zeroing
@@ -51,6 +52,8 @@ def run(args, setting, timeline=None):
         else:
             cmd = [os.path.join(args.build, "launcher"), "--nproc", "2",
                    *command(args, a, timeline)]
+            if setting == "launcher-gloo":
+                cmd += ["--backend", "gloo"]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         metrics = samples_per_s(a)
         return metrics["samples_per_s"], metrics
@@ -89,11 +92,11 @@ def main():
     p.add_argument("--extra", nargs=argparse.REMAINDER, default=[],
                    help="ddp_train options for every run (after the others)")
     args = p.parse_args()
-    settings = ["ceiling", "mpirun", "launcher"]
+    settings = ["ceiling", "mpirun", "launcher", "launcher-gloo"]
     got = collections.defaultdict(list)
     ratios = collections.defaultdict(list)
     for r in range(args.rounds):
-        order = settings[r % 3:] + settings[:r % 3]
+        order = settings[r % len(settings):] + settings[:r % len(settings)]
         this = {s: run(args, s)[0] for s in order}
         for s in settings:
             got[s].append(this[s])

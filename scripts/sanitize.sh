@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Builds the unit tests and the multi-rank tests (process groups, DDP, SyncBatchNorm with real
-# ranks over gloo and MPI) with AddressSanitizer and UndefinedBehaviorSanitizer (-DDDP_SANITIZE)
-# into ${DDP_SANITIZE_BUILD_DIR:-build-sanitize}, and runs them. A finding in any process (a test,
-# or a rank it starts) makes that process exit non-zero, so its test fails. Leaks inside LibTorch
-# and Open MPI are not ours: tests/sanitize/lsan.supp. Run by scripts/test.sh unless
+# ranks over gloo, shared memory and MPI) with AddressSanitizer and UndefinedBehaviorSanitizer
+# (-DDDP_SANITIZE) into ${DDP_SANITIZE_BUILD_DIR:-build-sanitize}, the shared-memory transport's
+# tests with ThreadSanitizer into ${DDP_TSAN_BUILD_DIR:-build-tsan}, and runs them. A finding in
+# any process (a test, or a rank it starts) makes it exit non-zero, so its test fails. Leaks
+# inside LibTorch and Open MPI are not ours: tests/sanitize/lsan.supp. Run by scripts/test.sh unless
 # DDP_SANITIZE_TESTS=0 (there without the MPI tests, DDP_SANITIZE_MPI=0, to keep CI within its
 # time). Extra arguments go to every test program.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${DDP_SANITIZE_BUILD_DIR:-$root/build-sanitize}"
-targets=(ddp_unit_tests ddp_comm_tests ddp_ddp_tests ddp_sync_bn_tests)
+targets=(ddp_unit_tests ddp_comm_tests ddp_ddp_tests ddp_sync_bn_tests ddp_shm_tests)
 
 # -O0 -g0: the least compile time (CI's 40 minutes); reports name the functions. For file and
 # line in the stack traces: DDP_SANITIZE_FLAGS="-O0 -g1".
@@ -46,4 +47,16 @@ for target in "${targets[@]}"; do
     run "$target" 0 "*Mpi*:*mpi*" "$@"
   fi
 done
+# The shared-memory transport's own tests under ThreadSanitizer too (its memory ordering): there
+# its ranks are threads of one process, and the program has no LibTorch, whose uninstrumented
+# threads ThreadSanitizer could not follow. A build of its own (one small target, about a minute).
+tsan="${DDP_TSAN_BUILD_DIR:-$root/build-tsan}"
+cmake -S "$root" -B "$tsan" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -g0" \
+  -DDDP_SANITIZE=thread -DDDP_BUILD_TESTS=ON -DDDP_BUILD_BENCH=OFF -DDDP_WARNINGS_AS_ERRORS=ON >/dev/null
+cmake --build "$tsan" --target ddp_shm_tests
+echo "== ddp_shm_tests (TSan)"
+if ! TSAN_OPTIONS="halt_on_error=1" timeout 600 "$tsan/ddp_shm_tests" --gtest_brief=1 "$@"; then
+  echo "ddp_shm_tests failed under ThreadSanitizer" >&2
+  status=1
+fi
 exit $status

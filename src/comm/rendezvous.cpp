@@ -268,7 +268,7 @@ bool nccl_over_mpi(const LaunchInfo& launch) {
 }
 
 bool needs_store(const std::string& backend, const LaunchInfo& launch) {
-  return backend == "gloo" || backend == "shm" ||
+  return backend == "gloo" || (backend == "shm" && launch.launcher != Launcher::kMpirun) ||
          (backend == "nccl" && launch.world_size > 1 && !nccl_over_mpi(launch));
 }
 
@@ -344,13 +344,19 @@ std::unique_ptr<ProcessGroup> create_process_group(const std::string& backend,
   if (backend == "local") return make_local_process_group(options);
 #ifdef DDP_HAVE_GLOO
   if (backend == "gloo") return make_gloo_process_group(launch, options);
-  if (backend == "shm") return make_shm_process_group(make_gloo_process_group(launch, options), options);
+  // Under mpirun over MPI (no store there), elsewhere over gloo.
+  if (backend == "shm" && launch.launcher != Launcher::kMpirun) {
+    return make_shm_process_group(make_gloo_process_group(launch, options), options);
+  }
 #endif
 #ifdef DDP_HAVE_MPI
-  if (backend == "mpi") {
-    auto pg = make_mpi_process_group(options);
+  if (backend == "mpi" || backend == "shm") {
+    std::unique_ptr<ProcessGroup> pg = make_mpi_process_group(options);
     DDP_CHECK(pg->world_size() == launch.world_size && pg->rank() == launch.rank,
               "MPI_COMM_WORLD disagrees with OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE");
+#ifdef DDP_HAVE_GLOO
+    if (backend == "shm") return make_shm_process_group(std::move(pg), options);
+#endif
     return pg;
   }
 #endif

@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <filesystem>
+#include <thread>
 
 #include "built_paths.h"
 #include "ddp/train/pt_file.h"
@@ -40,7 +42,7 @@ TEST(Launcher, FourWorkersTrainAsMpirunsFourRanks) {
       ddp::testing::run_process(launch({"--nproc", "4"}, mlp_args(a.path(), 1)), {}, seconds(240));
   ASSERT_EQ(launched.exit_code, 0) << launched.output;
   EXPECT_NE(launched.output.find("[rank 0] "), std::string::npos) << launched.output;
-  EXPECT_NE(launched.output.find("4 rank(s), backend gloo"), std::string::npos) << launched.output;
+  EXPECT_NE(launched.output.find("4 rank(s), backend shm"), std::string::npos) << launched.output;
   std::vector<std::string> under_mpirun = mlp_args(b.path(), 1);
   under_mpirun.insert(under_mpirun.begin(), DDP_TRAIN_BIN);
   auto mpi = ddp::testing::run_mpirun(4, under_mpirun, seconds(240));
@@ -49,11 +51,22 @@ TEST(Launcher, FourWorkersTrainAsMpirunsFourRanks) {
   const auto mb = ddp::testing::read_file(b.file("metrics.jsonl"));
   EXPECT_EQ(metrics_field(ma, "steps"), metrics_field(mb, "steps"));
   for (const char* name : {"train_loss", "test_loss", "test_accuracy"}) {
-    // gloo and MPI add the ranks' gradients in other orders: equal up to rounding.
+    // Shared memory and MPI add the ranks' gradients in other orders: equal up to rounding.
     EXPECT_NEAR(metrics_field(ma, name), metrics_field(mb, name),
                 1e-5 * std::abs(metrics_field(mb, name)))
         << name;
   }
+}
+
+// The names of /dev/shm that the job of rank 0's process `rank0` made (ddp-PID-...): none is left
+// once its segments are mapped (Note [Nothing left in /dev/shm]).
+std::vector<std::string> shm_left_by(int rank0) {
+  std::vector<std::string> left;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("ddp-" + std::to_string(rank0) + "-", 0) == 0) left.push_back(name);
+  }
+  return left;
 }
 
 TEST(Launcher, AKilledWorkerStopsTheJobWithinTenSecondsNamingRankAndSignal) {
@@ -77,6 +90,30 @@ TEST(Launcher, AKilledWorkerStopsTheJobWithinTenSecondsNamingRankAndSignal) {
   EXPECT_NE(r.output.find("rank 1 printed nothing"), std::string::npos) << r.output;
   EXPECT_FALSE(process_alive(rank0));
   EXPECT_FALSE(process_alive(rank1));
+  EXPECT_TRUE(shm_left_by(rank0).empty());
+}
+
+// The launcher SIGKILLed mid-run: its workers end with it, and the shared memory they trained
+// through leaves nothing in /dev/shm.
+TEST(Launcher, AKilledLauncherTakesItsWorkersAndLeavesNothingInDevShm) {
+  TempDir out;
+  Child launcher(launch({"--nproc", "2"}, mlp_args(out.path(), 200)), {});
+  ASSERT_TRUE(launcher.wait_for_output("epoch 1/200", Clock::now() + seconds(120)))
+      << launcher.output();
+  const int rank0 = launcher_worker_pid(launcher.output(), 0),
+            rank1 = launcher_worker_pid(launcher.output(), 1);
+  ASSERT_GT(rank1, 0) << launcher.output();
+  EXPECT_NE(launcher.output().find("2 rank(s), backend shm"), std::string::npos)
+      << launcher.output();
+  ASSERT_EQ(::kill(launcher.pid(), SIGKILL), 0);
+  launcher.wait_until(Clock::now() + seconds(10));
+  const auto deadline = Clock::now() + seconds(10);
+  while ((process_alive(rank0) || process_alive(rank1)) && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_FALSE(process_alive(rank0));
+  EXPECT_FALSE(process_alive(rank1));
+  EXPECT_TRUE(shm_left_by(rank0).empty());
 }
 
 TEST(Launcher, AFailedWorkersExitCodeAndLastLinesAreReported) {

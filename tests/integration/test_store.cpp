@@ -264,7 +264,7 @@ sys.exit(max(codes) if keys > 1 else 3)
       {}, seconds(120));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("agent: exit codes [0, 0]"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("2 rank(s), backend gloo"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("2 rank(s), backend shm"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("epoch 2/2"), std::string::npos) << r.output;
 }
 

@@ -32,9 +32,9 @@ std::unique_ptr<ProcessGroup> make_gloo_process_group(const LaunchInfo& launch,
 std::unique_ptr<ProcessGroup> make_gloo_process_group_on(c10::intrusive_ptr<c10d::Store> store,
                                                          const LaunchInfo& launch,
                                                          const ProcessGroupOptions& options);
-// The shm backend: `inner` (a gloo group) whose collectives of CPU tensors go through shared
-// memory where every rank of the group is on this host (comm/shm/channel.h); elsewhere, and for
-// what shared memory does not serve, inner's. A collective of inner (its ranks agree on a
+// The shm backend: `inner` (gloo; mpi under mpirun) whose collectives of CPU tensors go through
+// shared memory where every rank of the group is on this host (comm/shm/channel.h); elsewhere,
+// and for what shared memory does not serve, inner's. A collective of inner (its ranks agree on a
 // segment); a failure to set one up is logged by rank 0 and leaves every rank on inner.
 std::unique_ptr<ProcessGroup> make_shm_process_group(std::shared_ptr<ProcessGroup> inner,
                                                      const ProcessGroupOptions& options);

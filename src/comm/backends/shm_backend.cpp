@@ -1,6 +1,7 @@
-// CPU tensors of ranks on one host through shared memory (comm/shm), over a gloo group that sets
-// it up and serves whatever it does not: ranks on several hosts (where the hierarchical group's
-// host level is a shm group again), tensors that are not on the CPU, and new_group's members.
+// CPU tensors of ranks on one host through shared memory (comm/shm), over a group (gloo; mpi under
+// mpirun) that sets it up and serves whatever it does not: ranks on several hosts (where the
+// hierarchical group's host level is a shm group again), tensors that are not on the CPU, dtypes
+// it does not reduce; new_group's members are shm groups over the inner group's subgroup.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <unistd.h>
