@@ -90,8 +90,12 @@ class ShmProcessGroup : public ProcessGroup {
     attach();
   }
   ~ShmProcessGroup() override {
-    // A collective still running here will never complete: end it, and the others' waits.
-    if (channel_ && pending_->load() > 0) channel_->abort();
+    // This rank leaves the channel: a collective still running here ends, and so does any
+    // other rank's wait for it (an elastic member that left its generation alive, as gloo's
+    // closed sockets tell the others). A rank that has passed its last round has seen every
+    // other rank arrive there, and a wait looks at the counters before the broken state: the
+    // others' last collectives still complete.
+    if (channel_) channel_->abort();
     thread_.stop(std::chrono::milliseconds::max());
   }
   std::string backend_name() const override { return channel_ ? "shm" : inner_->backend_name(); }
@@ -154,15 +158,7 @@ class ShmProcessGroup : public ProcessGroup {
 
   // Runs `job` on the group's thread, in the order of the calls (the same on every rank).
   WorkPtr post(const CollectiveInfo& info, std::function<void()> job) {
-    pending_->fetch_add(1);
-    auto done = thread_.post([job = std::move(job), pending = pending_] {
-      struct Done {
-        std::atomic<int>* pending;
-        ~Done() { pending->fetch_sub(1); }
-      } count{pending.get()};
-      job();
-    });
-    return std::make_shared<ShmWork>(std::move(done), info);
+    return std::make_shared<ShmWork>(thread_.post(std::move(job)), info);
   }
 
   // Every rank on one host: rank 0 creates the segment, the others map it, rank 0 unlinks it
@@ -173,7 +169,6 @@ class ShmProcessGroup : public ProcessGroup {
   std::shared_ptr<ProcessGroup> inner_;
   std::optional<shm::Segment> segment_;
   std::unique_ptr<shm::Channel> channel_;
-  std::shared_ptr<std::atomic<int>> pending_ = std::make_shared<std::atomic<int>>(0);
   JobThread thread_;  // last: stopped first, before the channel and its memory go
 };
 
