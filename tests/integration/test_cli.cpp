@@ -219,7 +219,7 @@ TEST(Cli, BackendsThatDoNotFitAreBadInput) {
                    "backend nccl needs CUDA tensors");
   expect_bad_input(with({"--backend", "mpi"}), "backend mpi needs ranks started by mpirun");
   expect_bad_input(with({"--backend", "tcp"}),
-                   "key 'backend': expected one of auto|local|gloo|mpi|nccl");
+                   "key 'backend': expected one of auto|local|gloo|shm|mpi|nccl");
 }
 
 TEST(Cli, UnwritableOutputDirIsBadInput) {

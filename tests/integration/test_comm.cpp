@@ -353,6 +353,24 @@ TEST(Shm, ARankKilledInAnAllReduceIsNamedAtOnceAndLeavesNothingInDevShm) {
   }
 }
 
+// The same through shared memory: the message every backend gives, and which rank did not come.
+TEST(Shm, RankThatNeverJoinsTimesOutTheOthersNamingIt) {
+  const auto start = Clock::now();
+  auto results = run_env_ranks(3, {"shm", "skip", "3000"}, std::chrono::seconds(60));
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(results[r].exit_code, 1) << results[r].output;
+    const std::string timeout = fmt::format(
+        "rank {}: all_reduce(sum) #2 (1000 elements of float32) timed out after 3 s on backend "
+        "shm: expected ranks 0-2",
+        r);
+    EXPECT_NE(results[r].output.find(timeout), std::string::npos) << results[r].output;
+    EXPECT_NE(results[r].output.find("(rank 2 did not arrive at all_reduce within 3 s"),
+              std::string::npos)
+        << results[r].output;
+  }
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(30));
+}
+
 TEST(Gloo, BadEnvFailsEveryRankFast) {
   const auto start = Clock::now();
   auto results =

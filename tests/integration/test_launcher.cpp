@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <filesystem>
 #include <thread>
+#include <utility>
 
 #include "built_paths.h"
 #include "ddp/train/pt_file.h"
@@ -69,13 +70,19 @@ std::vector<std::string> shm_left_by(int rank0) {
   return left;
 }
 
+// The pids of the launcher's two workers once their first epoch is done (-1 where it never was).
+std::pair<int, int> workers_training(const Child& launcher) {
+  if (!launcher.wait_for_output("epoch 1/200", Clock::now() + seconds(120))) {
+    ADD_FAILURE() << "no epoch done:\n" << launcher.output();
+    return {-1, -1};
+  }
+  return {launcher_worker_pid(launcher.output(), 0), launcher_worker_pid(launcher.output(), 1)};
+}
+
 TEST(Launcher, AKilledWorkerStopsTheJobWithinTenSecondsNamingRankAndSignal) {
   TempDir out;
   Child launcher(launch({"--nproc", "2"}, mlp_args(out.path(), 200)), {});
-  ASSERT_TRUE(launcher.wait_for_output("epoch 1/200", Clock::now() + seconds(120)))
-      << launcher.output();
-  const int rank0 = launcher_worker_pid(launcher.output(), 0),
-            rank1 = launcher_worker_pid(launcher.output(), 1);
+  const auto [rank0, rank1] = workers_training(launcher);
   ASSERT_GT(rank1, 0) << launcher.output();
   ::kill(rank1, SIGKILL);
   const auto killed = Clock::now();
@@ -98,10 +105,7 @@ TEST(Launcher, AKilledWorkerStopsTheJobWithinTenSecondsNamingRankAndSignal) {
 TEST(Launcher, AKilledLauncherTakesItsWorkersAndLeavesNothingInDevShm) {
   TempDir out;
   Child launcher(launch({"--nproc", "2"}, mlp_args(out.path(), 200)), {});
-  ASSERT_TRUE(launcher.wait_for_output("epoch 1/200", Clock::now() + seconds(120)))
-      << launcher.output();
-  const int rank0 = launcher_worker_pid(launcher.output(), 0),
-            rank1 = launcher_worker_pid(launcher.output(), 1);
+  const auto [rank0, rank1] = workers_training(launcher);
   ASSERT_GT(rank1, 0) << launcher.output();
   EXPECT_NE(launcher.output().find("2 rank(s), backend shm"), std::string::npos)
       << launcher.output();

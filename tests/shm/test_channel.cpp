@@ -212,6 +212,7 @@ TEST(ShmChannelFailures, ARankThatNeverComesIsNamedAtTheTimeout) {
   } catch (const ChannelError& e) {
     seen_by_zero = e.what();
     EXPECT_EQ(e.culprit(), 2);
+    EXPECT_TRUE(e.timed_out());
   }
   first.join();
   const std::string timeout = "rank 2 did not arrive at barrier within 0.3 s";
@@ -241,6 +242,7 @@ TEST(ShmChannelFailures, ARankThatBreaksTheChannelEndsTheOthersWaitNamingIt) {
     ADD_FAILURE() << "the all_reduce passed without rank 1";
   } catch (const ChannelError& e) {
     EXPECT_EQ(e.culprit(), 1);
+    EXPECT_FALSE(e.timed_out());
     EXPECT_NE(std::string(e.what()).find("rank 1 left the shared-memory channel during all_reduce"),
               std::string::npos)
         << e.what();

@@ -63,12 +63,15 @@ std::string segment_name() {
 // A collective run by the group's thread: wait() and is_completed() read its future.
 class ShmWork : public Work {
  public:
-  ShmWork(std::shared_future<void> done, CollectiveInfo info)
-      : done_(std::move(done)), info_(std::move(info)) {}
+  ShmWork(std::shared_future<void> done, CollectiveInfo info, std::string timeout_message)
+      : done_(std::move(done)), info_(std::move(info)), timeout_message_(std::move(timeout_message)) {}
+  // A timeout reads as every backend's (the group's timeout_message), with the ranks that did
+  // not come; any other failure names its rank.
   void wait() override {
     try {
       done_.get();
     } catch (const shm::ChannelError& e) {
+      if (e.timed_out()) throw CommError(info_, fmt::format("{} ({})", timeout_message_, e.what()));
       throw CommError(info_, failure_message(info_, "shm", e.what()));
     }
   }
@@ -79,6 +82,7 @@ class ShmWork : public Work {
  private:
   std::shared_future<void> done_;
   CollectiveInfo info_;
+  std::string timeout_message_;
 };
 
 class ShmProcessGroup : public ProcessGroup {
@@ -158,7 +162,7 @@ class ShmProcessGroup : public ProcessGroup {
 
   // Runs `job` on the group's thread, in the order of the calls (the same on every rank).
   WorkPtr post(const CollectiveInfo& info, std::function<void()> job) {
-    return std::make_shared<ShmWork>(thread_.post(std::move(job)), info);
+    return std::make_shared<ShmWork>(thread_.post(std::move(job)), info, timeout_message(info));
   }
 
   // Every rank on one host: rank 0 creates the segment, the others map it, rank 0 unlinks it

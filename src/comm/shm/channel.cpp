@@ -84,7 +84,8 @@ struct alignas(kLine) Channel::Header {
   std::atomic<int32_t> claimed_by;  // 1 + the rank writing the reason; 0: nobody
   std::atomic<int32_t> broken_by;   // 1 + the rank that broke the channel; 0: whole
   int32_t culprit;                  // the rank the reason names
-  char reason[236];                 // NUL-terminated
+  int32_t timed_out;                // 1: the reason is a rank that did not come in time
+  char reason[232];                 // NUL-terminated
 };
 
 struct alignas(kLine) Channel::Control {
@@ -140,8 +141,11 @@ void Channel::throw_if_broken(const char* what) const {
   if (by == 0) return;
   const std::string reason(header_->reason);
   const int culprit = header_->culprit;
-  if (by - 1 == culprit) throw ChannelError(fmt::format("{} during {}", reason, what), culprit);
-  throw ChannelError(fmt::format("{} (found by rank {})", reason, by - 1), culprit);
+  const bool timed_out = header_->timed_out != 0;
+  if (by - 1 == culprit) {
+    throw ChannelError(fmt::format("{} during {}", reason, what), culprit, timed_out);
+  }
+  throw ChannelError(fmt::format("{} (found by rank {})", reason, by - 1), culprit, timed_out);
 }
 
 void Channel::publish(Counter counter, uint64_t round) {
@@ -150,16 +154,16 @@ void Channel::publish(Counter counter, uint64_t round) {
   if (header_->sleepers.load(std::memory_order_seq_cst) > 0) futex_wake_all(&header_->bell);
 }
 
-void Channel::fail(const std::string& why, int culprit) {
-  break_channel(why, culprit);
-  throw ChannelError(why, culprit);
+void Channel::fail(const std::string& why, int culprit, bool timed_out) {
+  break_channel(why, culprit, timed_out);
+  throw ChannelError(why, culprit, timed_out);
 }
 
 void Channel::abort() {
-  break_channel(fmt::format("rank {} left the shared-memory channel", rank_), rank_);
+  break_channel(fmt::format("rank {} left the shared-memory channel", rank_), rank_, false);
 }
 
-void Channel::break_channel(const std::string& why, int culprit) {
+void Channel::break_channel(const std::string& why, int culprit, bool timed_out) {
   int32_t nobody = 0;
   if (header_->claimed_by.compare_exchange_strong(nobody, rank_ + 1, std::memory_order_acq_rel)) {
     // Only the first breaker writes: the others' reasons follow from its.
@@ -167,6 +171,7 @@ void Channel::break_channel(const std::string& why, int culprit) {
     std::memcpy(header_->reason, why.data(), n);
     header_->reason[n] = '\0';
     header_->culprit = culprit;
+    header_->timed_out = timed_out ? 1 : 0;
     header_->broken_by.store(rank_ + 1, std::memory_order_release);
   }
   header_->bell.fetch_add(1, std::memory_order_seq_cst);
@@ -211,13 +216,13 @@ void Channel::wait_all(Counter counter, uint64_t round, const char* what) {
     for (int r : missing) {
       const int32_t pid = control(r).pid.load(std::memory_order_relaxed);
       if (process_gone(pid)) {
-        fail(fmt::format("rank {} (process {}) ended during {}", r, pid, what), r);
+        fail(fmt::format("rank {} (process {}) ended during {}", r, pid, what), r, false);
       }
     }
     if (!missing.empty() && now - start >= timeout_) {
       const double s = static_cast<double>(timeout_.count()) / 1000.0;
       fail(fmt::format("{} did not arrive at {} within {:g} s", rank_list(missing), what, s),
-           missing.front());
+           missing.front(), true);
     }
   }
 }

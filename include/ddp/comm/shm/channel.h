@@ -39,11 +39,14 @@ namespace ddp::comm::shm {
 // rank that is gone or that broke the channel. The channel is unusable afterwards.
 class ChannelError : public Error {
  public:
-  ChannelError(const std::string& what, int culprit) : Error(what), culprit_(culprit) {}
-  int culprit() const { return culprit_; }  // the rank named (-1: none in particular)
+  ChannelError(const std::string& what, int culprit, bool timed_out)
+      : Error(what), culprit_(culprit), timed_out_(timed_out) {}
+  int culprit() const { return culprit_; }       // the rank named
+  bool timed_out() const { return timed_out_; }  // a rank did not come within the timeout
 
  private:
   int culprit_;
+  bool timed_out_;
 };
 
 class Channel {
@@ -93,12 +96,12 @@ class Channel {
   uint64_t begin_round(const char* what);
   void throw_if_broken(const char* what) const;
   // Records why (the first breaker's reason wins) and wakes every waiter.
-  void break_channel(const std::string& why, int culprit);
+  void break_channel(const std::string& why, int culprit, bool timed_out);
   void publish(Counter counter, uint64_t round);
   // Until every rank's `counter` reaches `round`; throws ChannelError (and breaks the channel)
   // on the timeout, a broken channel or a rank gone.
   void wait_all(Counter counter, uint64_t round, const char* what);
-  [[noreturn]] void fail(const std::string& why, int culprit);
+  [[noreturn]] void fail(const std::string& why, int culprit, bool timed_out);
   void reduce_round(uint8_t* data, size_t count, DType type, Op op, uint64_t round);
 
   Header* header_;
