@@ -364,7 +364,7 @@ TEST(Shm, RankThatNeverJoinsTimesOutTheOthersNamingIt) {
         "shm: expected ranks 0-2",
         r);
     EXPECT_NE(results[r].output.find(timeout), std::string::npos) << results[r].output;
-    EXPECT_NE(results[r].output.find("(rank 2 did not arrive at all_reduce within 3 s"),
+    EXPECT_NE(results[r].output.find("(rank 2 did not arrive at all_reduce(sum, float32[1000]) within 3 s"),
               std::string::npos)
         << results[r].output;
   }

@@ -111,7 +111,10 @@ TEST_P(KillAnElasticWorker, TheOthersGoOnTheRestartedOneJoinsAndTheResultIsTheCh
       run_linear({"--nnodes", "1:1", "--nproc", "3", "--max-restarts", "2"}, DDP_FAULT_TRAIN_BIN,
                  elastic.path(),
                  {"--elastic", "--record-samples", "--fault", "kill", "--fault-rank",
-                  std::to_string(rank), "--fault-after-step", std::to_string(step)});
+                  std::to_string(rank), "--fault-after-step", std::to_string(step),
+                  // the smaller group's steps paced, so that the restarted worker, a new
+                  // process, joins before it ends the job (on shared memory a step is short)
+                  "--fault-pace", "0.03"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   // The lost worker is named; it alone was restarted (the survivors kept their processes), and
   // it joined: the generations were 3, then 2, then 3 workers.

@@ -85,8 +85,10 @@ TEST(Hosts, TwoLaunchersInTwoNamespacesTrainAsFourRanksOnOneHost) {
       << r0.output;
   EXPECT_NE(r1.output.find("[launcher] rank 3: pid"), std::string::npos) << r1.output;
 
-  auto one = ddp::testing::run_process(launch({"--nproc", "4"}, mlp_args(one_host.path(), 2)), {},
-                                       seconds(180));
+  // On one host the default would be shared memory, which sums in rank order: gloo, as above.
+  auto one_args = mlp_args(one_host.path(), 2);
+  one_args.insert(one_args.end(), {"--backend", "gloo"});
+  auto one = ddp::testing::run_process(launch({"--nproc", "4"}, one_args), {}, seconds(180));
   ASSERT_EQ(one.exit_code, 0) << one.output;
   // Rank 0 (node 0) writes the weights; gloo adds the same gradients in the same order whether
   // its pairs are on loopback or a veth: bitwise equal.
@@ -276,8 +278,10 @@ TEST(Hosts, WithARestartAndTheLinkBackTheJobEndsAsAnUninterruptedRun) {
   EXPECT_NE(r0.output.find("resumed from " + shared.file("checkpoint-epoch-")), std::string::npos)
       << r0.output;
 
-  const auto uninterrupted = ddp::testing::run_process(
-      launch({"--nproc", "4"}, mlp_args(whole.path(), 10)), {}, seconds(180));
+  auto whole_args = mlp_args(whole.path(), 10);
+  whole_args.insert(whole_args.end(), {"--backend", "gloo"});  // as the two hosts' (flat) sums
+  const auto uninterrupted =
+      ddp::testing::run_process(launch({"--nproc", "4"}, whole_args), {}, seconds(180));
   ASSERT_EQ(uninterrupted.exit_code, 0) << uninterrupted.output;
   expect_same_weights(shared.file("model.pt"), whole.file("model.pt"));
 }

@@ -215,7 +215,7 @@ TEST(ShmChannelFailures, ARankThatNeverComesIsNamedAtTheTimeout) {
     EXPECT_TRUE(e.timed_out());
   }
   first.join();
-  const std::string timeout = "rank 2 did not arrive at barrier within 0.3 s";
+  const std::string timeout = "rank 2 did not arrive at barrier() within 0.3 s";
   // Each found it, or has the other's finding (both may time out at once, each on its own).
   EXPECT_TRUE(seen_by_zero == timeout || seen_by_zero == timeout + " (found by rank 1)")
       << seen_by_zero;
@@ -258,6 +258,68 @@ bool in_dev_shm(const std::string& name) {
 
 std::string unique_name(const char* what) {
   return "/ddp-test-" + std::string(what) + "-" + std::to_string(::getpid());
+}
+
+// Ranks that issue different collectives (rank 1 an extra all_reduce of 3 floats while the others
+// reduce 1000 doubles) all fail at the first round, naming both calls and the odd rank, long
+// before the timeout; no rank reads bytes of another call.
+TEST(ShmChannelFailures, RanksThatCallDifferentCollectivesAllFailNamingBothCalls) {
+  const std::string expected =
+      "ranks disagree: rank 1 calls all_reduce(sum, float32[3]), ranks 0 and 2 call "
+      "all_reduce(sum, float64[1000])";
+  Region region(3);
+  std::vector<std::string> seen(3);
+  std::vector<int> culprits(3, -1);
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      Channel channel(region.memory.get(), r, 3, kSlot, milliseconds(20000));
+      std::vector<float> odd(3, 1.0f);
+      std::vector<double> data(1000, 1.0);
+      try {
+        if (r == 1) {
+          channel.all_reduce(odd.data(), odd.size(), DType::kFloat32, Op::kSum);
+        } else {
+          channel.all_reduce(data.data(), data.size(), DType::kFloat64, Op::kSum);
+        }
+      } catch (const ChannelError& e) {
+        seen[static_cast<size_t>(r)] = e.what();
+        culprits[static_cast<size_t>(r)] = e.culprit();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(seen[static_cast<size_t>(r)].rfind(expected, 0), 0u) << seen[static_cast<size_t>(r)];
+    EXPECT_EQ(culprits[static_cast<size_t>(r)], 1);
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+
+TEST(ShmChannelFailures, CallsAreDescribedAndGroupedByRank) {
+  using Call = Channel::Call;
+  using Kind = Channel::Kind;
+  const Call bcast{Kind::kBroadcast, DType::kUInt8, Op::kSum, 0, 40};
+  const Call gather{Kind::kAllGather, DType::kUInt8, Op::kSum, -1, 40};
+  EXPECT_EQ(Channel::describe(bcast), "broadcast(root 0, 40 bytes)");
+  EXPECT_EQ(Channel::describe(Call{}), "barrier()");
+  EXPECT_EQ(Channel::describe({Kind::kReduceScatter, DType::kBFloat16, Op::kMax, -1, 5}),
+            "reduce_scatter(max, bfloat16[5])");
+  EXPECT_FALSE(Channel::mismatch({gather, gather, gather}).has_value());
+  // Two ranks, one each: the later is named. Four: the lone one, wherever it is.
+  auto two = Channel::mismatch({bcast, gather});
+  ASSERT_TRUE(two.has_value());
+  EXPECT_EQ(two->first, "rank 1 calls all_gather(40 bytes), rank 0 calls broadcast(root 0, 40 bytes)");
+  EXPECT_EQ(two->second, 1);
+  auto four = Channel::mismatch({bcast, bcast, gather, bcast});
+  ASSERT_TRUE(four.has_value());
+  EXPECT_EQ(four->first,
+            "rank 2 calls all_gather(40 bytes), ranks 0, 1 and 3 call broadcast(root 0, 40 bytes)");
+  EXPECT_EQ(four->second, 2);
+  // A different root is a different call.
+  const Call other_root{Kind::kBroadcast, DType::kUInt8, Op::kSum, 1, 40};
+  EXPECT_EQ(Channel::mismatch({bcast, other_root, bcast})->second, 1);
 }
 
 TEST(ShmSegment, IsCreatedOpenedUnlinkedAndNamesWhatFailed) {
@@ -369,7 +431,7 @@ TEST(ShmProcesses, ARankKilledMidCollectiveIsNamedWellBeforeTheTimeout) {
   } catch (const ChannelError& e) {
     EXPECT_EQ(e.culprit(), 1);
     EXPECT_EQ(std::string(e.what()),
-              "rank 1 (process " + std::to_string(child) + ") ended during all_reduce");
+              "rank 1 (process " + std::to_string(child) + ") ended during all_reduce(sum, float32[100])");
   }
   killer.join();
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));

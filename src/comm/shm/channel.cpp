@@ -68,8 +68,11 @@ bool process_gone(int32_t pid) {
          (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
 }
 
+// "rank 2", "ranks 0 and 2", "ranks 0, 1 and 3".
 std::string rank_list(const std::vector<int>& ranks) {
-  return fmt::format("{} {}", ranks.size() == 1 ? "rank" : "ranks", fmt::join(ranks, ", "));
+  if (ranks.size() == 1) return fmt::format("rank {}", ranks.front());
+  const std::vector<int> head(ranks.begin(), ranks.end() - 1);
+  return fmt::format("ranks {} and {}", fmt::join(head, ", "), ranks.back());
 }
 
 }  // namespace
@@ -88,9 +91,19 @@ struct alignas(kLine) Channel::Header {
   char reason[232];                 // NUL-terminated
 };
 
+// A rank's Call in shared memory (relaxed fields: its arrival's release store publishes them).
+struct SharedCall {
+  std::atomic<uint32_t> kind;
+  std::atomic<uint32_t> type;
+  std::atomic<uint32_t> op;
+  std::atomic<int32_t> root;
+  std::atomic<uint64_t> count;
+};
+
 struct alignas(kLine) Channel::Control {
   std::atomic<uint64_t> counters[2];  // kArrived, kReduced: the last round published
   std::atomic<int32_t> pid;           // this rank's process, for the liveness check
+  SharedCall calls[2];                // per buffer set: what the rank called in its round
 };
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free,
@@ -131,19 +144,19 @@ uint8_t* Channel::buffer(int set, int rank) const {
   return base_ + controls + (static_cast<size_t>(set) * (world_ + 1) + rank) * slot_bytes_;
 }
 
-uint64_t Channel::begin_round(const char* what) {
-  throw_if_broken(what);
+uint64_t Channel::begin_round(const Call& call) {
+  throw_if_broken(call);
   return ++round_;
 }
 
-void Channel::throw_if_broken(const char* what) const {
+void Channel::throw_if_broken(const Call& call) const {
   const int by = header_->broken_by.load(std::memory_order_acquire);
   if (by == 0) return;
   const std::string reason(header_->reason);
   const int culprit = header_->culprit;
   const bool timed_out = header_->timed_out != 0;
   if (by - 1 == culprit) {
-    throw ChannelError(fmt::format("{} during {}", reason, what), culprit, timed_out);
+    throw ChannelError(fmt::format("{} during {}", reason, describe(call)), culprit, timed_out);
   }
   throw ChannelError(fmt::format("{} (found by rank {})", reason, by - 1), culprit, timed_out);
 }
@@ -178,7 +191,7 @@ void Channel::break_channel(const std::string& why, int culprit, bool timed_out)
   futex_wake_all(&header_->bell);
 }
 
-void Channel::wait_all(Counter counter, uint64_t round, const char* what) {
+void Channel::wait_all(Counter counter, uint64_t round, const Call& call) {
   // The ranks not yet at `round`.
   const auto behind = [&] {
     std::vector<int> ranks;
@@ -197,7 +210,7 @@ void Channel::wait_all(Counter counter, uint64_t round, const char* what) {
   auto next_look = start + kLivenessEvery;
   for (int spins = 0;; ++spins) {
     if (all_there()) return;
-    throw_if_broken(what);
+    throw_if_broken(call);
     if (spins < kSpins) {
       cpu_relax();
       continue;
@@ -216,33 +229,105 @@ void Channel::wait_all(Counter counter, uint64_t round, const char* what) {
     for (int r : missing) {
       const int32_t pid = control(r).pid.load(std::memory_order_relaxed);
       if (process_gone(pid)) {
-        fail(fmt::format("rank {} (process {}) ended during {}", r, pid, what), r, false);
+        fail(fmt::format("rank {} (process {}) ended during {}", r, pid, describe(call)), r, false);
       }
     }
     if (!missing.empty() && now - start >= timeout_) {
       const double s = static_cast<double>(timeout_.count()) / 1000.0;
-      fail(fmt::format("{} did not arrive at {} within {:g} s", rank_list(missing), what, s),
+      fail(fmt::format("{} did not arrive at {} within {:g} s", rank_list(missing), describe(call), s),
            missing.front(), true);
     }
   }
+}
+
+std::string Channel::describe(const Call& call) {
+  switch (call.kind) {
+    case Kind::kAllReduce:
+    case Kind::kReduceScatter: {
+      static constexpr const char* kOps[] = {"sum", "min", "max"};
+      return fmt::format("{}({}, {}[{}])", call.kind == Kind::kAllReduce ? "all_reduce" : "reduce_scatter",
+                         kOps[static_cast<int>(call.op)], dtype_name(call.type), call.count);
+    }
+    case Kind::kBroadcast: return fmt::format("broadcast(root {}, {} bytes)", call.root, call.count);
+    case Kind::kAllGather: return fmt::format("all_gather({} bytes)", call.count);
+    case Kind::kAllToAll: return fmt::format("all_to_all({} bytes)", call.count);
+    case Kind::kBarrier: return "barrier()";
+  }
+  return "an unknown collective";
+}
+
+std::optional<std::pair<std::string, int>> Channel::mismatch(const std::vector<Call>& calls) {
+  // The distinct calls, in order of their first rank, with the ranks that made each.
+  std::vector<std::pair<Call, std::vector<int>>> groups;
+  for (int r = 0; r < static_cast<int>(calls.size()); ++r) {
+    auto same = std::find_if(groups.begin(), groups.end(),
+                             [&](const auto& g) { return g.first == calls[static_cast<size_t>(r)]; });
+    if (same == groups.end()) {
+      groups.push_back({calls[static_cast<size_t>(r)], {r}});
+    } else {
+      same->second.push_back(r);
+    }
+  }
+  if (groups.size() < 2) return std::nullopt;
+  const auto fewest = std::min_element(groups.rbegin(), groups.rend(), [](const auto& a, const auto& b) {
+    return a.second.size() < b.second.size();
+  });
+  std::vector<std::string> parts;
+  const auto say = [&](const auto& g) {
+    const bool one = g.second.size() == 1;
+    parts.push_back(fmt::format("{} {} {}", rank_list(g.second), one ? "calls" : "call", describe(g.first)));
+  };
+  say(*fewest);
+  for (const auto& g : groups) {
+    if (g.second != fewest->second) say(g);
+  }
+  return std::make_pair(fmt::format("{}", fmt::join(parts, ", ")), fewest->second.front());
+}
+
+void Channel::arrive(uint64_t round, const Call& call) {
+  const int set = static_cast<int>(round % 2);
+  SharedCall& mine = control(rank_).calls[set];
+  mine.kind.store(static_cast<uint32_t>(call.kind), std::memory_order_relaxed);
+  mine.type.store(static_cast<uint32_t>(call.type), std::memory_order_relaxed);
+  mine.op.store(static_cast<uint32_t>(call.op), std::memory_order_relaxed);
+  mine.root.store(call.root, std::memory_order_relaxed);
+  mine.count.store(call.count, std::memory_order_relaxed);
+  publish(kArrived, round);
+  wait_all(kArrived, round, call);
+  // Set `set` is rewritten only after the next round's barrier, which this rank has not passed.
+  std::vector<Call> calls(static_cast<size_t>(world_));
+  for (int r = 0; r < world_; ++r) {
+    const SharedCall& theirs = control(r).calls[set];
+    Call& c = calls[static_cast<size_t>(r)];
+    c.kind = static_cast<Kind>(theirs.kind.load(std::memory_order_relaxed));
+    c.type = static_cast<DType>(theirs.type.load(std::memory_order_relaxed));
+    c.op = static_cast<Op>(theirs.op.load(std::memory_order_relaxed));
+    c.root = theirs.root.load(std::memory_order_relaxed);
+    c.count = theirs.count.load(std::memory_order_relaxed);
+  }
+  // Every rank sees the same calls and fails alike; breaking the channel too ends any wait of a
+  // rank that has not looked yet.
+  if (const auto differ = mismatch(calls)) fail("ranks disagree: " + differ->first, differ->second, false);
 }
 
 void Channel::all_reduce(void* data, size_t count, DType type, Op op) {
   const size_t size = dtype_size(type);
   const size_t per_round = slot_bytes_ / size;
   auto* bytes = static_cast<uint8_t*>(data);
+  const Call call{Kind::kAllReduce, type, op, -1, count};
   for (size_t done = 0; done < count; done += per_round) {
-    reduce_round(bytes + done * size, std::min(per_round, count - done), type, op,
-                 begin_round("all_reduce"));
+    reduce_round(bytes + done * size, std::min(per_round, count - done), call,
+                 begin_round(call));
   }
 }
 
-void Channel::reduce_round(uint8_t* data, size_t count, DType type, Op op, uint64_t round) {
+void Channel::reduce_round(uint8_t* data, size_t count, const Call& call, uint64_t round) {
   const int set = static_cast<int>(round % 2);
+  const DType type = call.type;
+  const Op op = call.op;
   const size_t size = dtype_size(type);
   std::memcpy(buffer(set, rank_), data, count * size);
-  publish(kArrived, round);
-  wait_all(kArrived, round, "all_reduce");
+  arrive(round, call);
   std::vector<const void*> inputs(static_cast<size_t>(world_));
   if (world_ <= 2 || count * size <= kWholeChunkBytes) {
     for (int r = 0; r < world_; ++r) inputs[static_cast<size_t>(r)] = buffer(set, r);
@@ -258,20 +343,20 @@ void Channel::reduce_round(uint8_t* data, size_t count, DType type, Op op, uint6
   uint8_t* result = buffer(set, world_);
   reduce(type, op, result + lo * size, inputs.data(), world_, hi - lo);
   publish(kReduced, round);
-  wait_all(kReduced, round, "all_reduce");
+  wait_all(kReduced, round, call);
   std::memcpy(data, result, count * size);
 }
 
 void Channel::broadcast(void* data, size_t bytes, int root) {
   DDP_CHECK(root >= 0 && root < world_, "a broadcast root outside the world");
   auto* d = static_cast<uint8_t*>(data);
+  const Call call{Kind::kBroadcast, DType::kUInt8, Op::kSum, root, bytes};
   for (size_t done = 0; done < bytes; done += slot_bytes_) {
     const size_t n = std::min(slot_bytes_, bytes - done);
-    const uint64_t round = begin_round("broadcast");
+    const uint64_t round = begin_round(call);
     const int set = static_cast<int>(round % 2);
     if (rank_ == root) std::memcpy(buffer(set, root), d + done, n);
-    publish(kArrived, round);
-    wait_all(kArrived, round, "broadcast");
+    arrive(round, call);
     if (rank_ != root) std::memcpy(d + done, buffer(set, root), n);
   }
 }
@@ -279,13 +364,13 @@ void Channel::broadcast(void* data, size_t bytes, int root) {
 void Channel::all_gather(void* out, const void* in, size_t bytes) {
   auto* o = static_cast<uint8_t*>(out);
   const auto* i = static_cast<const uint8_t*>(in);
+  const Call call{Kind::kAllGather, DType::kUInt8, Op::kSum, -1, bytes};
   for (size_t done = 0; done < bytes; done += slot_bytes_) {
     const size_t n = std::min(slot_bytes_, bytes - done);
-    const uint64_t round = begin_round("all_gather");
+    const uint64_t round = begin_round(call);
     const int set = static_cast<int>(round % 2);
     std::memcpy(buffer(set, rank_), i + done, n);
-    publish(kArrived, round);
-    wait_all(kArrived, round, "all_gather");
+    arrive(round, call);
     // From the slots, this rank's too: `in` may be a part of `out` (an in-place all-gather).
     for (int r = 0; r < world_; ++r) std::memcpy(o + r * bytes + done, buffer(set, r), n);
   }
@@ -295,14 +380,14 @@ void Channel::all_to_all(void* out, const void* in, size_t block_bytes) {
   auto* o = static_cast<uint8_t*>(out);
   const auto* i = static_cast<const uint8_t*>(in);
   const size_t per_round = slot_bytes_ / static_cast<size_t>(world_);
+  const Call call{Kind::kAllToAll, DType::kUInt8, Op::kSum, -1, block_bytes};
   for (size_t done = 0; done < block_bytes; done += per_round) {
     const size_t n = std::min(per_round, block_bytes - done);
-    const uint64_t round = begin_round("all_to_all");
+    const uint64_t round = begin_round(call);
     const int set = static_cast<int>(round % 2);
     uint8_t* slot = buffer(set, rank_);
     for (int q = 0; q < world_; ++q) std::memcpy(slot + q * n, i + q * block_bytes + done, n);
-    publish(kArrived, round);
-    wait_all(kArrived, round, "all_to_all");
+    arrive(round, call);
     for (int q = 0; q < world_; ++q) {
       std::memcpy(o + q * block_bytes + done, buffer(set, q) + rank_ * n, n);
     }
@@ -316,16 +401,16 @@ void Channel::reduce_scatter(void* out, const void* in, size_t count, DType type
   const auto* i = static_cast<const uint8_t*>(in);
   const size_t per_round = slot_bytes_ / static_cast<size_t>(world_) / size;
   std::vector<const void*> inputs(static_cast<size_t>(world_));
+  const Call call{Kind::kReduceScatter, type, op, -1, count};
   for (size_t done = 0; done < count; done += per_round) {
     const size_t n = std::min(per_round, count - done);
-    const uint64_t round = begin_round("reduce_scatter");
+    const uint64_t round = begin_round(call);
     const int set = static_cast<int>(round % 2);
     uint8_t* slot = buffer(set, rank_);
     for (int q = 0; q < world_; ++q) {
       std::memcpy(slot + q * n * size, i + q * block + done * size, n * size);
     }
-    publish(kArrived, round);
-    wait_all(kArrived, round, "reduce_scatter");
+    arrive(round, call);
     for (int r = 0; r < world_; ++r) {
       inputs[static_cast<size_t>(r)] = buffer(set, r) + static_cast<size_t>(rank_) * n * size;
     }
@@ -334,9 +419,8 @@ void Channel::reduce_scatter(void* out, const void* in, size_t count, DType type
 }
 
 void Channel::barrier() {
-  const uint64_t round = begin_round("barrier");
-  publish(kArrived, round);
-  wait_all(kArrived, round, "barrier");
+  const Call call;
+  arrive(begin_round(call), call);
 }
 
 }  // namespace ddp::comm::shm

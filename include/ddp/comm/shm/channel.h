@@ -19,6 +19,11 @@
 // round costs one barrier (two for a sliced all-reduce). Published values are release stores
 // read with acquire loads, so a slot's data is visible once its rank's counter is.
 //
+// Each rank also writes what it called (the collective, its type, operation, root and size) into
+// its control block, per buffer set, before its arrival; after the barrier every rank compares
+// the others' calls with its own, so ranks that issue different collectives all fail at once,
+// naming both calls, instead of exchanging mismatched bytes.
+//
 // Waiting spins briefly, then sleeps on a futex in the region that every publication rings.
 // A rank that fails (its timeout, an error) marks the channel broken with its reason: the others
 // stop waiting at once and their error gives that reason, naming the rank it names. A rank that
@@ -28,7 +33,10 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "ddp/comm/shm/reduce.h"
 #include "ddp/common/error.h"
@@ -80,6 +88,26 @@ class Channel {
   void all_to_all(void* out, const void* in, size_t block_bytes);
   void barrier();
 
+  // One rank's call, as the others see it. `count`: elements for the reductions, bytes for the
+  // others.
+  enum class Kind : uint32_t { kAllReduce = 1, kBroadcast, kAllGather, kReduceScatter, kAllToAll, kBarrier };
+  struct Call {
+    Kind kind = Kind::kBarrier;
+    DType type = DType::kUInt8;
+    Op op = Op::kSum;
+    int root = -1;
+    uint64_t count = 0;
+    bool operator==(const Call& o) const {
+      return kind == o.kind && type == o.type && op == o.op && root == o.root && count == o.count;
+    }
+  };
+  // "all_reduce(sum, float32[3])", "broadcast(root 0, 40 bytes)", ... A pure function.
+  static std::string describe(const Call& call);
+  // The message where the ranks' calls differ, grouping the ranks by call ("rank 1 calls ...,
+  // ranks 0 and 2 call ..."), and the rank it names (the first of the fewest that agree, the
+  // later group on a tie); nullopt where all agree. A pure function.
+  static std::optional<std::pair<std::string, int>> mismatch(const std::vector<Call>& calls);
+
   // Marks the channel broken by this rank (the others' waits end naming it), as a failed
   // collective does on its own. For a rank that leaves mid-job.
   void abort();
@@ -93,16 +121,19 @@ class Channel {
   // Set `set`'s slot of `rank`, or its result area for rank == world.
   uint8_t* buffer(int set, int rank) const;
   // The next round's number; throws ChannelError where the channel is broken.
-  uint64_t begin_round(const char* what);
-  void throw_if_broken(const char* what) const;
+  uint64_t begin_round(const Call& call);
+  void throw_if_broken(const Call& call) const;
   // Records why (the first breaker's reason wins) and wakes every waiter.
   void break_channel(const std::string& why, int culprit, bool timed_out);
   void publish(Counter counter, uint64_t round);
   // Until every rank's `counter` reaches `round`; throws ChannelError (and breaks the channel)
   // on the timeout, a broken channel or a rank gone.
-  void wait_all(Counter counter, uint64_t round, const char* what);
+  void wait_all(Counter counter, uint64_t round, const Call& call);
   [[noreturn]] void fail(const std::string& why, int culprit, bool timed_out);
-  void reduce_round(uint8_t* data, size_t count, DType type, Op op, uint64_t round);
+  void reduce_round(uint8_t* data, size_t count, const Call& call, uint64_t round);
+  // Writes this rank's call for the round, publishes its arrival, waits for every rank's, and
+  // throws ChannelError (every rank does) where their calls differ.
+  void arrive(uint64_t round, const Call& call);
 
   Header* header_;
   uint8_t* base_;
