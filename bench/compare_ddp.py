@@ -3,7 +3,8 @@
 per rank, one thread per rank, worlds 1 and 2, interleaved rounds, ratios within a round.
 
 Ours runs as ddp_train (world 1: the local backend, as a plain run; world 2: ranks started with
-the env contract on gloo, and also under mpirun on mpi); Python's as bench/ddp_reference.py with
+the env contract on gloo and on shm, our shared memory, the env contract's default on one host,
+and also under mpirun on mpi); Python's as bench/ddp_reference.py with
 the env contract. Prints a Markdown table for docs/benchmarks.md.
 """
 import argparse
@@ -23,8 +24,8 @@ def ours(binary, world, launcher, out_dir):
            "--threads", "1", "--output-dir", out_dir, "--log-level", "warn", "--eval-every", "0"]
     if world == 1:
         subprocess.run(cmd, check=True)
-    elif launcher == "env":
-        env_job(cmd + ["--backend", "gloo"], world)
+    elif launcher in ("env", "shm"):
+        env_job(cmd + ["--backend", "gloo" if launcher == "env" else "shm"], world)
     else:
         subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "self,vader",
                         "-np", str(world)] + cmd, check=True)
@@ -41,8 +42,11 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--binary", default=os.path.join(ROOT, "build", "ddp_train"))
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--only", nargs="*", default=None,
+                   help="of plain, env (gloo), shm, mpirun: these alone")
     args = p.parse_args()
-    configs = [(1, "plain"), (2, "env"), (2, "mpirun")]
+    configs = [(1, "plain"), (2, "env"), (2, "shm"), (2, "mpirun")]
+    configs = [c for c in configs if args.only is None or c[1] in args.only]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for world, launcher in configs:
@@ -51,7 +55,7 @@ def main():
                 f"world {world} {launcher}"))
     print("| world | ddp_train (backend) | ddp_train samples/s | PyTorch DDP gloo samples/s | ratio (median) | min-max |")
     print("|---|---|---|---|---|---|")
-    names = {"plain": "local", "env": "gloo", "mpirun": "mpi"}
+    names = {"plain": "local", "env": "gloo", "shm": "shm", "mpirun": "mpi"}
     for world, launcher, x, y, m, lo, hi in rows:
         print(f"| {world} | {names[launcher]} | {x:.0f} | {y:.0f} | {m:.2f}x | {lo:.2f}-{hi:.2f} |")
 

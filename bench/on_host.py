@@ -5,7 +5,8 @@ One epoch of the MLP on Fashion-MNIST, batch 64 per rank, one thread per rank, e
 excluded. The ceiling: two single-process runs of ddp_train started at once on the same cores
 (their samples/s summed): the same work, nothing shared. Against it: world 2 under mpirun (mpi,
 Open MPI's shared memory), under our launcher with its default backend (shm: our shared memory)
-and under our launcher with --backend gloo (gloo over loopback TCP). Interleaved rounds
+and under our launcher with --backend gloo (gloo over loopback TCP); with --settings also under
+mpirun with --backend shm (mpirun-shm). Interleaved rounds
 (the order rotates); each ratio is taken within its round. A last run of each with --timeline
 gives the breakdown of a step (rank 0's means): forward, backward's computation, the wait for
 the all-reduces at backward's end, the optimizer, the rest (loading the batch, zeroing
@@ -46,9 +47,11 @@ def run(args, setting, timeline=None):
             if any(p.wait() for p in procs):
                 raise SystemExit("a single-process run failed")
             return sum(samples_per_s(d)["samples_per_s"] for d in (a, b)), samples_per_s(a)
-        if setting == "mpirun":
+        if setting.startswith("mpirun"):
             cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl",
                    "self,vader", "-np", "2", *command(args, a, timeline)]
+            if setting == "mpirun-shm":
+                cmd += ["--backend", "shm"]
         else:
             cmd = [os.path.join(args.build, "launcher"), "--nproc", "2",
                    *command(args, a, timeline)]
@@ -91,8 +94,11 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--extra", nargs=argparse.REMAINDER, default=[],
                    help="ddp_train options for every run (after the others)")
+    p.add_argument("--settings", nargs="*",
+                   default=["ceiling", "mpirun", "launcher", "launcher-gloo"],
+                   help="ceiling (first), mpirun, mpirun-shm, launcher, launcher-gloo")
     args = p.parse_args()
-    settings = ["ceiling", "mpirun", "launcher", "launcher-gloo"]
+    settings = args.settings
     got = collections.defaultdict(list)
     ratios = collections.defaultdict(list)
     for r in range(args.rounds):

@@ -215,7 +215,7 @@ TEST_P(StacksOfARunningJob, LeaveItRunning) {
   if (!ddp::stacks::supported()) GTEST_SKIP() << kNoStacks;
   TempDir out;
   // Through shared memory a step is shorter: more of them, for the job to outlast the signals.
-  const std::string epochs = GetParam() == "shm" ? "2000" : "400";
+  const std::string epochs = GetParam() == "shm" ? "1000" : "400";
   const auto job = linear_job(out.path(), {"--epochs", epochs, "--backend", GetParam()});
   std::vector<std::string> argv = GetParam() == "mpi"
                                       ? ddp::testing::mpirun_argv(2)
