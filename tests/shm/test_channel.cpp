@@ -120,7 +120,11 @@ TEST_P(ShmChannel, EveryDTypeIsReducedAsTheReductionOfTheInputsInRankOrder) {
           case DType::kFloat16: { const uint16_t h = ddp::comm::shm::float_to_half(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
           case DType::kBFloat16: { const uint16_t h = ddp::comm::shm::float_to_bfloat16(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
           case DType::kBool: *p = static_cast<uint8_t>(x >> 31); break;
-          default: std::memcpy(p, &x, size); break;  // the low bytes of x
+          default: {  // the low bytes of x twice over (int64's high half too)
+            const uint64_t bits = (uint64_t{x} << 32) | x;
+            std::memcpy(p, &bits, size);
+            break;
+          }
         }
       }
     }
