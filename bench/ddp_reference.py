@@ -27,7 +27,7 @@ def main():
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(args.seed)
-    train_set = load(args.data, "train")
+    train_set = load(args.data, "train", args.train_subset)
     model = DDP(make_mlp())
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)

@@ -26,9 +26,13 @@ def read_idx(path):
     return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
 
 
-def load(data_dir, prefix):
+def load(data_dir, prefix, subset=0):
+    """The split `prefix` (train, t10k), its first `subset` samples where not 0 (ddp_train's
+    --train-subset)."""
     images = torch.from_numpy(read_idx(f"{data_dir}/{prefix}-images-idx3-ubyte.gz").copy())
     labels = torch.from_numpy(read_idx(f"{data_dir}/{prefix}-labels-idx1-ubyte.gz").copy())
+    if subset:
+        images, labels = images[:subset], labels[:subset]
     images = ((images.float() / 255.0 - MEAN) / STD).unsqueeze(1)
     return TensorDataset(images, labels.long())
 
@@ -47,6 +51,7 @@ def parse_args():
     p.add_argument("--lr", type=float, default=0.02)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--train-subset", type=int, default=0, help="the first N samples only (0: all)")
     return p.parse_args()
 
 
@@ -54,7 +59,7 @@ def main():
     args = parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    train_set, test_set = load(args.data, "train"), load(args.data, "t10k")
+    train_set, test_set = load(args.data, "train", args.train_subset), load(args.data, "t10k")
     model = make_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     loader = DataLoader(train_set, batch_size=args.batch_size, shuffle=True)

@@ -17,18 +17,34 @@ function(ddp_use_torch_pch target)
   endif()
 endfunction()
 
-# ddp_add_test(NAME name COMMAND cmd... [TIMEOUT s] [LABELS l...] [PROCESSORS n])
-# One way to register a test: every test has a time limit, so none can hang CI.
+# Every test says which platforms run it, as a ctest label (docs/design.md, "Build and CI time"):
+# both-platforms where its outcome can depend on LibTorch's version, the compiler or Open MPI (Debian
+# 12 and 13 run it), debian12-only for the rest (Debian 13 runs it only in a full run). `value` is
+# what a registration says: both or debian12.
+function(ddp_platform_label what value out)
+  if(value STREQUAL "both")
+    set(${out} both-platforms PARENT_SCOPE)
+  elseif(value STREQUAL "debian12")
+    set(${out} debian12-only PARENT_SCOPE)
+  else()
+    message(FATAL_ERROR "${what}: PLATFORMS must be both or debian12, not '${value}' "
+                        "(docs/design.md, \"Build and CI time\", says which)")
+  endif()
+endfunction()
+
+# ddp_add_test(NAME name COMMAND cmd... PLATFORMS both|debian12 [TIMEOUT s] [LABELS l...]
+#              [PROCESSORS n] [ENVIRONMENT env...])
+# One way to register a test: every test has a time limit, so none can hang CI, and says which
+# platforms run it.
 function(ddp_add_test)
-  cmake_parse_arguments(T "" "NAME;TIMEOUT;PROCESSORS" "COMMAND;LABELS;ENVIRONMENT" ${ARGN})
+  cmake_parse_arguments(T "" "NAME;TIMEOUT;PROCESSORS;PLATFORMS" "COMMAND;LABELS;ENVIRONMENT" ${ARGN})
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 120)
   endif()
+  ddp_platform_label(${T_NAME} "${T_PLATFORMS}" platform)
+  list(APPEND T_LABELS ${platform})
   add_test(NAME ${T_NAME} COMMAND ${T_COMMAND})
-  set_tests_properties(${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT})
-  if(T_LABELS)
-    set_tests_properties(${T_NAME} PROPERTIES LABELS "${T_LABELS}")
-  endif()
+  set_tests_properties(${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${T_LABELS}")
   if(T_PROCESSORS)
     set_tests_properties(${T_NAME} PROPERTIES PROCESSORS ${T_PROCESSORS})
   endif()

@@ -1,21 +1,25 @@
 // One rank of the multi-process comm tests, started by test_comm.cpp with the env contract or by
 // mpirun. Checks every collective against closed-form results and exits 0 only if all hold.
-//   comm_worker BACKEND collectives
+//   comm_worker BACKEND SCENARIO...   each SCENARIO in turn on one group of BACKEND, its lines
+//       prefixed "[SCENARIO] " and ending with "rank r/w: N checks, M failures"
+//       (support/scenario_runner.h); exits 0 only if every one passed. SCENARIO:
+//       collectives          every collective against closed forms
+//       shm-collectives      the same through the shared-memory group over the group (gloo's)
+//       versus-gloo          that shared-memory group and the gloo group under it: every
+//           collective of both on the same inputs, random floats included; shm's sums are the
+//           rank-order sums of every rank's input, bit for bit, and equal gloo's (exactly where the
+//           values are integers or at 2 ranks, to float rounding otherwise)
+//       hierarchical=HOST,HOST,...   rank r on host HOST[r] (the layout a test chooses):
+//           comm::hierarchical's all_reduce equals the flat one, for every op, several dtypes and
+//           sizes, several in flight at once
 //   comm_worker BACKEND skip TIMEOUT_MS   the last rank never joins all_reduce #2
 //   comm_worker BACKEND setup             only creates the group (bad env, bad backend)
 //   comm_worker BACKEND mismatch TIMEOUT_MS KIND...   for each KIND, 8 collectives through
 //       ddp::init_process_group, rank 1 calling another op, dtype or shape at the 5th, or skipping
 //       it (KIND: op, dtype, shape, skip); prints how long each took to fail, and exits 0 when
 //       every one failed with InputError (TORCH_DISTRIBUTED_DEBUG=DETAIL: at once)
-//   comm_worker shm versus-gloo      a gloo group and the shm group over it: every collective of
-//       both on the same inputs, random floats included; shm's sums are the rank-order sums of
-//       every rank's input, bit for bit, and equal gloo's (exactly where the values are integers
-//       or at 2 ranks, to float rounding otherwise)
 //   comm_worker shm die-in-all-reduce   the last rank kills itself (SIGKILL) at all_reduce #2;
 //       the others report how their all_reduce ended
-//   comm_worker BACKEND hierarchical HOST,HOST,...   rank r on host HOST[r] (the layout a test
-//       chooses): comm::hierarchical's all_reduce equals the flat one, for every op, several
-//       dtypes and sizes, several in flight at once
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -32,6 +36,7 @@
 #include "backends/backends.h"  // make_shm_process_group, for versus-gloo
 #include "ddp/comm/hierarchical.h"
 #include "ddp/comm/rendezvous.h"
+#include "scenario_runner.h"
 
 namespace {
 
@@ -468,12 +473,9 @@ at::Tensor rank_order_sum(int world, int64_t n, at::ScalarType dtype) {
   return sum.to(dtype);
 }
 
-#ifdef DDP_HAVE_GLOO
-void versus_gloo(const ddp::comm::LaunchInfo& launch, const ddp::comm::ProcessGroupOptions& options) {
-  std::shared_ptr<ddp::comm::ProcessGroup> gloo =
-      ddp::comm::create_process_group("gloo", launch, options, false);
-  const auto shm = ddp::comm::make_shm_process_group(gloo, options);
-  expect_true(shm->backend_name() == "shm", "the ranks of one host share memory");
+void versus_gloo(ddp::comm::ProcessGroup* gloo, ddp::comm::ProcessGroup* shm) {
+  expect_true(shm != nullptr && shm->backend_name() == "shm", "the ranks of one host share memory");
+  if (shm == nullptr) return;
   const int w = shm->world_size();
   const int me = shm->rank();
   for (auto dtype : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kInt, at::kLong,
@@ -519,7 +521,6 @@ void versus_gloo(const ddp::comm::LaunchInfo& launch, const ddp::comm::ProcessGr
   }
   shm->barrier()->wait();
 }
-#endif
 
 // The last rank dies at the second all_reduce; the others print how theirs ended.
 void die_in_all_reduce(ddp::comm::ProcessGroup& pg) {
@@ -550,11 +551,60 @@ std::vector<std::string> split_commas(const std::string& text) {
   return out;
 }
 
+// Every closed-form check of one group.
+void check_all_collectives(ddp::comm::ProcessGroup& pg) {
+  check_collectives(pg);
+  check_reduce_scatter(pg);
+  check_data_movement(pg);
+  check_16bit_reductions(pg);
+  if (pg.backend_name() == "gloo" || pg.backend_name() == "shm") check_float32_accumulation(pg);
+  check_overlapped_16bit(pg);
+  check_new_group(pg);
+}
+
+// The scenarios that look inside one group, in turn on one group of `backend`.
+int run_group_scenarios(const std::string& backend, const std::vector<std::string>& scenarios) {
+  const auto launch = ddp::comm::detect_launch(ddp::comm::current_env());
+  ddp::comm::ProcessGroupOptions options;
+  options.rendezvous_timeout = std::chrono::seconds(30);
+  std::shared_ptr<ddp::comm::ProcessGroup> pg =
+      ddp::comm::create_process_group(backend, launch, options, /*cuda_device=*/false);
+  std::shared_ptr<ddp::comm::ProcessGroup> shm;  // over pg, made by the first scenario using it
+  const auto shm_group = [&]() -> ddp::comm::ProcessGroup* {
+#ifdef DDP_HAVE_GLOO
+    if (!shm && backend == "gloo") shm = ddp::comm::make_shm_process_group(pg, options);
+#endif
+    return shm.get();
+  };
+  const auto run = [&](const std::string& scenario, const std::string& argument) {
+    g_checks = g_failures = 0;
+    if (scenario == "collectives") {
+      check_all_collectives(*pg);
+    } else if (scenario == "shm-collectives") {
+      ddp::comm::ProcessGroup* group = shm_group();
+      expect_true(group != nullptr, "a shared-memory group over " + backend);
+      if (group != nullptr) check_all_collectives(*group);
+    } else if (scenario == "versus-gloo") {
+      expect_true(backend == "gloo", "versus-gloo runs on gloo, not " + backend);
+      versus_gloo(pg.get(), shm_group());
+    } else if (scenario == "hierarchical") {
+      check_hierarchical(*pg, *ddp::comm::hierarchical(pg, split_commas(argument)));
+    } else {
+      throw ddp::InputError("comm_worker: no scenario " + scenario);
+    }
+    std::cout << fmt::format("rank {}/{}: {} checks, {} failures", pg->rank(), pg->world_size(),
+                             g_checks, g_failures)
+              << std::endl;
+    return g_failures == 0 ? 0 : 3;
+  };
+  return ddp::testing::run_scenarios(scenarios, pg->rank(), run, [&] { pg->barrier()->wait(); });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::cerr << "usage: comm_worker BACKEND collectives|skip|setup [TIMEOUT_MS]\n";
+    std::cerr << "usage: comm_worker BACKEND SCENARIO...|skip|setup [TIMEOUT_MS]\n";
     return 64;
   }
   const std::string backend = argv[1];
@@ -564,46 +614,14 @@ int main(int argc, char** argv) {
       return mismatch(backend, std::vector<std::string>(argv + 4, argv + argc),
                       std::chrono::milliseconds(std::stoll(argv[3])));
     }
+    if (scenario != "skip" && scenario != "setup" && scenario != "die-in-all-reduce") {
+      return run_group_scenarios(backend, std::vector<std::string>(argv + 2, argv + argc));
+    }
     const auto launch = ddp::comm::detect_launch(ddp::comm::current_env());
     ddp::comm::ProcessGroupOptions options;
-    if (argc > 3 && scenario != "hierarchical") {
-      options.timeout = std::chrono::milliseconds(std::stoll(argv[3]));
-    }
+    if (argc > 3) options.timeout = std::chrono::milliseconds(std::stoll(argv[3]));
     options.rendezvous_timeout = std::chrono::seconds(30);
-    if (scenario == "versus-gloo") {
-#ifdef DDP_HAVE_GLOO
-      versus_gloo(launch, options);
-#endif
-      std::cout << fmt::format("rank {}/{}: {} checks, {} failures", launch.rank, launch.world_size,
-                               g_checks, g_failures)
-                << std::endl;
-      return g_failures == 0 ? 0 : 3;
-    }
     auto pg = ddp::comm::create_process_group(backend, launch, options, /*cuda_device=*/false);
-    if (scenario == "collectives") {
-      check_collectives(*pg);
-      check_reduce_scatter(*pg);
-      check_data_movement(*pg);
-      check_16bit_reductions(*pg);
-      if (pg->backend_name() == "gloo" || pg->backend_name() == "shm") {
-        check_float32_accumulation(*pg);
-      }
-      check_overlapped_16bit(*pg);
-      check_new_group(*pg);
-      std::cout << fmt::format("rank {}/{}: {} checks, {} failures", pg->rank(), pg->world_size(),
-                               g_checks, g_failures)
-                << std::endl;
-      return g_failures == 0 ? 0 : 3;
-    }
-    if (scenario == "hierarchical" && argc > 3) {
-      std::shared_ptr<ddp::comm::ProcessGroup> flat = std::move(pg);
-      const auto tiered = ddp::comm::hierarchical(flat, split_commas(argv[3]));
-      check_hierarchical(*flat, *tiered);
-      std::cout << fmt::format("rank {}/{}: {} checks, {} failures", flat->rank(),
-                               flat->world_size(), g_checks, g_failures)
-                << std::endl;
-      return g_failures == 0 ? 0 : 3;
-    }
     if (scenario == "die-in-all-reduce") {
       die_in_all_reduce(*pg);
       return 0;

@@ -1,16 +1,20 @@
 // One rank of the multi-process DistributedDataParallel tests (test_ddp.cpp). Trains a small
 // model for 5 steps with DDP, per-rank batch B, and, in the same process, the same model without
-// DDP on the global batch of world * B samples; exits 0 only if the parameters agree.
-//   ddp_worker BACKEND SCENARIO [RECORD]
+// DDP on the global batch of world * B samples; a scenario passes (exit 0) only if the parameters
+// agree.
+//   ddp_worker BACKEND SCENARIO...   each SCENARIO in turn on one process group, its lines
+//                                    prefixed "[SCENARIO] " (support/scenario_runner.h); exits 0
+//                                    only if every one passed
 // SCENARIO: sgd | nosync | adam | fp16 | bf16 | custom-hook | powersgd-warmup | bucket-view |
 //           unused | unused-find | mismatch | overlap | buffers | no-buffers | two-forwards |
-//           checkpoint-twice | checkpoint-twice-dynamic | grad-scaler | zero | clip | signatures
-//   ddp_worker BACKEND diloco REFERENCE.pt   rank r replays worker r of
-//       tests/python/diloco_reference.py through ddp::DiLoCo (DiLoCo, local SGD, DiLoCo with a
-//       delay) and checks
-//       every synchronization's parameters against the reference's to 1e-6
-// clip: the reduced gradients clipped to a 2-norm of kMaxNorm before each step; rank 0 writes the
-// first step's before and after, and the norm, to RECORD (for tests/python/clip_check.py).
+//           checkpoint-twice | checkpoint-twice-dynamic | grad-scaler | zero | clip=RECORD |
+//           signatures | diloco=REFERENCE.pt
+//   diloco: rank r replays worker r of tests/python/diloco_reference.py through ddp::DiLoCo
+//       (DiLoCo, local SGD, DiLoCo with a delay) and checks every synchronization's parameters
+//       against the reference's to 1e-6
+//   clip: the reduced gradients clipped to a 2-norm of kMaxNorm before each step; rank 0 writes
+//       the first step's before and after, and the norm, to RECORD (for
+//       tests/python/clip_check.py).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/torch.h>
@@ -26,6 +30,7 @@
 #include "ddp/core/zero_redundancy_optimizer.h"
 #include "ddp/train/pt_file.h"
 #include "diloco_reference.h"
+#include "scenario_runner.h"
 #include "tensor_compare.h"
 
 namespace {
@@ -415,15 +420,125 @@ int check_diloco(const std::shared_ptr<ddp::comm::ProcessGroup>& group, const st
   return worst <= 1e-6 && rounds == 3 * ref::kRounds ? 0 : 4;
 }
 
+// The sgd family: DDP with `scenario`'s options against one process on the global batch.
+int check_training(const std::shared_ptr<ddp::comm::ProcessGroup>& group,
+                   const std::string& scenario, const std::string& record) {
+  const int world = group->world_size();
+  const int rank = group->rank();
+  const bool with_unused = scenario == "unused" || scenario == "unused-find";
+  const int64_t hidden = scenario == "mismatch" && rank == 1 ? kHidden + 1 : kHidden;
+
+  // Each rank starts from its own initialisation: DDP must broadcast rank 0's.
+  auto net = make_net(100 + static_cast<uint64_t>(rank), hidden, with_unused);
+  auto reference = make_net(100, kHidden, with_unused);
+  auto options = ddp::DistributedDataParallelOptions()
+                     .bucket_cap_mb(1024.0 / (1 << 20))  // ~1 KB buckets: several per model
+                     .first_bucket_mb(256.0 / (1 << 20))
+                     .find_unused_parameters(scenario == "unused-find")
+                     .gradient_as_bucket_view(scenario == "bucket-view");
+  ddp::DistributedDataParallel model(net, group, options);
+  const auto counting = register_hook(model, group, scenario);
+  auto optimizer = make_optimizer(scenario, model->parameters());
+  auto reference_optimizer = make_optimizer(scenario, reference->parameters());
+
+  torch::manual_seed(7);
+  const auto x = torch::randn({kSteps * world * kBatch, kIn});
+  const auto y = torch::randn({kSteps * world * kBatch, kOut});
+  const int micro = scenario == "nosync" ? 2 : 1;
+  for (int64_t step = 0; step < kSteps; ++step) {
+    const int64_t global = step * world * kBatch;
+    // DDP: this rank's slice of the global batch, in `micro` micro-batches.
+    model->zero_grad();
+    for (int m = 0; m < micro; ++m) {
+      const int64_t size = kBatch / micro;
+      const auto rows = torch::arange(global + rank * kBatch + m * size,
+                                      global + rank * kBatch + (m + 1) * size);
+      auto run = [&] {
+        torch::mse_loss(model->forward(x.index_select(0, rows)), y.index_select(0, rows))
+            .backward();
+      };
+      if (m + 1 < micro) {
+        auto guard = model->no_sync();
+        run();
+      } else {
+        run();
+      }
+    }
+    if (scenario == "clip") {
+      clip_gradients(model->parameters(), step == 0 && rank == 0 ? record : "");
+    }
+    optimizer->step();
+    // Reference: one process, the whole global batch in the same micro-batches.
+    reference_optimizer->zero_grad();
+    for (int m = 0; m < micro; ++m) {
+      std::vector<torch::Tensor> parts;
+      const int64_t size = kBatch / micro;
+      for (int r = 0; r < world; ++r)
+        parts.push_back(
+            torch::arange(global + r * kBatch + m * size, global + r * kBatch + (m + 1) * size));
+      const auto rows = torch::cat(parts);
+      torch::mse_loss(reference->forward(x.index_select(0, rows)), y.index_select(0, rows))
+          .backward();
+    }
+    if (scenario == "clip") clip_gradients(reference->parameters(), "");
+    reference_optimizer->step();
+    if (scenario == "overlap" && step == 0) {
+      const auto& stats = model->reducer().last_iteration();
+      std::cout << fmt::format(
+          "rank {}: {} buckets; first launched {} us before the last gradient\n", rank,
+          stats.bucket_launch.size(),
+          std::chrono::duration_cast<std::chrono::microseconds>(stats.last_grad -
+                                                                stats.bucket_launch.front())
+              .count());
+      for (size_t b = 1; b < stats.bucket_launch.size(); ++b) {
+        if (stats.bucket_launch[b] < stats.bucket_launch[b - 1])
+          std::cout << "OUT OF ORDER bucket " << b << "\n";
+      }
+    }
+  }
+  if (counting) {
+    // Every bucket of every step went through the hook, and a second hook is refused.
+    std::cout << fmt::format("rank {}: the hook reduced {} buckets, {} of them last\n", rank,
+                             counting->buckets, counting->last_buckets);
+    if (counting->last_buckets != kSteps || counting->buckets < kSteps) return 6;
+    try {
+      model->register_comm_hook(group, ddp::allreduce_hook);
+      return 7;
+    } catch (const ddp::Error& e) {
+      std::cout << "second hook refused: " << e.what() << "\n";
+    }
+  }
+  const double error = max_relative_error(net->parameters(), reference->parameters());
+  const double tolerance = scenario == "fp16" ? 2e-2 : scenario == "bf16" ? 5e-2 : 1e-5;
+  std::cout << fmt::format(
+      "rank {}/{}: {} buckets{}, max relative error {:.3g} (tolerance {:.0e})\n", rank, world,
+      model->reducer().buckets().size(), model->reducer().rebuilt() ? " (rebuilt)" : "", error,
+      tolerance);
+  return error <= tolerance ? 0 : 4;
+}
+
+// One scenario on `group`; `argument` is the word after '=' (clip's record, diloco's reference).
+int run_scenario(const std::shared_ptr<ddp::comm::ProcessGroup>& group,
+                 const std::string& scenario, const std::string& argument) {
+  if (scenario == "buffers" || scenario == "no-buffers")
+    return check_buffers(group, scenario == "buffers");
+  if (scenario == "grad-scaler") return check_grad_scaler(group);
+  if (scenario == "zero") return check_zero(group);
+  if (scenario == "diloco") return check_diloco(group, argument);
+  if (scenario == "signatures") return check_signatures(group);
+  if (scenario == "two-forwards" || scenario.rfind("checkpoint-twice", 0) == 0)
+    return check_graph(group, scenario);
+  return check_training(group, scenario, argument);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::cerr << "usage: ddp_worker BACKEND SCENARIO\n";
+    std::cerr << "usage: ddp_worker BACKEND SCENARIO...\n";
     return 64;
   }
   const std::string backend = argv[1];
-  const std::string scenario = argv[2];
   try {
     torch::set_num_threads(1);
     const auto launch = ddp::comm::detect_launch(ddp::comm::current_env());
@@ -432,106 +547,12 @@ int main(int argc, char** argv) {
     pg_options.rendezvous_timeout = std::chrono::seconds(30);
     std::shared_ptr<ddp::comm::ProcessGroup> group =
         ddp::comm::create_process_group(backend, launch, pg_options, false);
-    const int world = group->world_size();
-    const int rank = group->rank();
-    if (scenario == "buffers" || scenario == "no-buffers")
-      return check_buffers(group, scenario == "buffers");
-    if (scenario == "grad-scaler") return check_grad_scaler(group);
-    if (scenario == "zero") return check_zero(group);
-    if (scenario == "diloco" && argc > 3) return check_diloco(group, argv[3]);
-    if (scenario == "signatures") return check_signatures(group);
-    if (scenario == "two-forwards" || scenario.rfind("checkpoint-twice", 0) == 0)
-      return check_graph(group, scenario);
-    const bool with_unused = scenario == "unused" || scenario == "unused-find";
-    const int64_t hidden = scenario == "mismatch" && rank == 1 ? kHidden + 1 : kHidden;
-
-    // Each rank starts from its own initialisation: DDP must broadcast rank 0's.
-    auto net = make_net(100 + static_cast<uint64_t>(rank), hidden, with_unused);
-    auto reference = make_net(100, kHidden, with_unused);
-    auto options = ddp::DistributedDataParallelOptions()
-                       .bucket_cap_mb(1024.0 / (1 << 20))  // ~1 KB buckets: several per model
-                       .first_bucket_mb(256.0 / (1 << 20))
-                       .find_unused_parameters(scenario == "unused-find")
-                       .gradient_as_bucket_view(scenario == "bucket-view");
-    ddp::DistributedDataParallel model(net, group, options);
-    const auto counting = register_hook(model, group, scenario);
-    auto optimizer = make_optimizer(scenario, model->parameters());
-    auto reference_optimizer = make_optimizer(scenario, reference->parameters());
-
-    torch::manual_seed(7);
-    const auto x = torch::randn({kSteps * world * kBatch, kIn});
-    const auto y = torch::randn({kSteps * world * kBatch, kOut});
-    const int micro = scenario == "nosync" ? 2 : 1;
-    for (int64_t step = 0; step < kSteps; ++step) {
-      const int64_t global = step * world * kBatch;
-      // DDP: this rank's slice of the global batch, in `micro` micro-batches.
-      model->zero_grad();
-      for (int m = 0; m < micro; ++m) {
-        const int64_t size = kBatch / micro;
-        const auto rows = torch::arange(global + rank * kBatch + m * size,
-                                        global + rank * kBatch + (m + 1) * size);
-        auto run = [&] {
-          torch::mse_loss(model->forward(x.index_select(0, rows)), y.index_select(0, rows))
-              .backward();
-        };
-        if (m + 1 < micro) {
-          auto guard = model->no_sync();
-          run();
-        } else {
-          run();
-        }
-      }
-      if (scenario == "clip") {
-        clip_gradients(model->parameters(), step == 0 && rank == 0 && argc > 3 ? argv[3] : "");
-      }
-      optimizer->step();
-      // Reference: one process, the whole global batch in the same micro-batches.
-      reference_optimizer->zero_grad();
-      for (int m = 0; m < micro; ++m) {
-        std::vector<torch::Tensor> parts;
-        const int64_t size = kBatch / micro;
-        for (int r = 0; r < world; ++r)
-          parts.push_back(
-              torch::arange(global + r * kBatch + m * size, global + r * kBatch + (m + 1) * size));
-        const auto rows = torch::cat(parts);
-        torch::mse_loss(reference->forward(x.index_select(0, rows)), y.index_select(0, rows))
-            .backward();
-      }
-      if (scenario == "clip") clip_gradients(reference->parameters(), "");
-      reference_optimizer->step();
-      if (scenario == "overlap" && step == 0) {
-        const auto& stats = model->reducer().last_iteration();
-        std::cout << fmt::format(
-            "rank {}: {} buckets; first launched {} us before the last gradient\n", rank,
-            stats.bucket_launch.size(),
-            std::chrono::duration_cast<std::chrono::microseconds>(stats.last_grad -
-                                                                  stats.bucket_launch.front())
-                .count());
-        for (size_t b = 1; b < stats.bucket_launch.size(); ++b) {
-          if (stats.bucket_launch[b] < stats.bucket_launch[b - 1])
-            std::cout << "OUT OF ORDER bucket " << b << "\n";
-        }
-      }
-    }
-    if (counting) {
-      // Every bucket of every step went through the hook, and a second hook is refused.
-      std::cout << fmt::format("rank {}: the hook reduced {} buckets, {} of them last\n", rank,
-                               counting->buckets, counting->last_buckets);
-      if (counting->last_buckets != kSteps || counting->buckets < kSteps) return 6;
-      try {
-        model->register_comm_hook(group, ddp::allreduce_hook);
-        return 7;
-      } catch (const ddp::Error& e) {
-        std::cout << "second hook refused: " << e.what() << "\n";
-      }
-    }
-    const double error = max_relative_error(net->parameters(), reference->parameters());
-    const double tolerance = scenario == "fp16" ? 2e-2 : scenario == "bf16" ? 5e-2 : 1e-5;
-    std::cout << fmt::format(
-        "rank {}/{}: {} buckets{}, max relative error {:.3g} (tolerance {:.0e})\n", rank, world,
-        model->reducer().buckets().size(), model->reducer().rebuilt() ? " (rebuilt)" : "", error,
-        tolerance);
-    return error <= tolerance ? 0 : 4;
+    return ddp::testing::run_scenarios(
+        std::vector<std::string>(argv + 2, argv + argc), group->rank(),
+        [&](const std::string& scenario, const std::string& argument) {
+          return run_scenario(group, scenario, argument);
+        },
+        [&] { group->barrier()->wait(); });
   } catch (const ddp::Error& e) {
     std::cout << "error: " << e.what() << std::endl;
     return e.exit_code();

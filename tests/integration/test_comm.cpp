@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <csignal>
 #include <filesystem>
+#include <map>
 #include <regex>
 #include <torch/types.h>
 
@@ -18,6 +19,7 @@
 #include "ddp/comm/rendezvous.h"
 #include "ddp/common/socket.h"
 #include "ranks.h"
+#include "scenarios.h"
 #include "subprocess.h"
 
 namespace {
@@ -46,6 +48,58 @@ ProcessResult run_mpirun(int np, const std::vector<std::string>& args, std::chro
   std::vector<std::string> argv = {DDP_COMM_WORKER_BIN};
   argv.insert(argv.end(), args.begin(), args.end());
   return ddp::testing::run_mpirun(np, argv, limit);
+}
+
+// The closed-form checks share one launch of ranks per backend and world size (support/
+// scenarios.h): gloo's collectives, the shared-memory group's over it and the two against each
+// other, and at 4 ranks the hierarchical all-reduce; each test asserts its own scenario's lines,
+// and tests/CMakeLists.txt registers the tests of these launches as one ctest test each.
+std::vector<std::string> gloo_scenarios(int world) {
+  std::vector<std::string> scenarios = {"gloo", "collectives", "shm-collectives", "versus-gloo"};
+  if (world == 4) scenarios.push_back("hierarchical=a,a,b,b");
+  return scenarios;
+}
+std::vector<std::string> mpi_scenarios(int world) {
+  std::vector<std::string> scenarios = {"mpi", "collectives"};
+  if (world == 4) scenarios.push_back("hierarchical=a,a,b,b");
+  return scenarios;
+}
+
+const std::vector<ProcessResult>& gloo_launch(int world) {
+  static std::map<int, std::vector<ProcessResult>> launches;
+  auto it = launches.find(world);
+  if (it == launches.end()) {
+    it = launches.emplace(world, run_env_ranks(world, gloo_scenarios(world), std::chrono::seconds(400)))
+             .first;
+  }
+  return it->second;
+}
+
+const ProcessResult& mpi_launch(int world) {
+  static std::map<int, ProcessResult> launches;
+  auto it = launches.find(world);
+  if (it == launches.end()) {
+    it = launches.emplace(world, run_mpirun(world, mpi_scenarios(world), std::chrono::seconds(400)))
+             .first;
+  }
+  return it->second;
+}
+
+// `scenario`'s lines in `output`, or the whole output where it printed none.
+std::string scenario_message(const std::string& output, const std::string& scenario) {
+  const std::string lines = ddp::testing::scenario_lines(output, scenario);
+  return lines.empty() ? "no line of [" + scenario + "] in:\n" + output : lines;
+}
+
+// Rank `rank` (of `world`) ended `scenario` with exit 0 after "rank r/w: N checks, 0 failures".
+void expect_scenario_passes(const ProcessResult& result, const std::string& scenario, int rank,
+                            int world) {
+  const std::string lines = ddp::testing::scenario_lines(result.output, scenario);
+  const std::string message = scenario_message(result.output, scenario);
+  EXPECT_FALSE(result.timed_out) << message;
+  EXPECT_NE(lines.find(fmt::format("rank {}: exit 0\n", rank)), std::string::npos) << message;
+  const std::regex counts(fmt::format("rank {}/{}: [0-9]+ checks, 0 failures", rank, world));
+  EXPECT_TRUE(std::regex_search(lines, counts)) << message;
 }
 
 // ---- Pure decisions: the launch matrix from env alone ----
@@ -270,43 +324,32 @@ class GlooRanks : public ::testing::TestWithParam<int> {};
 TEST_P(GlooRanks, CollectivesMatchClosedForms) {
   if (!compiled("gloo")) GTEST_FAIL() << "gloo backend not compiled in";
   const int world = GetParam();
-  auto results = run_env_ranks(world, {"gloo", "collectives"}, std::chrono::seconds(240));
-  for (int r = 0; r < world; ++r) {
-    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
-    EXPECT_NE(results[r].output.find(fmt::format("rank {}/{}: ", r, world)), std::string::npos);
-    EXPECT_NE(results[r].output.find(" 0 failures"), std::string::npos) << results[r].output;
-  }
+  const auto& results = gloo_launch(world);
+  for (int r = 0; r < world; ++r) expect_scenario_passes(results[r], "collectives", r, world);
 }
 INSTANTIATE_TEST_SUITE_P(Worlds, GlooRanks, ::testing::Values(2, 3, 4));
 
-// The same checks through shared memory (comm/shm), its subgroups included.
+// The same checks through shared memory (comm/shm) over the gloo group, its subgroups included.
 TEST_P(GlooRanks, CollectivesThroughSharedMemoryMatchClosedForms) {
   if (!compiled("shm")) GTEST_FAIL() << "shm backend not compiled in";
   const int world = GetParam();
-  auto results = run_env_ranks(world, {"shm", "collectives"}, std::chrono::seconds(240));
-  for (int r = 0; r < world; ++r) {
-    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
-    EXPECT_NE(results[r].output.find(" 0 failures"), std::string::npos) << results[r].output;
-  }
+  const auto& results = gloo_launch(world);
+  for (int r = 0; r < world; ++r) expect_scenario_passes(results[r], "shm-collectives", r, world);
 }
 
 // Shared memory against gloo on the same inputs, and against the rank-order sum bit for bit.
 TEST_P(GlooRanks, SharedMemoryEqualsGlooAndTheRankOrderSum) {
   if (!compiled("shm")) GTEST_FAIL() << "shm backend not compiled in";
   const int world = GetParam();
-  auto results = run_env_ranks(world, {"shm", "versus-gloo"}, std::chrono::seconds(240));
-  for (int r = 0; r < world; ++r) {
-    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
-    EXPECT_NE(results[r].output.find(" 0 failures"), std::string::npos) << results[r].output;
-  }
+  const auto& results = gloo_launch(world);
+  for (int r = 0; r < world; ++r) expect_scenario_passes(results[r], "versus-gloo", r, world);
 }
 
 // The same checks on the world-size-1 backend (subgroups of the one rank).
 TEST(Local, CollectivesMatchClosedForms) {
   auto results = run_env_ranks(1, {"local", "collectives"}, std::chrono::seconds(120));
   EXPECT_EQ(results[0].exit_code, 0) << results[0].output;
-  EXPECT_NE(results[0].output.find("rank 0/1: "), std::string::npos) << results[0].output;
-  EXPECT_NE(results[0].output.find(" 0 failures"), std::string::npos) << results[0].output;
+  expect_scenario_passes(results[0], "collectives", 0, 1);
 }
 
 TEST(Gloo, RankThatNeverJoinsTimesOutTheOthers) {
@@ -414,34 +457,24 @@ TEST(Gloo, PortInUseIsNamedByRankZero) {
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(10));
 }
 
-TEST(Mpi, CollectivesMatchClosedFormsWithTwoRanks) {
+// mpirun's ranks print into one output: each rank's lines of the scenario are in it.
+void expect_mpi_collectives_pass(int world) {
   if (!compiled("mpi")) GTEST_FAIL() << "mpi backend not compiled in";
-  auto r = run_mpirun(2, {"mpi", "collectives"}, std::chrono::seconds(240));
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("rank 0/2: "), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("rank 1/2: "), std::string::npos) << r.output;
-  EXPECT_EQ(r.output.find("MISMATCH"), std::string::npos) << r.output;
+  const ProcessResult& r = mpi_launch(world);
+  for (int rank = 0; rank < world; ++rank) expect_scenario_passes(r, "collectives", rank, world);
+  EXPECT_EQ(scenario_message(r.output, "collectives").find("MISMATCH"), std::string::npos)
+      << scenario_message(r.output, "collectives");
 }
+
+TEST(Mpi, CollectivesMatchClosedFormsWithTwoRanks) { expect_mpi_collectives_pass(2); }
 
 // An odd world, as gloo has: uneven subgroups (ranks {0, 2} and {1}).
 TEST(Mpi, CollectivesMatchClosedFormsWithThreeRanksOversubscribed) {
-  if (!compiled("mpi")) GTEST_FAIL() << "mpi backend not compiled in";
-  auto r = run_mpirun(3, {"mpi", "collectives"}, std::chrono::seconds(280));
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  for (int rank = 0; rank < 3; ++rank) {
-    EXPECT_NE(r.output.find(fmt::format("rank {}/3: ", rank)), std::string::npos) << r.output;
-  }
-  EXPECT_EQ(r.output.find("MISMATCH"), std::string::npos) << r.output;
+  expect_mpi_collectives_pass(3);
 }
 
 TEST(Mpi, CollectivesMatchClosedFormsWithFourRanksOversubscribed) {
-  if (!compiled("mpi")) GTEST_FAIL() << "mpi backend not compiled in";
-  auto r = run_mpirun(4, {"mpi", "collectives"}, std::chrono::seconds(280));
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  for (int rank = 0; rank < 4; ++rank) {
-    EXPECT_NE(r.output.find(fmt::format("rank {}/4: ", rank)), std::string::npos) << r.output;
-  }
-  EXPECT_EQ(r.output.find("MISMATCH"), std::string::npos) << r.output;
+  expect_mpi_collectives_pass(4);
 }
 
 TEST(Mpi, RankThatNeverJoinsTimesOutTheOthers) {
@@ -554,23 +587,26 @@ void PrintTo(const HierarchyCase& c, std::ostream* os) {
 
 class HierarchicalAllReduce : public ::testing::TestWithParam<HierarchyCase> {};
 
+// At 4 ranks on 2 hosts, the scenario of the 4-rank launch of the closed-form checks; the 6-rank
+// layout, a launch of its own.
 TEST_P(HierarchicalAllReduce, EqualsTheFlatOne) {
   const auto& c = GetParam();
   if (!compiled(c.backend)) GTEST_SKIP() << "backend " << c.backend << " not compiled in";
   const int world = static_cast<int>(std::count(c.hosts.begin(), c.hosts.end(), ',')) + 1;
-  const std::vector<std::string> args = {c.backend, "hierarchical", c.hosts};
-  std::vector<ddp::testing::ProcessResult> results;
   if (c.backend == "mpi") {
-    std::vector<std::string> argv = {DDP_COMM_WORKER_BIN};
-    argv.insert(argv.end(), args.begin(), args.end());
-    results.push_back(ddp::testing::run_mpirun(world, argv, std::chrono::seconds(120)));
-  } else {
-    results = run_env_ranks(world, args, std::chrono::seconds(120));
+    ASSERT_EQ(c.hosts, "a,a,b,b");  // the 4-rank launch's layout
+    for (int rank = 0; rank < world; ++rank) {
+      expect_scenario_passes(mpi_launch(world), "hierarchical", rank, world);
+    }
+    return;
   }
-  for (const auto& r : results) {
-    EXPECT_FALSE(r.timed_out) << r.output;
-    EXPECT_EQ(r.exit_code, 0) << r.output;
-    EXPECT_NE(r.output.find(" 0 failures"), std::string::npos) << r.output;
+  const std::vector<ProcessResult> own =
+      c.hosts == "a,a,b,b" ? std::vector<ProcessResult>{}
+                           : run_env_ranks(world, {c.backend, "hierarchical=" + c.hosts},
+                                           std::chrono::seconds(120));
+  const auto& results = c.hosts == "a,a,b,b" ? gloo_launch(world) : own;
+  for (int rank = 0; rank < world; ++rank) {
+    expect_scenario_passes(results[rank], "hierarchical", rank, world);
   }
 }
 

@@ -1,17 +1,27 @@
 // DistributedDataParallel with real ranks (gloo with the env contract, mpi with mpirun):
 // N ranks with batch B equal one process with batch N * B; no_sync; Adam; compression;
 // unused parameters; mismatched models; overlap of all-reduce with backward.
+//
+// The scenarios that look inside one process group share one launch of ranks per backend and
+// world size (support/scenarios.h): each test asserts its own scenario's lines, and tests/
+// CMakeLists.txt registers the tests of one launch as one ctest test (GlooDdp.OneLaunchPerWorld,
+// MpiDdp.OneLaunchPerWorld). A launch of its own is kept where a test looks at a process boundary
+// (the exit code of a refused model), or crosses to PyTorch.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
 #include <regex>
 
 #include "built_paths.h"
 #include "ranks.h"
+#include "scenarios.h"
 
 namespace {
 
 using ddp::testing::ProcessResult;
+using ddp::testing::scenario_lines;
 using Clock = std::chrono::steady_clock;
 
 std::vector<ProcessResult> gloo_job(int world, const std::string& scenario) {
@@ -19,6 +29,7 @@ std::vector<ProcessResult> gloo_job(int world, const std::string& scenario) {
                                      std::chrono::seconds(120));
 }
 
+// Each rank's exit code is 0, and it printed "rank r/world: ".
 void expect_all_pass(const std::vector<ProcessResult>& results) {
   for (size_t r = 0; r < results.size(); ++r) {
     EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
@@ -35,59 +46,130 @@ struct Case {
 void PrintTo(const Case& c, std::ostream* os) {
   *os << c.scenario << " on " << c.world << " ranks";
 }
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  std::string name = info.param.scenario + "_world" + std::to_string(info.param.world);
+  std::replace(name.begin(), name.end(), '-', '_');
+  return name;
+}
+
+// The scenarios each launch runs: the tests' cases, and on gloo the scenarios of the Ddp tests
+// below that look inside the group (overlap, buffers).
+const std::map<int, std::vector<std::string>> kGlooScenarios = {
+    {2,
+     {"sgd", "nosync", "adam", "fp16", "bf16", "custom-hook", "bucket-view", "unused-find",
+      "two-forwards", "checkpoint-twice", "grad-scaler", "zero", "signatures", "overlap",
+      "no-buffers"}},
+    {3,
+     {"sgd", "nosync", "adam", "bf16", "powersgd-warmup", "bucket-view", "unused-find",
+      "two-forwards", "checkpoint-twice", "grad-scaler", "zero", "buffers"}}};
+const std::map<int, std::vector<std::string>> kMpiScenarios = {
+    {2, {"sgd", "nosync", "adam", "fp16", "custom-hook", "two-forwards", "checkpoint-twice", "zero"}},
+    {3, {"sgd", "nosync", "adam", "bf16", "grad-scaler"}}};
+const std::vector<std::string> kGlooOnly = {"overlap", "no-buffers", "buffers"};
+
+std::vector<Case> cases_of(const std::map<int, std::vector<std::string>>& scenarios) {
+  std::vector<Case> cases;
+  for (const auto& [world, names] : scenarios) {
+    for (const auto& name : names) {
+      if (std::find(kGlooOnly.begin(), kGlooOnly.end(), name) == kGlooOnly.end())
+        cases.push_back({world, name});
+    }
+  }
+  return cases;
+}
+
+// The words of one launch of `world` ranks on `backend`: every scenario of that world.
+std::vector<std::string> launch_words(const std::string& backend,
+                                      const std::map<int, std::vector<std::string>>& scenarios,
+                                      int world) {
+  std::vector<std::string> words = {DDP_DDP_WORKER_BIN, backend};
+  const auto& names = scenarios.at(world);
+  words.insert(words.end(), names.begin(), names.end());
+  return words;
+}
+
+// One gloo launch per world size, made by the first test of the process that asks for it.
+const std::vector<ProcessResult>& gloo_launch(int world) {
+  static std::map<int, std::vector<ProcessResult>> launches;
+  auto it = launches.find(world);
+  if (it == launches.end()) {
+    it = launches
+             .emplace(world, ddp::testing::run_env_ranks(
+                                 world, launch_words("gloo", kGlooScenarios, world),
+                                 std::chrono::seconds(300)))
+             .first;
+  }
+  return it->second;
+}
+
+// One mpirun launch per world size: every rank's lines in one output.
+const ProcessResult& mpi_launch(int world) {
+  static std::map<int, ProcessResult> launches;
+  auto it = launches.find(world);
+  if (it == launches.end()) {
+    it = launches
+             .emplace(world, ddp::testing::run_mpirun(
+                                 world, launch_words("mpi", kMpiScenarios, world),
+                                 std::chrono::seconds(300)))
+             .first;
+  }
+  return it->second;
+}
+
+// What `scenario` printed in `output`, or, where it printed nothing, the whole output (the launch
+// ended before it).
+std::string scenario_message(const std::string& output, const std::string& scenario) {
+  const std::string lines = scenario_lines(output, scenario);
+  return lines.empty() ? "no line of [" + scenario + "] in:\n" + output : lines;
+}
+
+// In a shared launch: `scenario` ended with exit 0 on every rank, each having printed
+// "rank r/world: ". Returns each rank's lines of it.
+std::vector<std::string> expect_scenario_passes(const std::vector<ProcessResult>& ranks,
+                                                const std::string& scenario) {
+  std::vector<std::string> lines;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    lines.push_back(scenario_lines(ranks[r].output, scenario));
+    const std::string message = scenario_message(ranks[r].output, scenario);
+    EXPECT_FALSE(ranks[r].timed_out) << "rank " << r << ":\n" << message;
+    EXPECT_NE(lines[r].find(fmt::format("rank {}: exit 0\n", r)), std::string::npos)
+        << "rank " << r << ":\n" << message;
+    EXPECT_NE(lines[r].find(fmt::format("rank {}/{}: ", r, ranks.size())), std::string::npos)
+        << "rank " << r << ":\n" << message;
+  }
+  return lines;
+}
 
 class GlooDdp : public ::testing::TestWithParam<Case> {};
 
 TEST_P(GlooDdp, EqualsOneProcessWithTheGlobalBatch) {
-  expect_all_pass(gloo_job(GetParam().world, GetParam().scenario));
+  expect_scenario_passes(gloo_launch(GetParam().world), GetParam().scenario);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Scenarios, GlooDdp,
-    ::testing::Values(Case{2, "sgd"}, Case{3, "sgd"}, Case{2, "nosync"}, Case{3, "nosync"},
-                      Case{2, "adam"}, Case{3, "adam"}, Case{2, "fp16"}, Case{2, "bf16"},
-                      Case{3, "bf16"}, Case{2, "custom-hook"}, Case{3, "powersgd-warmup"},
-                      Case{2, "bucket-view"}, Case{3, "bucket-view"}, Case{2, "unused-find"},
-                      Case{3, "unused-find"}, Case{2, "two-forwards"}, Case{3, "two-forwards"},
-                      Case{2, "checkpoint-twice"}, Case{3, "checkpoint-twice"},
-                      Case{2, "grad-scaler"}, Case{3, "grad-scaler"}, Case{2, "zero"},
-                      Case{3, "zero"}, Case{2, "signatures"}),
-    [](const ::testing::TestParamInfo<Case>& info) {
-      std::string name = info.param.scenario + "_world" + std::to_string(info.param.world);
-      std::replace(name.begin(), name.end(), '-', '_');
-      return name;
-    });
+INSTANTIATE_TEST_SUITE_P(Scenarios, GlooDdp, ::testing::ValuesIn(cases_of(kGlooScenarios)),
+                         case_name);
 
 class MpiDdp : public ::testing::TestWithParam<Case> {};
 
 TEST_P(MpiDdp, EqualsOneProcessWithTheGlobalBatch) {
   const auto& c = GetParam();
-  auto r = ddp::testing::run_mpirun(c.world, {DDP_DDP_WORKER_BIN, "mpi", c.scenario},
-                                    std::chrono::seconds(120));
-  EXPECT_EQ(r.exit_code, 0) << r.output;
+  const ProcessResult& r = mpi_launch(c.world);
+  const std::string lines = scenario_lines(r.output, c.scenario);
+  const std::string message = scenario_message(r.output, c.scenario);
+  EXPECT_FALSE(r.timed_out) << message;
   for (int rank = 0; rank < c.world; ++rank) {
-    EXPECT_NE(r.output.find(fmt::format("rank {}/{}: ", rank, c.world)), std::string::npos)
-        << r.output;
+    EXPECT_NE(lines.find(fmt::format("rank {}: exit 0\n", rank)), std::string::npos) << message;
+    EXPECT_NE(lines.find(fmt::format("rank {}/{}: ", rank, c.world)), std::string::npos)
+        << message;
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Scenarios, MpiDdp,
-                         ::testing::Values(Case{2, "sgd"}, Case{3, "sgd"}, Case{2, "nosync"},
-                                           Case{3, "nosync"}, Case{2, "adam"}, Case{3, "adam"},
-                                           Case{2, "fp16"}, Case{3, "bf16"}, Case{2, "custom-hook"},
-                                           Case{2, "two-forwards"}, Case{2, "checkpoint-twice"},
-                                           Case{3, "grad-scaler"}, Case{2, "zero"}),
-                         [](const ::testing::TestParamInfo<Case>& info) {
-                           std::string name =
-                               info.param.scenario + "_world" + std::to_string(info.param.world);
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
-                         });
+INSTANTIATE_TEST_SUITE_P(Scenarios, MpiDdp, ::testing::ValuesIn(cases_of(kMpiScenarios)),
+                         case_name);
 
 TEST(Ddp, BucketsAreRebuiltOnceFromTheObservedOrder) {
-  const auto results = gloo_job(2, "sgd");
-  expect_all_pass(results);
-  EXPECT_NE(results[0].output.find("(rebuilt)"), std::string::npos) << results[0].output;
+  const auto lines = expect_scenario_passes(gloo_launch(2), "sgd");
+  EXPECT_NE(lines[0].find("(rebuilt)"), std::string::npos) << lines[0];
 }
 
 // ddp_train --clip-grad-norm's clipping on the reduced gradients: 2 ranks equal one process with
@@ -96,8 +178,8 @@ TEST(Ddp, BucketsAreRebuiltOnceFromTheObservedOrder) {
 TEST(Ddp, ClippingTheReducedGradientsEqualsPyTorchsClipGradNorm) {
   ddp::testing::TempDir dir;
   const auto record = dir.file("clip.pt");
-  expect_all_pass(ddp::testing::run_env_ranks(2, {DDP_DDP_WORKER_BIN, "gloo", "clip", record},
-                                              std::chrono::seconds(120)));
+  expect_all_pass(ddp::testing::run_env_ranks(
+      2, {DDP_DDP_WORKER_BIN, "gloo", "clip=" + record}, std::chrono::seconds(120)));
   const auto r = ddp::testing::run_process(
       {DDP_PYTHON, std::string(DDP_SOURCE_DIR) + "/tests/python/clip_check.py", record}, {},
       std::chrono::seconds(60));
@@ -155,34 +237,29 @@ TEST(Ddp, MismatchedModelsFailOnEveryRankWithinSeconds) {
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(20));
 }
 
-std::string buffer_checksum(const ProcessResult& r) {
+std::string buffer_checksum(const std::string& lines) {
   std::smatch m;
-  EXPECT_TRUE(std::regex_search(r.output, m, std::regex("buffer checksum (-?[0-9.]+)")))
-      << r.output;
+  EXPECT_TRUE(std::regex_search(lines, m, std::regex("buffer checksum (-?[0-9.]+)"))) << lines;
   return m.size() > 1 ? m[1].str() : "";
 }
 
 TEST(Ddp, BroadcastBuffersGivesEveryRankRankZerosBatchNormStatistics) {
-  auto with = gloo_job(3, "buffers");
-  expect_all_pass(with);
+  const auto with = expect_scenario_passes(gloo_launch(3), "buffers");
   EXPECT_EQ(buffer_checksum(with[1]), buffer_checksum(with[0]));
   EXPECT_EQ(buffer_checksum(with[2]), buffer_checksum(with[0]));
-  auto without = gloo_job(2, "no-buffers");
-  expect_all_pass(without);
+  const auto without = expect_scenario_passes(gloo_launch(2), "no-buffers");
   EXPECT_NE(buffer_checksum(without[1]), buffer_checksum(without[0]));  // each rank's own batches
 }
 
 TEST(Ddp, FirstBucketIsLaunchedBeforeBackwardEnds) {
-  const auto results = gloo_job(2, "overlap");
-  expect_all_pass(results);
-  for (const auto& r : results) {
+  for (const auto& lines : expect_scenario_passes(gloo_launch(2), "overlap")) {
     std::smatch m;
-    ASSERT_TRUE(std::regex_search(r.output, m,
+    ASSERT_TRUE(std::regex_search(lines, m,
                                   std::regex("(\\d+) buckets; first launched (-?\\d+) us before")))
-        << r.output;
-    EXPECT_GE(std::stoi(m[1]), 3) << r.output;
-    EXPECT_GT(std::stol(m[2]), 0) << r.output;
-    EXPECT_EQ(r.output.find("OUT OF ORDER"), std::string::npos) << r.output;
+        << lines;
+    EXPECT_GE(std::stoi(m[1]), 3) << lines;
+    EXPECT_GT(std::stol(m[2]), 0) << lines;
+    EXPECT_EQ(lines.find("OUT OF ORDER"), std::string::npos) << lines;
   }
 }
 
@@ -201,7 +278,7 @@ TEST(DiLoCo, RealRanksAverageTheirOuterGradientAsThePaper) {
         {}, std::chrono::seconds(120));
     ASSERT_EQ(python.exit_code, 0) << python.output;
     const auto results = ddp::testing::run_env_ranks(
-        world, {DDP_DDP_WORKER_BIN, "gloo", "diloco", file}, std::chrono::seconds(120));
+        world, {DDP_DDP_WORKER_BIN, "gloo", "diloco=" + file}, std::chrono::seconds(120));
     ASSERT_EQ(results.size(), static_cast<size_t>(world));
     for (size_t r = 0; r < results.size(); ++r) {
       EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;

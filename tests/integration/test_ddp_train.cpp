@@ -45,39 +45,51 @@ void expect_same_training(const std::string& a, const std::string& b) {
   }
 }
 
+// The runs that several tests compare with, made once by the first test of the process that asks
+// (tests/CMakeLists.txt registers those tests as one ctest test, DdpTrain.SharedLinearRuns): the
+// Linear workload in one process with batch 30, and on 2 ranks with the env contract, 15 each.
+struct SharedRun {
+  TempDir dir;
+  std::vector<ddp::testing::ProcessResult> ranks;
+};
+const SharedRun& one_process_batch_30() {
+  static SharedRun run;
+  if (run.ranks.empty()) {
+    run.ranks.push_back(
+        ddp::testing::run_process(job(run.dir.path(), 30), {}, std::chrono::seconds(60)));
+  }
+  return run;
+}
+const SharedRun& two_env_ranks_batch_15() {
+  static SharedRun run;
+  if (run.ranks.empty()) {
+    run.ranks = ddp::testing::run_env_ranks(2, job(run.dir.path(), 15), std::chrono::seconds(120));
+  }
+  return run;
+}
+
 TEST(DdpTrain, TwoRanksUnderMpirunEqualOneProcessWithTwiceTheBatch) {
-  TempDir one, two;
-  auto single = ddp::testing::run_process(job(one.path(), 30), {}, std::chrono::seconds(60));
-  ASSERT_EQ(single.exit_code, 0) << single.output;
+  TempDir two;
+  const SharedRun& one = one_process_batch_30();
+  ASSERT_EQ(one.ranks[0].exit_code, 0) << one.ranks[0].output;
   auto pair = ddp::testing::run_mpirun(2, job(two.path(), 15), std::chrono::seconds(120));
   ASSERT_EQ(pair.exit_code, 0) << pair.output;
   EXPECT_NE(pair.output.find("2 rank(s), backend mpi"), std::string::npos) << pair.output;
   EXPECT_NE(pair.output.find("batch 15 per rank (30 global)"), std::string::npos) << pair.output;
   // Rank 0 alone logs.
   EXPECT_EQ(pair.output.find("[rank 1] [info]"), std::string::npos) << pair.output;
-  expect_same_training(two.path(), one.path());
+  expect_same_training(two.path(), one.dir.path());
 }
 
 TEST(DdpTrain, TwoRanksWithTheEnvContractEqualOneProcessWithTwiceTheBatch) {
-  TempDir one, two;
-  auto single = ddp::testing::run_process(job(one.path(), 30), {}, std::chrono::seconds(60));
-  ASSERT_EQ(single.exit_code, 0) << single.output;
-  auto ranks = ddp::testing::run_env_ranks(2, job(two.path(), 15), std::chrono::seconds(120));
-  for (const auto& r : ranks) ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(ranks[0].output.find("2 rank(s), backend shm"), std::string::npos) << ranks[0].output;
-  EXPECT_EQ(ranks[1].output.find("[info]"), std::string::npos) << ranks[1].output;
-  expect_same_training(two.path(), one.path());
-}
-
-TEST(DdpTrain, FashionMnistOnTwoRanksLearns) {
-  TempDir out;
-  auto r = ddp::testing::run_mpirun(
-      2,
-      {DDP_TRAIN_BIN, "--config", std::string(DDP_SOURCE_DIR) + "/configs/fashion_mnist_mlp.yaml",
-       "--epochs", "1", "--output-dir", out.path()},
-      std::chrono::seconds(200));
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_GE(metrics_field(last_metrics(out.path()), "test_accuracy"), 0.80);
+  const SharedRun& one = one_process_batch_30();
+  ASSERT_EQ(one.ranks[0].exit_code, 0) << one.ranks[0].output;
+  const SharedRun& two = two_env_ranks_batch_15();
+  for (const auto& r : two.ranks) ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(two.ranks[0].output.find("2 rank(s), backend shm"), std::string::npos)
+      << two.ranks[0].output;
+  EXPECT_EQ(two.ranks[1].output.find("[info]"), std::string::npos) << two.ranks[1].output;
+  expect_same_training(two.dir.path(), one.dir.path());
 }
 
 // One epoch of the MLP under mpirun on 2 ranks with `extra` options; its metrics line.
@@ -92,11 +104,18 @@ std::string mlp_under_mpirun(const std::string& out, const std::vector<std::stri
   return r.exit_code == 0 ? last_metrics(out) : std::string();
 }
 
-// The plain all-reduce's run, once for the comm-hook tests.
+// The plain all-reduce's run, once for the tests of one process (tests/CMakeLists.txt registers
+// them as one ctest test, DdpTrain.SharedMlpRun).
 const std::string& plain_mlp_metrics() {
   static TempDir out;
   static const std::string metrics = mlp_under_mpirun(out.path(), {});
   return metrics;
+}
+
+TEST(DdpTrain, FashionMnistOnTwoRanksLearns) {
+  const auto plain = plain_mlp_metrics();
+  ASSERT_FALSE(plain.empty());
+  EXPECT_GE(metrics_field(plain, "test_accuracy"), 0.80) << plain;
 }
 
 // The compression hooks train as the plain all-reduce does, with half the bytes: the issue's
@@ -168,17 +187,17 @@ TEST(DdpTrain, AccumulatedMicroBatchesTrainAsOneBatchOfTheirTotal) {
 // (the norm is the global batch's, the same on every rank), and the clipping acts (a norm of
 // 0.05 is far below the Linear model's gradients', so the run differs from the unclipped one).
 TEST(DdpTrain, ClippingActsOnTheReducedGradient) {
-  TempDir one, two, unclipped;
+  TempDir one, two;
   const std::vector<std::string> clip = {"--clip-grad-norm", "0.05"};
   auto single = ddp::testing::run_process(job(one.path(), 30, clip), {}, std::chrono::seconds(60));
   ASSERT_EQ(single.exit_code, 0) << single.output;
   auto pair = ddp::testing::run_mpirun(2, job(two.path(), 15, clip), std::chrono::seconds(120));
   ASSERT_EQ(pair.exit_code, 0) << pair.output;
   expect_same_training(two.path(), one.path());
-  auto plain = ddp::testing::run_process(job(unclipped.path(), 30), {}, std::chrono::seconds(60));
-  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  const SharedRun& unclipped = one_process_batch_30();
+  ASSERT_EQ(unclipped.ranks[0].exit_code, 0) << unclipped.ranks[0].output;
   const double clipped_loss = metrics_field(last_metrics(one.path()), "train_loss");
-  const double plain_loss = metrics_field(last_metrics(unclipped.path()), "train_loss");
+  const double plain_loss = metrics_field(last_metrics(unclipped.dir.path()), "train_loss");
   EXPECT_GT(std::abs(clipped_loss - plain_loss), 1e-3 * plain_loss)
       << clipped_loss << " " << plain_loss;
 }
@@ -186,16 +205,15 @@ TEST(DdpTrain, ClippingActsOnTheReducedGradient) {
 // --amp bf16: each step's forward and loss under CPU autocast (matmuls in bfloat16). 2 ranks
 // train the Linear workload to within 2% of the float32 run's loss, but not to it exactly.
 TEST(DdpTrain, AmpBf16TrainsUnderCpuAutocast) {
-  TempDir fp32, bf16;
-  const auto plain =
-      ddp::testing::run_env_ranks(2, job(fp32.path(), 15), std::chrono::seconds(120));
-  ddp::testing::expect_all_exit_zero(plain);
+  TempDir bf16;
+  const SharedRun& fp32 = two_env_ranks_batch_15();
+  ddp::testing::expect_all_exit_zero(fp32.ranks);
   const auto amp = ddp::testing::run_env_ranks(2, job(bf16.path(), 15, {"--amp", "bf16"}),
                                                std::chrono::seconds(120));
   ddp::testing::expect_all_exit_zero(amp);
   EXPECT_NE(amp[0].output.find("mixed precision: bf16 autocast on cpu"), std::string::npos)
       << amp[0].output;
-  const double p = metrics_field(last_metrics(fp32.path()), "train_loss");
+  const double p = metrics_field(last_metrics(fp32.dir.path()), "train_loss");
   const double a = metrics_field(last_metrics(bf16.path()), "train_loss");
   EXPECT_NE(a, p);
   EXPECT_NEAR(a, p, 0.02 * p);
@@ -257,9 +275,8 @@ TEST(DdpTrain, UnevenSharesTrainUnderJoinWithoutPaddingOrDropping) {
 // forecasts the test part better than repeating the last value does.
 TEST(DdpTrain, InformerOnTwoRanksBeatsTheNaiveForecast) {
   TempDir out;
-  auto made = ddp::testing::run_process(
-      {DDP_TRAIN_BIN, "--make-timeseries-csv", out.file("ts.csv")}, {}, std::chrono::seconds(60));
-  ASSERT_EQ(made.exit_code, 0) << made.output;
+  // The file ddp_train --make-timeseries-csv writes (Cli.TimeSeriesCsvFromTheScript... runs that).
+  ddp::testing::write_short_series(out.file("ts.csv"), 10000);
   auto ranks = ddp::testing::run_env_ranks(
       2,
       {DDP_TRAIN_BIN, "--config", std::string(DDP_SOURCE_DIR) + "/configs/informer_csv.yaml",

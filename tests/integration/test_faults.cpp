@@ -53,7 +53,9 @@ std::vector<std::string> linear_job(const std::string& out, std::vector<std::str
 }
 constexpr int kSteps = 40;
 
-// The uninterrupted run every interrupted one must end equal to (made once).
+// The uninterrupted run every interrupted one must end equal to, made once by the first test of
+// the process that asks (tests/CMakeLists.txt registers those tests as one ctest test,
+// Faults.SharedUninterruptedRun).
 const std::string& reference_weights() {
   static TempDir dir;
   static const bool done = [] {

@@ -239,7 +239,9 @@ TEST(Launcher, RunsPyTorchsOwnDdpScriptUnchanged) {
                                          "--data",
                                          DDP_FASHION_MNIST_DIR,
                                          "--epochs",
-                                         "1"};
+                                         "1",
+                                         "--train-subset",
+                                         "6400"};
   auto r = ddp::testing::run_process(argv, {{"GLOO_SOCKET_IFNAME", "lo"}}, seconds(240));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("[rank 0] {\"epoch\": 1, \"samples_per_s\""), std::string::npos)
