@@ -40,7 +40,7 @@ endif()
 # Stack traces for the hang doctor (src/comm/diagnostics/stacks.cpp): libunwind walks the threads' stacks,
 # libdw (elfutils) names their functions, files and lines. Both are optional: without them a rank's
 # flight record comes without its stacks. DDP_WITH_STACKS=OFF builds without them where they are
-# installed (scripts/clang-build.sh does, so that the build without them is compiled too).
+# installed (scripts/sanitize.sh does, so that the build without them is compiled too).
 option(DDP_WITH_STACKS "Stack traces in flight records, where libunwind and libdw are found" ON)
 set(DDP_HAVE_STACKS OFF)
 if(DDP_WITH_STACKS)

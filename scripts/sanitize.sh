@@ -1,28 +1,53 @@
 #!/usr/bin/env bash
-# Builds the unit tests and the multi-rank tests (process groups, DDP, SyncBatchNorm with real
-# ranks over gloo, shared memory and MPI) with AddressSanitizer and UndefinedBehaviorSanitizer
-# (-DDDP_SANITIZE) into ${DDP_SANITIZE_BUILD_DIR:-build-sanitize}, the shared-memory transport's
-# tests with ThreadSanitizer into ${DDP_TSAN_BUILD_DIR:-build-tsan}, and runs them. A finding in
-# any process (a test, or a rank it starts) makes it exit non-zero, so its test fails. Leaks
-# inside LibTorch and Open MPI are not ours: tests/sanitize/lsan.supp. Run by scripts/test.sh unless
-# DDP_SANITIZE_TESTS=0 (there without the MPI tests, DDP_SANITIZE_MPI=0, to keep CI within its
-# time). Extra arguments go to every test program.
+# The second compiler and the sanitizers, in one build: everything (the library, the programs,
+# every test and benchmark) compiled with Debian's clang, warnings as errors, AddressSanitizer and
+# UndefinedBehaviorSanitizer, into ${DDP_SANITIZE_BUILD_DIR:-build-sanitize}; then the unit and
+# multi-rank tests (process groups, DDP, SyncBatchNorm with real ranks over gloo, shared memory and
+# MPI) run under the sanitizers, and the shared-memory transport's tests under ThreadSanitizer
+# (${DDP_TSAN_BUILD_DIR:-build-tsan}). A finding in any process (a test, or a rank it starts) makes
+# it exit non-zero, so its test fails. Leaks inside LibTorch and Open MPI are not ours:
+# tests/sanitize/lsan.supp.
+#
+# The code must build with both compilers Debian ships: GCC builds and tests the Release build
+# (scripts/test.sh), clang this one. It is also the build without stack traces
+# (DDP_WITH_STACKS=OFF: libunwind and libdw are optional, and that path must compile and say so):
+# the stack tests run here and skip, saying why.
+#
+# Run by scripts/test.sh unless DDP_SANITIZE_TESTS=0 (there without the MPI tests,
+# DDP_SANITIZE_MPI=0, to keep CI within its time). Extra arguments go to every test program.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${DDP_SANITIZE_BUILD_DIR:-$root/build-sanitize}"
-targets=(ddp_unit_tests ddp_comm_tests ddp_ddp_tests ddp_sync_bn_tests ddp_shm_tests)
-
-# -O0 -g0: the least compile time (CI's 40 minutes); reports name the functions. For file and
-# line in the stack traces: DDP_SANITIZE_FLAGS="-O0 -g1".
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_CXX_FLAGS_RELEASE="${DDP_SANITIZE_FLAGS:--O0 -g0}" -DDDP_SANITIZE=address,undefined \
-  -DDDP_BUILD_TESTS=ON -DDDP_BUILD_BENCH=OFF -DDDP_WARNINGS_AS_ERRORS=ON >/dev/null
-cmake --build "$build" --target "${targets[@]}"
+"$root/scripts/install-deps.sh"  # clang is one of the packages
+# shellcheck source=scripts/lib/ccache.sh
+source "$root/scripts/lib/ccache.sh"
+ddp_ccache_setup "$root"  # where DDP_CCACHE_ROOT names a cache (CI's)
+# Through the cache, without the precompiled header: clang's holds the absolute paths of the
+# build directory and is passed behind -Xclang, so no compilation that used it would be served in
+# a clone elsewhere (and every source must include what it uses, which this build then checks).
+pch=()
+[[ -z "${CCACHE_DIR:-}" ]] || pch=(-DCMAKE_DISABLE_PRECOMPILE_HEADERS=ON)
+# -O0 -g0: the least compile time; clang's warnings do not depend on it (GCC's flow-based ones do,
+# which is why GCC's build is the Release one). For file and line in the sanitizers' stack
+# traces: DDP_SANITIZE_FLAGS="-O0 -g1".
+flags="${DDP_SANITIZE_FLAGS:--O0 -g0}"
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+  -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="$flags" -DCMAKE_C_FLAGS_RELEASE="$flags" \
+  -DDDP_SANITIZE=address,undefined -DDDP_BUILD_TESTS=ON -DDDP_BUILD_BENCH=ON \
+  -DDDP_WARNINGS_AS_ERRORS=ON -DDDP_WITH_STACKS=OFF "${pch[@]}" >/dev/null
+cmake --build "$build"
+echo "sanitize: $(clang++ --version | head -1): everything compiled, no warning"
 
 asan="strict_init_order=1:check_initialization_order=1"
 export LSAN_OPTIONS="suppressions=$root/tests/sanitize/lsan.supp:print_suppressions=0"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 status=0
+# Without stack traces the tests that need them skip, saying why; the others pass.
+if ! ASAN_OPTIONS="$asan" "$build/ddp_stacks_tests" --gtest_brief=0 \
+    | grep -E "no stack traces|SKIPPED|PASSED|FAILED"; then
+  echo "ddp_stacks_tests failed without stack traces" >&2
+  status=1
+fi
 # $1: the program, $2: the leak check (1/0), $3: the gtest filter; then the script's arguments.
 run() {
   local target="$1" leaks="$2" filter="$3"
@@ -38,7 +63,7 @@ run() {
 # The MLP's full epoch (Training.Mlp*) trains inside LibTorch, which is not instrumented: 25 s
 # of CI's time for little; the Linear demo runs the trainer under the sanitizers instead.
 # A test on MPI has Mpi in its name, or mpi in its parameter's (Backends/...mpi_world2).
-for target in "${targets[@]}"; do
+for target in ddp_unit_tests ddp_comm_tests ddp_ddp_tests ddp_sync_bn_tests ddp_shm_tests; do
   run "$target" 1 "-*Mpi*:*mpi*:Training.Mlp*" "$@"
   # Open MPI's components (dlopen'ed, unloaded at MPI_Finalize) leave allocations whose stacks
   # end in unloaded code, which no suppression can name: the MPI tests run without the leak

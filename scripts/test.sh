@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The README's second command: install, build, and run every test through ctest; then the unit
-# and multi-rank tests again under ASan and UBSan (scripts/sanitize.sh; DDP_SANITIZE_TESTS=0:
-# skip), and fuzz the input readers for ${DDP_FUZZ_SECONDS:-15} s each (scripts/fuzz.sh; 0: no
-# fuzzing). Exits non-zero when anything fails; prints each stage's minutes.
+# The README's second command: install, build (GCC, Release, warnings as errors), and run every
+# test through ctest; then everything again with clang, and the unit and multi-rank tests under
+# ASan and UBSan in that build (scripts/sanitize.sh; DDP_SANITIZE_TESTS=0: skip), and fuzz the
+# input readers for ${DDP_FUZZ_SECONDS:-15} s each (scripts/fuzz.sh; 0: no fuzzing). Exits non-zero
+# when anything fails; prints each stage's minutes and CPU seconds.
 #
 # DDP_TEST_TIER=fast: the tests labelled `fast` only (ctest -L fast: pure functions and quick
 # single-process runs, a few minutes), without the sanitizer and fuzzing stages; the default,
@@ -37,7 +38,7 @@ stage "ctest ($tier)" bash -c 'cd "$1" && shift && ctest --output-on-failure -j 
 [[ "$tier" == full ]] || exit 0
 if [[ "${DDP_SANITIZE_TESTS:-1}" != 0 ]]; then
   # The MPI tests' second run under the sanitizers costs 4 minutes of CI's 40: by hand only.
-  stage "sanitizers" env DDP_SANITIZE_MPI="${DDP_SANITIZE_MPI:-0}" "$root/scripts/sanitize.sh"
+  stage "clang build and sanitizers" env DDP_SANITIZE_MPI="${DDP_SANITIZE_MPI:-0}" "$root/scripts/sanitize.sh"
 fi
 # 15 s per reader here, of CI's 40 minutes; scripts/fuzz.sh alone fuzzes 30 s by default.
 export DDP_FUZZ_SECONDS="${DDP_FUZZ_SECONDS:-15}"

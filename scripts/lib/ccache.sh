@@ -3,7 +3,7 @@
 # Release build, the sanitizer, fuzz and clang builds, and the builds the tests make (the installed
 # package's example, the compile-fail checks), through CMake's CMAKE_<LANG>_COMPILER_LAUNCHER,
 # which cmake reads from the environment when it configures a build directory for the first time.
-# Sourced by scripts/test.sh and scripts/clang-build.sh.
+# Sourced by scripts/test.sh and scripts/sanitize.sh.
 #
 #   ddp_ccache_setup ROOT   ROOT: the source tree. Without DDP_CCACHE_ROOT set, or without ccache
 #                           installed, does nothing. Else the cache is DDP_CCACHE_ROOT/<codename>
