@@ -33,7 +33,7 @@ if [[ ! -f "$costs" ]]; then
   mkdir -p "$(dirname "$costs")"
   cp "$root/tests/ctest-costs.txt" "$costs"
 fi
-stage "ctest ($tier)" bash -c 'cd "$1" && shift && ctest --output-on-failure -j "$(nproc)" "$@"' \
+stage "ctest ($tier${*:+: $*})" bash -c 'cd "$1" && shift && ctest --output-on-failure -j "$(nproc)" "$@"' \
   ctest "$build" "${tier_args[@]}" "$@"
 [[ "$tier" == full ]] || exit 0
 if [[ "${DDP_SANITIZE_TESTS:-1}" != 0 ]]; then
