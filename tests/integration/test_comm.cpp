@@ -66,30 +66,17 @@ std::vector<std::string> mpi_scenarios(int world) {
 }
 
 const std::vector<ProcessResult>& gloo_launch(int world) {
-  static std::map<int, std::vector<ProcessResult>> launches;
-  auto it = launches.find(world);
-  if (it == launches.end()) {
-    it = launches.emplace(world, run_env_ranks(world, gloo_scenarios(world), std::chrono::seconds(400)))
-             .first;
-  }
-  return it->second;
+  return ddp::testing::once_per_world(world, [](int w) {
+    return run_env_ranks(w, gloo_scenarios(w), std::chrono::seconds(400));
+  });
 }
 
 const ProcessResult& mpi_launch(int world) {
-  static std::map<int, ProcessResult> launches;
-  auto it = launches.find(world);
-  if (it == launches.end()) {
-    it = launches.emplace(world, run_mpirun(world, mpi_scenarios(world), std::chrono::seconds(400)))
-             .first;
-  }
-  return it->second;
+  return ddp::testing::once_per_world(
+      world, [](int w) { return run_mpirun(w, mpi_scenarios(w), std::chrono::seconds(400)); });
 }
 
-// `scenario`'s lines in `output`, or the whole output where it printed none.
-std::string scenario_message(const std::string& output, const std::string& scenario) {
-  const std::string lines = ddp::testing::scenario_lines(output, scenario);
-  return lines.empty() ? "no line of [" + scenario + "] in:\n" + output : lines;
-}
+using ddp::testing::scenario_message;
 
 // Rank `rank` (of `world`) ended `scenario` with exit 0 after "rank r/w: N checks, 0 failures".
 void expect_scenario_passes(const ProcessResult& result, const std::string& scenario, int rank,

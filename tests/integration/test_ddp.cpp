@@ -88,40 +88,21 @@ std::vector<std::string> launch_words(const std::string& backend,
   return words;
 }
 
-// One gloo launch per world size, made by the first test of the process that asks for it.
+// One gloo launch per world size, and one mpirun launch (every rank's lines in one output).
 const std::vector<ProcessResult>& gloo_launch(int world) {
-  static std::map<int, std::vector<ProcessResult>> launches;
-  auto it = launches.find(world);
-  if (it == launches.end()) {
-    it = launches
-             .emplace(world, ddp::testing::run_env_ranks(
-                                 world, launch_words("gloo", kGlooScenarios, world),
-                                 std::chrono::seconds(300)))
-             .first;
-  }
-  return it->second;
+  return ddp::testing::once_per_world(world, [](int w) {
+    return ddp::testing::run_env_ranks(w, launch_words("gloo", kGlooScenarios, w),
+                                       std::chrono::seconds(300));
+  });
 }
-
-// One mpirun launch per world size: every rank's lines in one output.
 const ProcessResult& mpi_launch(int world) {
-  static std::map<int, ProcessResult> launches;
-  auto it = launches.find(world);
-  if (it == launches.end()) {
-    it = launches
-             .emplace(world, ddp::testing::run_mpirun(
-                                 world, launch_words("mpi", kMpiScenarios, world),
-                                 std::chrono::seconds(300)))
-             .first;
-  }
-  return it->second;
+  return ddp::testing::once_per_world(world, [](int w) {
+    return ddp::testing::run_mpirun(w, launch_words("mpi", kMpiScenarios, w),
+                                    std::chrono::seconds(300));
+  });
 }
 
-// What `scenario` printed in `output`, or, where it printed nothing, the whole output (the launch
-// ended before it).
-std::string scenario_message(const std::string& output, const std::string& scenario) {
-  const std::string lines = scenario_lines(output, scenario);
-  return lines.empty() ? "no line of [" + scenario + "] in:\n" + output : lines;
-}
+using ddp::testing::scenario_message;
 
 // In a shared launch: `scenario` ended with exit 0 on every rank, each having printed
 // "rank r/world: ". Returns each rank's lines of it.

@@ -9,6 +9,7 @@
 //
 // This is the test side (the standard library only); the workers' is scenario_runner.h.
 
+#include <map>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -26,6 +27,24 @@ inline std::string scenario_lines(const std::string& output, const std::string& 
     if (at != std::string::npos) lines += line.substr(at + prefix.size()) + "\n";
   }
   return lines;
+}
+
+// `scenario`'s lines in `output`, or, where it printed none (its launch ended before it), the whole
+// output: a failing test's message.
+inline std::string scenario_message(const std::string& output, const std::string& scenario) {
+  const std::string lines = scenario_lines(output, scenario);
+  return lines.empty() ? "no line of [" + scenario + "] in:\n" + output : lines;
+}
+
+// `launch(world)`'s result, made by the first call of the process for that world size: the tests of
+// one ctest test (tests/CMakeLists.txt's SHARED) share one launch per world size. Each `launch`
+// (each lambda's type) has its own.
+template <class Launch>
+const auto& once_per_world(int world, Launch launch) {
+  static std::map<int, decltype(launch(world))> made;
+  auto it = made.find(world);
+  if (it == made.end()) it = made.emplace(world, launch(world)).first;
+  return it->second;
 }
 
 // The words after "NAME=" in "NAME=ARG", or "" (the scenario's argument: a file).
