@@ -1,16 +1,15 @@
 #include "ddp/comm/shm/channel.h"
 
 #include <linux/futex.h>
+#include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <climits>
-#include <csignal>
 #include <cstring>
 #include <ctime>
-#include <fstream>
 #include <vector>
 
 #include <fmt/format.h>
@@ -54,20 +53,6 @@ void futex_wake_all(std::atomic<uint32_t>* word) {
   ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
-// Whether `pid` has ended: no such process, or a zombie that its parent has not reaped yet (a
-// test program that waits for its ranks in order; a launcher reaps at once).
-bool process_gone(int32_t pid) {
-  if (pid <= 0 || pid == ::getpid()) return false;
-  if (::kill(pid, 0) != 0) return errno == ESRCH;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(stat, line)) return false;
-  // "pid (comm) S ...": the state follows the last ')' (a command name may hold one).
-  const auto paren = line.rfind(')');
-  return paren != std::string::npos && paren + 2 < line.size() &&
-         (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
-}
-
 // "rank 2", "ranks 0 and 2", "ranks 0, 1 and 3".
 std::string rank_list(const std::vector<int>& ranks) {
   if (ranks.size() == 1) return fmt::format("rank {}", ranks.front());
@@ -102,8 +87,12 @@ struct SharedCall {
 
 struct alignas(kLine) Channel::Control {
   std::atomic<uint64_t> counters[2];  // kArrived, kReduced: the last round published
-  std::atomic<int32_t> pid;           // this rank's process, for the liveness check
   SharedCall calls[2];                // per buffer set: what the rank called in its round
+  // Note [A rank's life is a robust mutex]: held by the thread that constructed the rank's
+  // Channel until it destroys it; usable once `life_set` is 1.
+  pthread_mutex_t life;
+  std::atomic<uint32_t> life_set;
+  std::atomic<int32_t> pid;  // the rank's process id in its own namespace: for the messages only
 };
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free,
@@ -132,7 +121,49 @@ Channel::Channel(void* region, int rank, int world, size_t slot_bytes,
   // all_to_all and reduce_scatter put a piece for every rank in a slot: at least 8 bytes each.
   DDP_CHECK(slot_bytes / static_cast<size_t>(world) >= 8, "a channel slot too small for its world");
   DDP_CHECK(reinterpret_cast<uintptr_t>(region) % kLine == 0, "a channel region 64-byte aligned");
-  control(rank_).pid.store(static_cast<int32_t>(::getpid()), std::memory_order_relaxed);
+  Control& mine = control(rank_);
+  mine.pid.store(static_cast<int32_t>(::getpid()), std::memory_order_relaxed);
+  // Note [A rank's life is a robust mutex]. Its own rank initializes it, once: the others look
+  // at it only after life_set.
+  pthread_mutexattr_t attributes;
+  ::pthread_mutexattr_init(&attributes);
+  ::pthread_mutexattr_setpshared(&attributes, PTHREAD_PROCESS_SHARED);
+  ::pthread_mutexattr_setrobust(&attributes, PTHREAD_MUTEX_ROBUST);
+  const int init = ::pthread_mutex_init(&mine.life, &attributes);
+  ::pthread_mutexattr_destroy(&attributes);
+  const int locked = init == 0 ? ::pthread_mutex_lock(&mine.life) : init;
+  if (locked != 0) {
+    throw Error(fmt::format("shared-memory channel: rank {}'s robust mutex: {}", rank,
+                            std::strerror(locked)));
+  }
+  mine.life_set.store(1, std::memory_order_release);
+}
+
+Channel::~Channel() {
+  // Unlocked before the region can go: a mutex left on this thread's robust list in memory that
+  // is unmapped, and then mapped again for something else, would be written by the kernel when
+  // the thread ends.
+  ::pthread_mutex_unlock(&control(rank_).life);
+}
+
+std::string Channel::ended(int rank) const {
+  Control& theirs = control(rank);
+  if (rank == rank_ || theirs.life_set.load(std::memory_order_acquire) != 1) return "";
+  const int32_t pid = theirs.pid.load(std::memory_order_relaxed);
+  switch (::pthread_mutex_trylock(&theirs.life)) {
+    case EBUSY:
+      return "";  // held: its thread lives, running or paused
+    case 0:  // nobody holds it: the rank destroyed its Channel
+      ::pthread_mutex_unlock(&theirs.life);
+      return fmt::format("rank {} (process {}) left the shared-memory channel", rank, pid);
+    case EOWNERDEAD:
+      // Released without being made consistent: NOTRECOVERABLE from now on, for every looker,
+      // and off this thread's robust list.
+      ::pthread_mutex_unlock(&theirs.life);
+      [[fallthrough]];
+    default:  // ENOTRECOVERABLE: another rank found it dead first
+      return fmt::format("rank {} (process {}) ended", rank, pid);
+  }
 }
 
 Channel::Control& Channel::control(int rank) const {
@@ -191,15 +222,13 @@ void Channel::break_channel(const std::string& why, int culprit, bool timed_out)
   futex_wake_all(&header_->bell);
 }
 
+// A test build of the channel defines this to hold a waiter between its two looks
+// (tests/shm/test_channel_teardown.cpp); here it is nothing.
+#ifndef DDP_SHM_BETWEEN_LOOKS
+#define DDP_SHM_BETWEEN_LOOKS(rank)
+#endif
+
 void Channel::wait_all(Counter counter, uint64_t round, const Call& call) {
-  // The ranks not yet at `round`.
-  const auto behind = [&] {
-    std::vector<int> ranks;
-    for (int r = 0; r < world_; ++r) {
-      if (control(r).counters[counter].load(std::memory_order_acquire) < round) ranks.push_back(r);
-    }
-    return ranks;
-  };
   const auto all_there = [&] {
     for (int r = 0; r < world_; ++r) {
       if (control(r).counters[counter].load(std::memory_order_acquire) < round) return false;
@@ -210,7 +239,15 @@ void Channel::wait_all(Counter counter, uint64_t round, const Call& call) {
   auto next_look = start + kLivenessEvery;
   for (int spins = 0;; ++spins) {
     if (all_there()) return;
-    throw_if_broken(call);
+    DDP_SHM_BETWEEN_LOOKS(rank_);
+    // What ends a wait (a broken channel, a rank gone, the timeout) is looked at after the
+    // counters, and the counters again after it: between the two looks a rank may complete this
+    // round and leave (its group breaks the channel as it goes), and a round that every rank
+    // came to completes.
+    if (header_->broken_by.load(std::memory_order_acquire) != 0) {
+      if (all_there()) return;
+      throw_if_broken(call);
+    }
     if (spins < kSpins) {
       cpu_relax();
       continue;
@@ -225,19 +262,30 @@ void Channel::wait_all(Counter counter, uint64_t round, const Call& call) {
     const auto now = Clock::now();
     if (now < next_look) continue;
     next_look = now + kLivenessEvery;
-    const std::vector<int> missing = behind();
-    for (int r : missing) {
-      const int32_t pid = control(r).pid.load(std::memory_order_relaxed);
-      if (process_gone(pid)) {
-        fail(fmt::format("rank {} (process {}) ended during {}", r, pid, describe(call)), r, false);
-      }
-    }
-    if (!missing.empty() && now - start >= timeout_) {
-      const double s = static_cast<double>(timeout_.count()) / 1000.0;
-      fail(fmt::format("{} did not arrive at {} within {:g} s", rank_list(missing), describe(call), s),
-           missing.front(), true);
+    if (const auto failure = look_behind(counter, round, call, now - start)) {
+      if (all_there()) return;
+      fail(failure->why, failure->culprit, failure->timed_out);
     }
   }
+}
+
+std::optional<Channel::Failure> Channel::look_behind(Counter counter, uint64_t round,
+                                                     const Call& call,
+                                                     Clock::duration waited) const {
+  std::vector<int> missing;
+  for (int r = 0; r < world_; ++r) {
+    if (control(r).counters[counter].load(std::memory_order_acquire) < round) missing.push_back(r);
+  }
+  for (int r : missing) {
+    if (const std::string gone = ended(r); !gone.empty()) {
+      return Failure{fmt::format("{} during {}", gone, describe(call)), r, false};
+    }
+  }
+  if (missing.empty() || waited < timeout_) return std::nullopt;
+  const double s = static_cast<double>(timeout_.count()) / 1000.0;
+  return Failure{
+      fmt::format("{} did not arrive at {} within {:g} s", rank_list(missing), describe(call), s),
+      missing.front(), true};
 }
 
 std::string Channel::describe(const Call& call) {

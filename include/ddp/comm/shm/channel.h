@@ -27,7 +27,19 @@
 // Waiting spins briefly, then sleeps on a futex in the region that every publication rings.
 // A rank that fails (its timeout, an error) marks the channel broken with its reason: the others
 // stop waiting at once and their error gives that reason, naming the rank it names. A rank that
-// dies is seen by its process id being gone.
+// dies is seen within 100 ms (Note [A rank's life is a robust mutex]).
+//
+// Note [A rank's life is a robust mutex]
+// Each rank's control block holds a robust, process-shared mutex that the thread constructing
+// the rank's Channel locks, and holds until it destroys the Channel. When that thread ends
+// without unlocking it (its process was killed, or exited with the Channel alive), the kernel
+// marks the mutex "owner died": a waiter's trylock on the mutex of a rank it waits for then says
+// EOWNERDEAD, where it says EBUSY while the owner lives, running or stopped (SIGSTOP). Unlike a
+// process id probed with kill(pid, 0), this holds across PID namespaces (containers that share
+// /dev/shm but not their pids, where a pid names another process or none), for a zombie not yet
+// reaped, and for a pid the system has already given to a new process. So a Channel is
+// constructed and destroyed on a thread that lives as long as its rank takes part: the group's
+// own thread in comm/backends/shm_backend.cpp.
 
 #include <atomic>
 #include <chrono>
@@ -68,7 +80,11 @@ class Channel {
   // `region`: region_bytes(world, slot_bytes), zero-filled before the first rank attaches (a new
   // segment is), 64-byte aligned. Every rank constructs its own Channel on the same region with
   // the same world and slot_bytes. `timeout`: how long one collective may wait for the others.
+  // Construct and destroy it on the same thread, one that lives while the rank takes part.
   Channel(void* region, int rank, int world, size_t slot_bytes, std::chrono::milliseconds timeout);
+  ~Channel();
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
 
   int rank() const { return rank_; }
   int world() const { return world_; }
@@ -129,6 +145,18 @@ class Channel {
   // Until every rank's `counter` reaches `round`; throws ChannelError (and breaks the channel)
   // on the timeout, a broken channel or a rank gone.
   void wait_all(Counter counter, uint64_t round, const Call& call);
+  // Why a wait of `waited` for the ranks behind at `round` ends: one of them ended or left, or
+  // the timeout passed; nullopt while it goes on.
+  struct Failure {
+    std::string why;
+    int culprit;
+    bool timed_out;
+  };
+  std::optional<Failure> look_behind(Counter counter, uint64_t round, const Call& call,
+                                     std::chrono::steady_clock::duration waited) const;
+  // "rank 2 (process 7) ended" where `rank` is gone (Note [A rank's life is a robust mutex]),
+  // "... left the shared-memory channel" where it destroyed its Channel, "" while it lives.
+  std::string ended(int rank) const;
   [[noreturn]] void fail(const std::string& why, int culprit, bool timed_out);
   void reduce_round(uint8_t* data, size_t count, const Call& call, uint64_t round);
   // Writes this rank's call for the round, publishes its arrival, waits for every rank's, and
