@@ -20,10 +20,17 @@
 //       every one failed with InputError (TORCH_DISTRIBUTED_DEBUG=DETAIL: at once)
 //   comm_worker shm die-in-all-reduce   the last rank kills itself (SIGKILL) at all_reduce #2;
 //       the others report how their all_reduce ended
+//   comm_worker BACKEND all-reduce-until-error TIMEOUT_MS   all_reduces until one fails (a test
+//       stops, resumes or kills a rank from outside), a line every 200 ms saying how many passed
+//   comm_worker gloo shm-set-up-fault RANK K kill|fail   the shared-memory group made over a
+//       gloo group whose rank RANK, at the set-up's K-th collective there, kills itself (SIGKILL)
+//       or throws instead (K past the set-up's: it kills itself once the group is made); every
+//       rank says how its set-up ended (Note [Nothing left in /dev/shm])
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <iostream>
@@ -541,6 +548,100 @@ void die_in_all_reduce(ddp::comm::ProcessGroup& pg) {
   }
 }
 
+void all_reduce_until_error(ddp::comm::ProcessGroup& pg) {
+  std::cout << "rank " << pg.rank() << ": pid " << ::getpid() << ", backend " << pg.backend_name()
+            << std::endl;
+  auto t = at::ones({64}, at::kFloat);
+  auto said = std::chrono::steady_clock::now();
+  for (int64_t n = 1;; ++n) {
+    pg.all_reduce(t)->wait();
+    if (n == 1 || std::chrono::steady_clock::now() - said > std::chrono::milliseconds(200)) {
+      std::cout << "rank " << pg.rank() << ": " << n << " all_reduces" << std::endl;
+      said = std::chrono::steady_clock::now();
+    }
+  }
+}
+
+// The group a ShmProcessGroup sets up over: every collective goes to `inner`, except that rank
+// `rank`'s `k`-th kills this process or throws.
+class FaultAtCollective : public ddp::comm::ProcessGroup {
+ public:
+  FaultAtCollective(std::shared_ptr<ProcessGroup> inner, int rank, int k, std::string mode)
+      : ProcessGroup(inner->rank(), inner->world_size(), inner->options()),
+        inner_(std::move(inner)),
+        k_(rank == inner_->rank() ? k : 0),
+        mode_(std::move(mode)) {
+    wrap(*inner_);
+  }
+  std::string backend_name() const override { return inner_->backend_name(); }
+  // After the set-up: K was past its collectives.
+  void fault_if_not_yet() const {
+    if (k_ > 0) ::raise(SIGKILL);
+  }
+
+ protected:
+  using WorkPtr = ddp::comm::WorkPtr;
+  using Info = ddp::comm::CollectiveInfo;
+  using Op = ddp::comm::ReduceOp;
+  WorkPtr do_all_reduce(at::Tensor& t, Op op, const Info&) override {
+    fault();
+    return inner_->all_reduce(t, op);
+  }
+  WorkPtr do_broadcast(at::Tensor& t, int root, const Info&) override {
+    fault();
+    return inner_->broadcast(t, root);
+  }
+  WorkPtr do_all_gather(at::Tensor& out, const at::Tensor& in, const Info&) override {
+    fault();
+    return inner_->all_gather(out, in);
+  }
+  WorkPtr do_reduce_scatter(at::Tensor& out, const at::Tensor& in, Op op, const Info&) override {
+    fault();
+    return inner_->reduce_scatter(out, in, op);
+  }
+  WorkPtr do_all_to_all(at::Tensor& out, const at::Tensor& in, const Info&) override {
+    fault();
+    return inner_->all_to_all(out, in);
+  }
+  WorkPtr do_barrier(const Info&) override {
+    fault();
+    return inner_->barrier();
+  }
+  std::shared_ptr<ProcessGroup> do_new_group(const std::vector<int>& ranks, const Info&) override {
+    return inner_->new_group(ranks);
+  }
+
+ private:
+  void fault() {
+    if (k_ == 0 || --k_ > 0) return;
+    std::cout << "rank " << rank() << ": fault (" << mode_ << ") at a set-up collective"
+              << std::endl;
+    if (mode_ == "kill") ::raise(SIGKILL);
+    throw ddp::Error("fault: this rank's set-up failed here");
+  }
+
+  std::shared_ptr<ProcessGroup> inner_;
+  int k_;
+  std::string mode_;
+};
+
+int shm_set_up_fault(const std::shared_ptr<ddp::comm::ProcessGroup>& gloo, int rank, int k,
+                     const std::string& mode) {
+  std::cout << "rank " << gloo->rank() << ": pid " << ::getpid() << std::endl;
+  auto faulty = std::make_shared<FaultAtCollective>(gloo, rank, k, mode);
+  try {
+    auto shm = ddp::comm::make_shm_process_group(faulty, gloo->options());
+    faulty->fault_if_not_yet();
+    std::cout << "rank " << gloo->rank() << ": set-up done, backend " << shm->backend_name()
+              << std::endl;
+    shm->barrier()->wait();
+  } catch (const ddp::Error& e) {
+    std::cout << "rank " << gloo->rank() << ": set-up ended: " << e.what() << std::endl;
+    return 1;
+  }
+  return 0;
+}
+
 std::vector<std::string> split_commas(const std::string& text) {
   std::vector<std::string> out;
   size_t begin = 0;
@@ -614,14 +715,22 @@ int main(int argc, char** argv) {
       return mismatch(backend, std::vector<std::string>(argv + 4, argv + argc),
                       std::chrono::milliseconds(std::stoll(argv[3])));
     }
-    if (scenario != "skip" && scenario != "setup" && scenario != "die-in-all-reduce") {
+    const std::vector<std::string> single = {"skip", "setup", "die-in-all-reduce",
+                                             "all-reduce-until-error", "shm-set-up-fault"};
+    if (std::find(single.begin(), single.end(), scenario) == single.end()) {
       return run_group_scenarios(backend, std::vector<std::string>(argv + 2, argv + argc));
     }
     const auto launch = ddp::comm::detect_launch(ddp::comm::current_env());
     ddp::comm::ProcessGroupOptions options;
     if (argc > 3) options.timeout = std::chrono::milliseconds(std::stoll(argv[3]));
+    if (scenario == "shm-set-up-fault") options.timeout = std::chrono::seconds(20);
     options.rendezvous_timeout = std::chrono::seconds(30);
-    auto pg = ddp::comm::create_process_group(backend, launch, options, /*cuda_device=*/false);
+    std::shared_ptr<ddp::comm::ProcessGroup> pg =
+        ddp::comm::create_process_group(backend, launch, options, /*cuda_device=*/false);
+    if (scenario == "shm-set-up-fault" && argc > 5) {
+      return shm_set_up_fault(pg, std::stoi(argv[3]), std::stoi(argv[4]), argv[5]);
+    }
+    if (scenario == "all-reduce-until-error") all_reduce_until_error(*pg);
     if (scenario == "die-in-all-reduce") {
       die_in_all_reduce(*pg);
       return 0;

@@ -11,8 +11,11 @@
 #include <algorithm>
 #include <csignal>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <regex>
+#include <thread>
+#include <tuple>
 #include <torch/types.h>
 
 #include "built_paths.h"
@@ -30,6 +33,34 @@ using ddp::comm::Launcher;
 using ddp::testing::Child;
 using ddp::testing::ProcessResult;
 using Clock = std::chrono::steady_clock;
+
+// The names in /dev/shm of segments that rank 0 (its "rank 0: pid N" line in `output`) created:
+// "" when none is left.
+std::string segments_of_rank_zero(const std::string& output) {
+  std::smatch zero;
+  if (!std::regex_search(output, zero, std::regex("rank 0: pid ([0-9]+)"))) {
+    return "(rank 0 printed no pid)";
+  }
+  std::string left;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("ddp-" + zero[1].str() + "-", 0) == 0) left += name + " ";
+  }
+  return left;
+}
+
+// The first child of process `pid` (/proc/PID/task/PID/children); -1 when it has none.
+int child_of(int pid) {
+  std::ifstream children(fmt::format("/proc/{}/task/{}/children", pid, pid));
+  int child = -1;
+  return children >> child ? child : -1;
+}
+
+int count_of(const std::string& text, const std::string& part) {
+  int n = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
+}
 
 bool compiled(const std::string& backend) {
   const auto all = ddp::comm::compiled_backends();
@@ -375,11 +406,78 @@ TEST(Shm, ARankKilledInAnAllReduceIsNamedAtOnceAndLeavesNothingInDevShm) {
         << results[r].output;
   }
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(20));
-  std::smatch zero;
-  ASSERT_TRUE(std::regex_search(results[0].output, zero, std::regex("rank 0: pid ([0-9]+)")));
-  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
-    EXPECT_NE(entry.path().filename().string().rfind("ddp-" + zero[1].str() + "-", 0), 0u)
-        << entry.path() << " is left";
+  EXPECT_EQ(segments_of_rank_zero(results[0].output), "");
+}
+
+// A rank in its own PID namespace (a container that shares /dev/shm with the others, not its
+// pids), stopped for 2 s and resumed, then killed: the pause is not taken for its death, and the
+// death is named within seconds, not at the 60 s timeout.
+TEST(Shm, ARankInItsOwnPidNamespaceIsNamedWhenKilledNotWhenPaused) {
+  if (!compiled("shm")) GTEST_FAIL() << "shm backend not compiled in";
+  const std::vector<std::string> args = {DDP_COMM_WORKER_BIN, "shm", "all-reduce-until-error",
+                                         "60000"};
+  auto env = [port = ddp::testing::free_port()](int rank) {
+    return std::map<std::string, std::string>{
+        {"RANK", std::to_string(rank)}, {"LOCAL_RANK", std::to_string(rank)},
+        {"WORLD_SIZE", "2"},           {"LOCAL_WORLD_SIZE", "2"},
+        {"MASTER_ADDR", "127.0.0.1"},  {"MASTER_PORT", std::to_string(port)}};
+  };
+  Child zero(args, env(0));
+  std::vector<std::string> in_namespace = {"unshare", "-pf", "--mount-proc"};
+  in_namespace.insert(in_namespace.end(), args.begin(), args.end());
+  Child one(in_namespace, env(1));
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  ASSERT_TRUE(one.wait_for_output("rank 1: 1 all_reduces", deadline)) << one.output();
+  ASSERT_NE(one.output().find("rank 1: pid 1,"), std::string::npos) << one.output();
+  const int worker = child_of(one.pid());
+  ASSERT_GT(worker, 0) << "no process under unshare (pid " << one.pid() << ")";
+
+  ::kill(worker, SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  ::kill(worker, SIGCONT);
+  const int seen = count_of(zero.output(), " all_reduces\n");
+  const auto resumed = Clock::now() + std::chrono::seconds(3);
+  while (count_of(zero.output(), " all_reduces\n") < seen + 2 && Clock::now() < resumed) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_GE(count_of(zero.output(), " all_reduces\n"), seen + 2)
+      << "rank 0 did not go on after rank 1 resumed:\n" << zero.output();
+
+  ::kill(worker, SIGKILL);
+  const auto killed = Clock::now();
+  const ProcessResult r = zero.wait_until(killed + std::chrono::seconds(30));
+  EXPECT_LT(Clock::now() - killed, std::chrono::seconds(5)) << r.output;
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("failed on backend shm: rank 1 (process 1) ended during all_reduce"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(segments_of_rank_zero(r.output), "");
+}
+
+// The set-up of the shared-memory group fails on a rank at each of its collectives over gloo (it
+// dies there, or throws), or the rank dies once the group is made: every rank ends, and the
+// segment's name is gone from /dev/shm (Note [Nothing left in /dev/shm]).
+TEST(Shm, ASetUpThatFailsAnywhereLeavesNothingInDevShm) {
+  if (!compiled("shm")) GTEST_FAIL() << "shm backend not compiled in";
+  constexpr int kSetUpCollectives = 5;  // all_gather_bytes, any_rank, all_gather_bytes
+  std::vector<std::tuple<int, int, std::string>> faults;
+  for (int k = 1; k <= kSetUpCollectives + 1; ++k) {
+    for (int rank : {0, 1}) faults.emplace_back(rank, k, "kill");
+  }
+  for (int k = 3; k <= kSetUpCollectives; ++k) faults.emplace_back(0, k, "fail");
+  for (const auto& [rank, k, mode] : faults) {
+    const std::string what = fmt::format("rank {} ({}) at set-up collective {}", rank, mode, k);
+    const auto results =
+        run_env_ranks(2, {"gloo", "shm-set-up-fault", std::to_string(rank), std::to_string(k), mode},
+                      std::chrono::seconds(60));
+    const int other = 1 - rank;
+    EXPECT_EQ(results[rank].exit_code, mode == "kill" ? 128 + SIGKILL : 1)
+        << what << "\n" << results[rank].output;
+    EXPECT_EQ(results[other].exit_code, 1) << what << "\n" << results[other].output;
+    EXPECT_NE(results[other].output.find(fmt::format("rank {}: set-up ended: ", other)),
+              std::string::npos)
+        << what << "\n" << results[other].output;
+    EXPECT_EQ(segments_of_rank_zero(results[0].output), "") << what;
   }
 }
 
@@ -493,12 +591,6 @@ void PrintTo(const DetailCase& c, std::ostream* os) {
 }
 
 class DetailNamesTheMismatch : public ::testing::TestWithParam<DetailCase> {};
-
-int count_of(const std::string& text, const std::string& what) {
-  int n = 0;
-  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-  return n;
-}
 
 // Rank 1's call for each kind, and the message at `world` ranks: the smaller group of ranks
 // first, ties by their lowest rank.

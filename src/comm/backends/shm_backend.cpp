@@ -60,6 +60,12 @@ std::string segment_name() {
   return fmt::format("/ddp-{}-{}-{:08x}", ::getpid(), groups++, random());
 }
 
+// Removes the segment's name when the set-up ends, however it ends; a name already gone is fine.
+struct SegmentName {
+  std::string name;
+  ~SegmentName() { shm::Segment::remove(name); }
+};
+
 // A collective run by the group's thread: wait() and is_completed() read its future.
 class ShmWork : public Work {
  public:
@@ -97,9 +103,12 @@ class ShmProcessGroup : public ProcessGroup {
     // This rank leaves the channel: a collective still running here ends, and so does any
     // other rank's wait for it (an elastic member that left its generation alive, as gloo's
     // closed sockets tell the others). A rank that has passed its last round has seen every
-    // other rank arrive there, and a wait looks at the counters before the broken state: the
-    // others' last collectives still complete.
-    if (channel_) channel_->abort();
+    // other rank arrive there, and a wait that finds the channel broken looks at the counters
+    // again: the others' last collectives still complete.
+    if (channel_) {
+      channel_->abort();
+      thread_.post([this] { channel_.reset(); });  // after the collectives still queued
+    }
     thread_.stop(std::chrono::milliseconds::max());
   }
   std::string backend_name() const override { return channel_ ? "shm" : inner_->backend_name(); }
@@ -165,10 +174,13 @@ class ShmProcessGroup : public ProcessGroup {
     return std::make_shared<ShmWork>(thread_.post(std::move(job)), info, timeout_message(info));
   }
 
-  // Every rank on one host: rank 0 creates the segment, the others map it, rank 0 unlinks it
+  // Every rank on one host: rank 0 creates the segment, the others map it, every rank unlinks it
   // (Note [Nothing left in /dev/shm]). Where any step fails anywhere, every rank stays on inner,
   // and rank 0 says why.
   void attach();
+  void warn_not_used(int rank, const std::string& why) const;
+  void make_channel(size_t slot);
+  void drop_channel();
 
   std::shared_ptr<ProcessGroup> inner_;
   std::optional<shm::Segment> segment_;
@@ -178,42 +190,77 @@ class ShmProcessGroup : public ProcessGroup {
 
 void ShmProcessGroup::attach() {
   const c10::Device cpu(c10::kCPU);
-  const auto hosts = all_gather_bytes(*inner_, host_key(net::host_name(), current_env()), cpu);
-  for (const auto& h : hosts) {
-    if (h != hosts.front()) return;  // several hosts: inner's (and the hierarchy's host groups)
+  // Rank 0 names the segment in the first collective, before it exists: every rank knows the
+  // name, and removes it however the set-up ends (Note [Nothing left in /dev/shm]).
+  const std::string host = host_key(net::host_name(), current_env());
+  const auto records =
+      all_gather_bytes(*inner_, host + '\n' + (rank() == 0 ? segment_name() : ""), cpu);
+  const std::string name = records.front().substr(records.front().find('\n') + 1);
+  for (const auto& record : records) {
+    // Several hosts: inner's (and the hierarchy's host groups).
+    if (record.substr(0, record.find('\n')) != host) return;
   }
+  const SegmentName remove_at_the_end{name};
   const size_t slot = shm::Channel::slot_bytes_for(world_size(), kRegionBudget);
   const size_t bytes = shm::Channel::region_bytes(world_size(), slot);
-  // Each rank's outcome: "" or why it failed. Rank 0's first carries the name.
+  // Each rank's outcome: "" or why it failed.
   std::string mine;
-  if (rank() == 0) {
+  const auto step = [&](auto make) {
     try {
-      segment_.emplace(shm::Segment::create(segment_name(), bytes));
+      segment_.emplace(make());
     } catch (const Error& e) {
       mine = e.what();
     }
-  }
-  const std::string name = broadcast_bytes(*inner_, segment_ ? segment_->name() : "", 0, cpu);
-  if (rank() != 0 && !name.empty()) {
-    try {
-      segment_.emplace(shm::Segment::open(name, bytes));
-    } catch (const Error& e) {
-      mine = e.what();
-    }
-  }
-  const auto outcomes = all_gather_bytes(*inner_, mine, cpu);
-  if (segment_ && rank() == 0) segment_->unlink();  // every rank has mapped it, or never will
-  for (size_t r = 0; r < outcomes.size(); ++r) {
-    if (outcomes[r].empty()) continue;
-    if (rank() == 0) {
-      log::warn("shared memory: rank {}: {}; collectives go through {}", r, outcomes[r],
-                inner_->backend_name());
-    }
+  };
+  if (rank() == 0) step([&] { return shm::Segment::create(name, bytes); });
+  if (any_rank(*inner_, !mine.empty(), cpu)) {  // rank 0 could not create it
+    if (rank() == 0) warn_not_used(0, mine);
     segment_.reset();
     return;
   }
-  channel_ = std::make_unique<shm::Channel>(segment_->data(), rank(), world_size(), slot,
-                                            options().timeout);
+  if (rank() != 0) step([&] { return shm::Segment::open(name, bytes); });
+  // The channel before the last exchange: a rank lost after it has its life in the segment
+  // already, and the others' first collective sees it gone.
+  if (segment_) {
+    try {
+      make_channel(slot);
+    } catch (const Error& e) {
+      mine = e.what();
+    }
+  }
+  std::vector<std::string> outcomes;
+  try {
+    outcomes = all_gather_bytes(*inner_, mine, cpu);
+  } catch (...) {
+    drop_channel();
+    throw;
+  }
+  for (size_t r = 0; r < outcomes.size(); ++r) {
+    if (outcomes[r].empty()) continue;
+    if (rank() == 0) warn_not_used(static_cast<int>(r), outcomes[r]);
+    drop_channel();
+    segment_.reset();
+    return;
+  }
+}
+
+// Made and unmade on the group's thread: Note [A rank's life is a robust mutex].
+void ShmProcessGroup::make_channel(size_t slot) {
+  thread_
+      .post([&] {
+        channel_ = std::make_unique<shm::Channel>(segment_->data(), rank(), world_size(), slot,
+                                                  options().timeout);
+      })
+      .get();
+}
+
+void ShmProcessGroup::drop_channel() {
+  if (channel_) thread_.post([this] { channel_.reset(); }).get();
+}
+
+void ShmProcessGroup::warn_not_used(int rank, const std::string& why) const {
+  log::warn("shared memory: rank {}: {}; collectives go through {}", rank, why,
+            inner_->backend_name());
 }
 
 }  // namespace

@@ -91,4 +91,8 @@ void Segment::unlink() {
   if (::shm_unlink(name_.c_str()) != 0 && errno != ENOENT) fail("shm_unlink", name_, errno);
 }
 
+void Segment::remove(const std::string& name) noexcept {
+  ::shm_unlink(name.c_str());
+}
+
 }  // namespace ddp::comm::shm

@@ -4,9 +4,11 @@
 // Note [Nothing left in /dev/shm]
 // A segment is created by one rank, opened by the others, and unlinked as soon as every rank has
 // mapped it: from then on it has no name, and the kernel frees it when the last process that maps
-// it ends, however it ends (a SIGKILL included). Only the few milliseconds between the creation
-// and the unlinking leave a name behind a process killed then; the creator also unlinks it on every
-// failure of the setup.
+// it ends, however it ends (a SIGKILL included). Before that, the name is known to every rank
+// before it exists (rank 0 proposes it in the set-up's first collective), and each rank removes
+// it when its set-up ends, succeeded or failed: a rank lost anywhere in the set-up makes the
+// others' next collective fail, and they remove it then. A name is left only when every rank
+// of the group dies between its creation and the end of the set-up.
 
 #include <cstddef>
 #include <string>
@@ -32,6 +34,10 @@ class Segment {
   // Removes the name (not the memory: it stays mapped). Idempotent; a name already gone (another
   // rank unlinked it) is not an error.
   void unlink();
+  // Removes `name` if it is there (any rank may, once every rank has mapped it or never will).
+  // For the end of a set-up, failed ones included: a name already gone is no error, and there is
+  // none to report (it cannot throw).
+  static void remove(const std::string& name) noexcept;
 
   void* data() const { return data_; }
   size_t size() const { return size_; }
