@@ -427,6 +427,9 @@ TrainResult Trainer::train() {
 
 bool Trainer::end_of_epoch(EpochMetrics& m, TrainResult& result) {
   const bool last = m.epoch == config_.epochs;
+  // The run's last window, however short: a run of fewer steps than --straggler-every has its
+  // figures and its table too.
+  if (last && attributes_stragglers() && window_steps_ > 0) exchange_step_times();
 
   // Every eval_every epochs, and always after the last one (all ranks).
   if (last || (config_.eval_every > 0 && m.epoch % config_.eval_every == 0)) {
