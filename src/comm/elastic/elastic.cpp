@@ -217,6 +217,10 @@ void ElasticAgent::announce_holds() {
   store_->set(ElasticKeys::holds(id_), bytes_of("1"));
 }
 
+void ElasticAgent::announce_trained() {
+  store_->set(ElasticKeys::trained(id_), bytes_of("1"));
+}
+
 void ElasticAgent::announce_checkpoint(const std::string& which) {
   store_->set(ElasticKeys::checkpoint(), bytes_of(which));
 }

@@ -95,6 +95,9 @@ class ElasticAgent {
   void announce_ready();
   // This worker holds the group's committed state (its heal passed the digest check).
   void announce_holds();
+  // This worker left its training loop, after its last collective: no generation after its last
+  // can have it.
+  void announce_trained();
   // The group wrote a checkpoint (`which`): the launcher's way back if the state is lost.
   void announce_checkpoint(const std::string& which);
 
