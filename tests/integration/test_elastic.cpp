@@ -751,6 +751,31 @@ TEST(Elastic, TheLastHolderLostWhileAJoinerIsTakenInNeverLeavesTheJoinerAsTheGro
   EXPECT_FALSE(mentions(lost.output, "going on after step 0 ")) << lost.output;
 }
 
+// A restarted worker ready while the group is at a long end of epoch (rank 0, alone after rank 1
+// was killed after step 5, held 6 s at epoch 2's checkpoint), with --rendezvous-timeout 2: its
+// grow is due (Note [A joiner's place is kept while its grow is due]), so it waits past its
+// rendezvous timeout and joins after the next epoch's first step. It timed out after 2 s, ended 1
+// and took the one restart with it: the job ended at world 1.
+TEST(Elastic, AJoinerWaitsForAGrowDeferredPastALongEndOfEpoch) {
+  TempDir out;
+  const ProcessResult r = run_linear(
+      {"--nnodes", "1:1", "--nproc", "2", "--max-restarts", "1"}, DDP_FAULT_TRAIN_BIN, out.path(),
+      std::vector<std::string>{"--elastic", "--save-every", "1", "--rendezvous-timeout", "2"} +
+          kill(1, "--fault-after-step", "5") +
+          std::vector<std::string>{"--fault", "delay:6", "--fault-rank", "0", "--fault-at",
+                                   "epoch 2: checkpoint"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(mentions(r.output,
+                       "elastic: worker 1.1: generation 1 takes it in after the members' "
+                       "next step, past --rendezvous-timeout (2000 ms): waiting on"))
+      << r.output;
+  EXPECT_TRUE(mentions(r.output, "[launcher] elastic: generation 2 of 2 worker(s): 0.0,1.1"))
+      << r.output;
+  EXPECT_FALSE(mentions(r.output, "published no generation after")) << r.output;
+  EXPECT_EQ(count_of(r.output, "joins when ready"), 1) << r.output;
+  EXPECT_EQ(count_of(ddp::testing::read_file(out.file("metrics.jsonl")), "\"epoch\":"), kEpochs);
+}
+
 // The digest catches a joiner whose state differs from the source's (its first parameter moved
 // by 1e-3 after it took the state, before the check): the job ends naming its rank, before any
 // step with it.
