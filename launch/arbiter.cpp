@@ -134,6 +134,7 @@ void Arbiter::tick(Clock::time_point now, Actions& out) {
   if (phase_ == Phase::kForming) return form(now, out);
   drop_silent_nodes(now, out);
   if (phase_ != Phase::kRunning) return;
+  if (unowned_) return settle_unowned(now, out);  // its restarts wait for it
   restart_when_due(now, out);
   if (!reform_seen_ || now - *reform_seen_ < settings_.reform_delay) return;
   // Asked by members that then left their loop (Note [Every ending is decided]): no generation
@@ -275,20 +276,48 @@ void Arbiter::lose(const std::vector<std::string>& ids, const std::string& what,
 void Arbiter::lose_members(const std::vector<std::string>& ids, const std::string& notice_text,
                            const std::string& what, int exit_code, Clock::time_point now,
                            Actions& out) {
-  if (!any_holder()) {
-    return back_to_checkpoint(
-        fmt::format("no worker holding the group's trained state is left (lost: {})", what),
-        exit_code, now, out);
-  }
   ArbiterAction notice;
   notice.kind = Do::kAbortNotice;
   notice.generation = generation_;
   notice.text = notice_text;
   out.push_back(notice);
-  // A ready joiner is taken into this generation: waiting for the next grow would strand it.
-  take_in_ready_joiners();
-  publish(out);
   restart_later(ids, now);
+  if (any_holder()) {
+    // A ready joiner is taken into this generation: waiting for the next grow would strand it.
+    take_in_ready_joiners();
+    return publish(out);
+  }
+  const std::string lost =
+      fmt::format("no worker holding the group's trained state is left (lost: {})", what);
+  if (members_.empty()) return back_to_checkpoint(lost, exit_code, now, out);
+  // Members still taking the state: their word decides (Note [A joiner's word on the state]).
+  if (!unowned_) unowned_ = Unowned{lost, exit_code, now};
+}
+
+// Note [A joiner's word on the state]: a member holds the state after all (it said so), or
+// the members asked for the next generation without saying so, or the node timeout passed.
+void Arbiter::settle_unowned(Clock::time_point now, Actions& out) {
+  if (any_holder()) {
+    std::vector<std::string> holders;
+    for (const auto& id : members_) {
+      if (holds_state(id)) holders.push_back(id);
+    }
+    unowned_.reset();
+    take_in_ready_joiners();
+    publish(out);
+    out.push_back(note(fmt::format("elastic: worker(s) {} hold the group's trained state: {}",
+                                   fmt::join(holders, ","), describe_generation())));
+    return;
+  }
+  const bool asked = reform_seen_ && now - *reform_seen_ >= settings_.reform_delay;
+  if (!asked && now - unowned_->since < settings_.node_timeout) return;
+  const Unowned u = *unowned_;
+  unowned_.reset();
+  back_to_checkpoint(asked ? u.lost
+                           : fmt::format("{}; generation {}'s members did not say they hold it "
+                                         "within {:.0f} s",
+                                         u.lost, generation_, seconds_of(settings_.node_timeout)),
+                     u.exit_code, now, out);
 }
 
 // Nothing of the group's progress is left in a worker that trains: every worker starts again from
@@ -360,6 +389,7 @@ void Arbiter::restart_group(const std::string& why, int exit_code, Clock::time_p
   ended_ok_.clear();
   holders_.clear();
   to_restart_.clear();
+  unowned_.reset();
   reform_seen_.reset();
   ArbiterAction restart;
   restart.kind = Do::kRestartGroup;
@@ -373,6 +403,7 @@ void Arbiter::restart_group(const std::string& why, int exit_code, Clock::time_p
 void Arbiter::end(int exit_code, const std::string& why, Actions& out) {
   phase_ = Phase::kEnded;
   to_restart_.clear();
+  unowned_.reset();
   ArbiterAction a;
   a.kind = Do::kEnd;
   a.exit_code = exit_code;

@@ -19,7 +19,8 @@
 // generation of a round (they start alike, or from the same checkpoint), and every joiner whose
 // heal passed its digest check (it says so: elastic/holds/<id>). A generation is published only
 // while at least one of its members holds that state, and a worker's heal takes it from the one
-// that holds the newest (Trainer's heal). When the last holder is lost, nothing of the group's
+// that holds the newest (Trainer's heal). When the last holder is lost (and no member that was
+// taking the state says it holds it: Note [A joiner's word on the state]), nothing of the group's
 // progress is left in any process: the job goes back to the newest checkpoint the group wrote
 // (every worker started again, as torchrun restarts a group; "round" r + 1), or, without one,
 // ends non-zero naming what was lost. It never lets fresh workers pass for the group.
@@ -27,6 +28,16 @@
 // A program that does not speak the protocol (no worker wrote elastic/speaks/<id>: any program
 // that is not ddp_train --elastic) is treated as torchrun's elastic agent treats every program:
 // any failure restarts the whole group.
+//
+// Note [A joiner's word on the state]
+// A joiner holds the state once its heal's digest check passed, and says so
+// (elastic/holds/<id>) right after. When the last member known to hold it is lost, members that
+// were taking it may hold it already, unannounced (the holder died between the check and the
+// announcement). So the decision waits for their word: one says it holds the state (the
+// survivors' generation is published: it goes on from there), or the members ask for the next
+// generation without having said so (a member that holds it says so before any later failure:
+// back to the checkpoint), or --node-timeout passes (the same). It went back to the checkpoint at
+// once, though the joiner held the state.
 //
 // Note [Every ending is decided]
 // A worker that ended with exit 0, or said it left its training loop (elastic/trained/<id>:
@@ -194,6 +205,7 @@ class Arbiter {
                     const std::string& what, int exit_code, Clock::time_point now, Actions& out);
   void back_to_checkpoint(const std::string& lost, int exit_code, Clock::time_point now,
                           Actions& out);
+  void settle_unowned(Clock::time_point now, Actions& out);
   void restart_later(const std::vector<std::string>& ids, Clock::time_point now);
   void restart_when_due(Clock::time_point now, Actions& out);
   void leave_training(const std::string& id);
@@ -227,6 +239,14 @@ class Arbiter {
   // decision]), since the first loss.
   std::vector<std::string> to_restart_;
   Clock::time_point first_loss_;
+  // The last known holder lost while members were still taking the state: what was lost, the
+  // loss's exit code, and since when their word is awaited (Note [A joiner's word on the state]).
+  struct Unowned {
+    std::string lost;
+    int exit_code = 1;
+    Clock::time_point since;
+  };
+  std::optional<Unowned> unowned_;
   bool speaks_ = false;
   std::string checkpoint_;     // the newest the group wrote ("" : none)
   std::map<int, Node> nodes_;  // the other nodes, by node rank

@@ -776,6 +776,32 @@ TEST(Elastic, AJoinerWaitsForAGrowDeferredPastALongEndOfEpoch) {
   EXPECT_EQ(count_of(ddp::testing::read_file(out.file("metrics.jsonl")), "\"epoch\":"), kEpochs);
 }
 
+// The last holder lost between the joiner's digest check and its word (Note [A joiner's word on
+// the state] in launch/arbiter.h): of 2 workers, rank 1 is killed after step 5, the group of one
+// grows back to 2, and worker 0.0, the heal's source, is killed once the digests' all_gather
+// completed, while the joiner 1.1 waits 2 s before it compares them and says it holds the state.
+// The launcher waits for its word, and 1.1 goes on as the group. It went back to the checkpoint,
+// or, without one (here), ended 137 though the joiner held the state.
+TEST(Elastic, TheLastHolderLostBeforeTheJoinerSaidItHoldsTheStateLeavesTheJoinerGoingOn) {
+  TempDir out;
+  const ProcessResult r = run_linear(
+      {"--nnodes", "1:1", "--nproc", "2", "--max-restarts", "1"}, DDP_FAULT_TRAIN_BIN, out.path(),
+      std::vector<std::string>{"--elastic", "--save-every", "0", "--fault-pace", "0.015"} +
+          kill(1, "--fault-after-step", "5") +
+          std::vector<std::string>{"--fault", "kill-after", "--fault-rank", "0", "--fault-at",
+                                   "elastic: generation 2: state check", "--fault", "delay-after:2",
+                                   "--fault-worker", "1.1", "--fault-at",
+                                   "elastic: generation 2: state check"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(mentions(r.output,
+                       "[launcher] elastic: worker(s) 1.1 hold the group's trained "
+                       "state: generation 3 of 1 worker(s): 1.1"))
+      << r.output;
+  EXPECT_FALSE(mentions(r.output, "no worker holding the group's trained state is left"))
+      << r.output;
+  EXPECT_EQ(count_of(ddp::testing::read_file(out.file("metrics.jsonl")), "\"epoch\":"), kEpochs);
+}
+
 // The digest catches a joiner whose state differs from the source's (its first parameter moved
 // by 1e-3 after it took the state, before the check): the job ends naming its rank, before any
 // step with it.

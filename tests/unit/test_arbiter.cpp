@@ -160,19 +160,32 @@ TEST(Arbiter, AReadyJoinerIsTakenIntoTheGenerationALossPublishes) {
   EXPECT_TRUE(job.arbiter().joining() == Ids{"2.1"});  // 2.0's restart, not ready yet
 }
 
-// The last member holding the group's state lost while a joiner is taken in: the joiner holds
-// nothing, so the job goes back to its newest checkpoint, every worker started again.
-TEST(Arbiter, TheLastHolderLostWhileAJoinerIsTakenInGoesBackToTheCheckpoint) {
-  Job job(/*max_restarts=*/3);
+// Generation 2: worker 0.0, the last holder, and the joiner 1.1, being healed.
+void take_in_a_joiner(Job& job) {
   job.start({"0.0", "1.0"});
   job.lose({"1.0"}, "worker 1.0: signal SIGKILL (9)");
   job.after_loss_window();
   job.on(Kind::kReady, {"1.1"});
   job.on(Kind::kReform);
   job.pass(milliseconds(100));
-  job.tick();  // generation 2: 0.0 and the joiner 1.1, which is being healed
+  job.tick();
+}
+
+// The last member holding the group's state lost while a joiner is taken in: the joiner asks for
+// the next generation without having said it holds the state (Note [A joiner's word on the
+// state]), so the job goes back to its newest checkpoint, every worker started again.
+TEST(Arbiter, TheLastHolderLostWhileAJoinerIsTakenInGoesBackToTheCheckpoint) {
+  Job job(/*max_restarts=*/3);
+  take_in_a_joiner(job);
   job.checkpoint("out/checkpoint-epoch-0002.pt (after epoch 2)");
-  const auto actions = job.lose({"0.0"}, "worker 0.0: signal SIGKILL (9)");
+  const auto lost = job.lose({"0.0"}, "worker 0.0: signal SIGKILL (9)");
+  EXPECT_TRUE(of(lost, Do::kPublish).empty()) << "a generation of a joiner only";
+  EXPECT_EQ(of(lost, Do::kAbortNotice).size(), 1u);  // the joiner's waits end
+  EXPECT_TRUE(of(lost, Do::kRestartGroup).empty()) << "the joiner's word first";
+  job.on(Kind::kReform);
+  EXPECT_TRUE(of(job.tick(), Do::kRestartGroup).empty());
+  job.pass(milliseconds(100));  // the reform delay: a holder says so before it asks
+  const auto actions = job.tick();
   EXPECT_TRUE(of(actions, Do::kPublish).empty()) << "a generation of a joiner only";
   const auto restart = of(actions, Do::kRestartGroup);
   ASSERT_EQ(restart.size(), 1u);
@@ -187,6 +200,33 @@ TEST(Arbiter, TheLastHolderLostWhileAJoinerIsTakenInGoesBackToTheCheckpoint) {
   ASSERT_EQ(published.size(), 1u);
   EXPECT_EQ(published[0].generation, 3);
   EXPECT_EQ(published[0].ids, (Ids{"0.1", "1.2"}));
+}
+
+// The last holder lost between the joiner's digest check and its word: the joiner says it holds
+// the state a moment later, and goes on as the group (it used to go back to the checkpoint, or
+// without one end the job). Without any word, the node timeout ends the wait.
+TEST(Arbiter, AJoinerThatSaysItHoldsTheStateAfterTheLastHolderWasLostGoesOn) {
+  Job job(/*max_restarts=*/1);
+  take_in_a_joiner(job);
+  EXPECT_TRUE(job.lose({"0.0"}, "worker 0.0: signal SIGKILL (9)").size() == 1u);  // the notice
+  job.pass(seconds(2));
+  EXPECT_TRUE(job.tick().empty());
+  job.on(Kind::kHolds, {"1.1"});
+  const auto published = of(job.tick(), Do::kPublish);
+  ASSERT_EQ(published.size(), 1u);
+  EXPECT_EQ(published[0].ids, Ids{"1.1"});
+
+  Job silent(/*max_restarts=*/1);
+  take_in_a_joiner(silent);
+  silent.lose({"0.0"}, "worker 0.0: signal SIGKILL (9)");
+  silent.pass(seconds(14));
+  EXPECT_TRUE(silent.tick().empty());
+  silent.pass(seconds(1));
+  const auto end = of(silent.tick(), Do::kEnd);
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_NE(end[0].text.find("generation 2's members did not say they hold it within 15 s"),
+            std::string::npos)
+      << end[0].text;
 }
 
 // A joiner whose heal passed (it said so) holds the state: the old members' loss leaves it going.
