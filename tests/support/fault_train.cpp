@@ -168,8 +168,12 @@ class Faults {
       if (!s.done && triggered(s, phase)) {
         s.done = true;
         if (acts_after(s.fault.action)) {
-          ddp::log::warn("rank {}: fault: {} once the first collective of '{}' completed", rank,
-                         s.fault.action, phase);
+          const std::string& a = s.fault.action;
+          ddp::log::warn("rank {}: fault: the first collective of '{}' {} here once it completed",
+                         rank, phase,
+                         a == "fail"         ? "fails"
+                         : a == "kill-after" ? "is followed by a SIGKILL"
+                                             : "is followed by a wait (" + a + ")");
           after = s.fault.action;
         }
         act(s.fault, phase, rank, group);
