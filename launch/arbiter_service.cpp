@@ -109,9 +109,13 @@ void ArbiterService::refresh() {
   for (const auto& id : arbiter_.not_known_holders()) {
     if (has(ElasticKeys::holds(id))) feed(event(Kind::kHolds, {id}));
   }
-  // Copied: a member out of its training loop leaves members().
-  for (const auto& id : std::vector<std::string>(arbiter_.members())) {
-    if (has(ElasticKeys::trained(id))) feed(event(Kind::kTrained, {id}));
+  // One read a refresh, not one a member, until a worker says it left its training loop.
+  if (const int64_t trained = add(ElasticKeys::trained_count(), 0); trained != trained_seen_) {
+    trained_seen_ = trained;
+    // Copied: a member out of its training loop leaves members().
+    for (const auto& id : std::vector<std::string>(arbiter_.members())) {
+      if (has(ElasticKeys::trained(id))) feed(event(Kind::kTrained, {id}));
+    }
   }
   if (has(ElasticKeys::checkpoint())) {
     ArbiterEvent e = event(Kind::kCheckpoint);

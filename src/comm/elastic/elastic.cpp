@@ -247,6 +247,7 @@ void ElasticAgent::announce_holds() {
 
 void ElasticAgent::announce_trained() {
   store_->set(ElasticKeys::trained(id_), bytes_of("1"));
+  store_->add(ElasticKeys::trained_count(), 1);  // after: the launcher finds the key it counts
 }
 
 void ElasticAgent::announce_checkpoint(const std::string& which) {

@@ -78,6 +78,9 @@ std::string ElasticKeys::holds(const std::string& id) {
 std::string ElasticKeys::trained(const std::string& id) {
   return "elastic/trained/" + id;
 }
+std::string ElasticKeys::trained_count() {
+  return "elastic/trained_count";
+}
 std::string ElasticKeys::checkpoint() {
   return "elastic/checkpoint";
 }

@@ -98,7 +98,8 @@ struct ElasticKeys {
   // It left its training loop: it takes part in no generation after its last (Note [Every
   // ending is decided] in launch/arbiter.h).
   static std::string trained(const std::string& id);
-  static std::string checkpoint();  // the newest checkpoint the group wrote: which
+  static std::string trained_count();  // how many said so: the launcher scans only when it grew
+  static std::string checkpoint();     // the newest checkpoint the group wrote: which
   // Group restarts: the round every node's workers belong to (absent: 0), and the rendezvous port
   // of a round's workers (their MASTER_PORT).
   static std::string round();
