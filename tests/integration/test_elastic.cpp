@@ -658,8 +658,8 @@ TEST(Elastic, AReadyJoinerIsTakenInWhenAnotherMemberIsLost) {
 // Every worker killed at once: nothing holds the group's state, so the job goes back to its
 // newest checkpoint (all restarted as torchrun would) and ends as the same training without a
 // failure; without a checkpoint it ends non-zero at once, naming what was lost. The kill comes
-// from outside, one `kill` of the three pids 150 ms after checkpoint-epoch-0001.pt is written (rank
-// 0 of the first run is slowed to 100 ms a step so that the next one comes 400 ms later); the
+// from outside, one `kill` of the three pids 300 ms after checkpoint-epoch-0001.pt is written (rank
+// 0 of the first run is slowed to 200 ms a step so that the next one comes 800 ms later); the
 // launcher reaps them one by one, and the losses within its window are one decision: one restart,
 // of the group, out of 2 (it restarted two workers alone, then wanted the checkpoint with no
 // restart left, and ended 137).
@@ -669,7 +669,7 @@ TEST(Elastic, EveryWorkerKilledAtOnceGoesBackToTheCheckpointOrEnds) {
       linear_command(
           {"--nnodes", "1:1", "--nproc", "3", "--max-restarts", "2"}, DDP_FAULT_TRAIN_BIN,
           back.path(),
-          {"--elastic", "--save-every", "1", "--slow-rank", "0", "--slow-compute", "0.1"}),
+          {"--elastic", "--save-every", "1", "--slow-rank", "0", "--slow-compute", "0.2"}),
       {});
   const auto deadline = std::chrono::steady_clock::now() + seconds(60);
   while (!std::filesystem::exists(back.file("checkpoint-epoch-0001.pt")) &&
@@ -677,7 +677,7 @@ TEST(Elastic, EveryWorkerKilledAtOnceGoesBackToTheCheckpointOrEnds) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   // Rank 0 names it to the launcher after the save's barrier: a moment later.
-  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
   std::vector<std::string> kill_all = {"/bin/kill", "-KILL"};
   for (const char* id : {"0.0", "1.0", "2.0"}) {
     const int pid = ddp::testing::started_pid(launcher.output(), id);
@@ -752,7 +752,7 @@ TEST(Elastic, TheLastHolderLostWhileAJoinerIsTakenInNeverLeavesTheJoinerAsTheGro
 }
 
 // A restarted worker ready while the group is at a long end of epoch (rank 0, alone after rank 1
-// was killed after step 5, held 6 s at epoch 2's checkpoint), with --rendezvous-timeout 2: its
+// was killed after step 5, held 8 s at epoch 2's checkpoint), with --rendezvous-timeout 2: its
 // grow is due (Note [A joiner's place is kept while its grow is due]), so it waits past its
 // rendezvous timeout and joins after the next epoch's first step. It timed out after 2 s, ended 1
 // and took the one restart with it: the job ended at world 1.
@@ -762,7 +762,7 @@ TEST(Elastic, AJoinerWaitsForAGrowDeferredPastALongEndOfEpoch) {
       {"--nnodes", "1:1", "--nproc", "2", "--max-restarts", "1"}, DDP_FAULT_TRAIN_BIN, out.path(),
       std::vector<std::string>{"--elastic", "--save-every", "1", "--rendezvous-timeout", "2"} +
           kill(1, "--fault-after-step", "5") +
-          std::vector<std::string>{"--fault", "delay:6", "--fault-rank", "0", "--fault-at",
+          std::vector<std::string>{"--fault", "delay:8", "--fault-rank", "0", "--fault-at",
                                    "epoch 2: checkpoint"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(mentions(r.output,
