@@ -81,20 +81,19 @@ std::vector<ArbiterAction> Arbiter::on(const ArbiterEvent& e) {
       lose(e.ids, e.what, e.exit_code, e.now, out);
       break;
     case Kind::kDone:
-      done_.insert(e.ids.begin(), e.ids.end());
-      if (finished()) end(0, "every member finished", out);
+      for (const auto& id : e.ids) {
+        leave_training(id);
+        ended_ok_.insert(id);
+      }
+      end_if_finished(out);
+      break;
+    case Kind::kTrained:
+      for (const auto& id : e.ids) {
+        if (contains(members_, id)) leave_training(id);
+      }
       break;
     case Kind::kReady:
-      for (const auto& id : e.ids) {
-        if (!contains(joining_, id) || contains(ready_, id)) continue;
-        ready_.push_back(id);
-        if (phase_ != Phase::kRunning) continue;  // the first generation takes it in
-        ArbiterAction grow;
-        grow.kind = Do::kGrow;
-        grow.ids = {id};
-        grow.generation = generation_;
-        out.push_back(grow);
-      }
+      for (const auto& id : e.ids) joiner_ready(id, out);
       break;
     case Kind::kHolds:
       holders_.insert(e.ids.begin(), e.ids.end());
@@ -120,11 +119,27 @@ std::vector<ArbiterAction> Arbiter::on(const ArbiterEvent& e) {
   return out;
 }
 
+void Arbiter::joiner_ready(const std::string& id, Actions& out) {
+  if (!contains(joining_, id) || contains(ready_, id)) return;
+  ready_.push_back(id);
+  if (phase_ != Phase::kRunning) return;  // the first generation takes it in
+  ArbiterAction grow;
+  grow.kind = Do::kGrow;
+  grow.ids = {id};
+  grow.generation = generation_;
+  out.push_back(grow);
+}
+
 void Arbiter::tick(Clock::time_point now, Actions& out) {
   if (phase_ == Phase::kForming) return form(now, out);
   drop_silent_nodes(now, out);
   if (phase_ != Phase::kRunning) return;
+  if (unowned_) return settle_unowned(now, out);  // its restarts wait for it
+  restart_when_due(now, out);
   if (!reform_seen_ || now - *reform_seen_ < settings_.reform_delay) return;
+  // Asked by members that then left their loop (Note [Every ending is decided]): no generation
+  // of joiners alone.
+  if (!any_holder()) return;
   take_in_ready_joiners();
   publish(out);
   out.push_back(note("elastic: " + describe_generation()));
@@ -176,6 +191,11 @@ void Arbiter::drop_silent_nodes(Clock::time_point now, Actions& out) {
         if (node_of_worker(id) == n) ids.push_back(id);
       }
     }
+    // Its workers past their loop that had not ended: their launcher stops them, so they fail
+    // in their ending (Note [Every ending is decided]).
+    for (const auto& id : out_of_training_) {
+      if (node_of_worker(id) == n && ended_ok_.count(id) == 0) ids.push_back(id);
+    }
     const std::string what =
         fmt::format("node {}: not heard from for {:.1f} s (its link or its launcher is down)", n,
                     seconds_of(now - node.heard));
@@ -215,61 +235,128 @@ void Arbiter::node_in(const ArbiterEvent& e, Actions& out) {
 }
 
 // Out of the group at once: one generation without all of `ids` (Note [Committed state has an
-// owner] says when there is none).
+// owner] says when there is none, Note [Every ending is decided] what a loss after training is).
 void Arbiter::lose(const std::vector<std::string>& ids, const std::string& what, int exit_code,
                    Clock::time_point now, Actions& out) {
-  std::vector<std::string> ranks;
+  std::vector<int> ranks;
+  bool after_training = false;
   for (const auto& id : ids) {
     remove(joining_, id);
     remove(ready_, id);
-    const auto it = std::find(members_.begin(), members_.end(), id);
-    if (it != members_.end()) ranks.push_back(std::to_string(it - members_.begin()));
+    after_training = after_training || out_of_training_.count(id) != 0;
+    if (contains(members_, id) || out_of_training_.count(id) != 0) ranks.push_back(rank_of(id));
   }
-  if (ranks.empty()) return restart_lost_workers(ids, out);  // joiners, not yet members
+  if (ranks.empty()) return restart_later(ids, now);  // joiners, not yet members
   for (const auto& id : ids) remove(members_, id);
   if (phase_ == Phase::kForming) {
     return restart_group(fmt::format("{} before the first generation formed", what), exit_code, now,
                          out);
   }
+  // "rank 1 of generation 0, worker 1.0 (local rank 1, pid 42, host h): signal SIGKILL (9)"
+  const std::string who =
+      fmt::format("{} {} of generation {}, {}", ranks.size() == 1 ? "rank" : "ranks",
+                  fmt::join(ranks, ","), generation_, what);
   if (!speaks_) {  // torchrun's agent: the whole group again
     return restart_group(
-        fmt::format("{} (the program does not take part in elastic membership)", what), exit_code,
+        fmt::format("{} (the program does not take part in elastic membership)", who), exit_code,
         now, out);
   }
-  if (!any_holder()) {
-    const std::string lost =
-        fmt::format("no worker holding the group's trained state is left (lost: {})", what);
-    if (checkpoint_.empty()) {
-      return end(std::max(1, exit_code),
-                 lost +
-                     "; the group wrote no checkpoint to go back to (ddp_train --save-every N "
-                     "writes one every N epochs)",
-                 out);
-    }
-    return restart_group(
-        fmt::format("{}; going back to the newest checkpoint, {}", lost, checkpoint_), exit_code,
-        now, out);
+  if (after_training) {
+    return back_to_checkpoint(
+        fmt::format("{}, after it left its training loop: no generation can take the loss in, "
+                    "the others being past theirs",
+                    who),
+        exit_code, now, out);
   }
+  lose_members(ids, who, what, exit_code, now, out);
+}
+
+// Members lost while training: the generation is given up (`notice`), the survivors' published
+// while one of them holds the state, and the lost workers restarted when the loss window closes.
+void Arbiter::lose_members(const std::vector<std::string>& ids, const std::string& notice_text,
+                           const std::string& what, int exit_code, Clock::time_point now,
+                           Actions& out) {
   ArbiterAction notice;
   notice.kind = Do::kAbortNotice;
   notice.generation = generation_;
-  notice.text = fmt::format("{} {} of generation {}, {}", ranks.size() == 1 ? "rank" : "ranks",
-                            fmt::join(ranks, ","), generation_, what);
+  notice.text = notice_text;
   out.push_back(notice);
-  // A ready joiner is taken into this generation: waiting for the next grow would strand it.
-  take_in_ready_joiners();
-  publish(out);
-  restart_lost_workers(ids, out);
+  restart_later(ids, now);
+  if (any_holder()) {
+    // A ready joiner is taken into this generation: waiting for the next grow would strand it.
+    take_in_ready_joiners();
+    return publish(out);
+  }
+  const std::string lost =
+      fmt::format("no worker holding the group's trained state is left (lost: {})", what);
+  if (members_.empty()) return back_to_checkpoint(lost, exit_code, now, out);
+  // Members still taking the state: their word decides (Note [A joiner's word on the state]).
+  if (!unowned_) unowned_ = Unowned{lost, exit_code, now};
 }
 
-void Arbiter::restart_lost_workers(const std::vector<std::string>& ids, Actions& out) {
+// Note [A joiner's word on the state]: a member holds the state after all (it said so), or
+// the members asked for the next generation without saying so, or the node timeout passed.
+void Arbiter::settle_unowned(Clock::time_point now, Actions& out) {
+  if (any_holder()) {
+    std::vector<std::string> holders;
+    for (const auto& id : members_) {
+      if (holds_state(id)) holders.push_back(id);
+    }
+    unowned_.reset();
+    take_in_ready_joiners();
+    publish(out);
+    out.push_back(note(fmt::format("elastic: worker(s) {} hold the group's trained state: {}",
+                                   fmt::join(holders, ","), describe_generation())));
+    return;
+  }
+  const bool asked = reform_seen_ && now - *reform_seen_ >= settings_.reform_delay;
+  if (!asked && now - unowned_->since < settings_.node_timeout) return;
+  const Unowned u = *unowned_;
+  unowned_.reset();
+  back_to_checkpoint(asked ? u.lost
+                           : fmt::format("{}; generation {}'s members did not say they hold it "
+                                         "within {:.0f} s",
+                                         u.lost, generation_, seconds_of(settings_.node_timeout)),
+                     u.exit_code, now, out);
+}
+
+// Nothing of the group's progress is left in a worker that trains: every worker starts again from
+// the newest checkpoint, or the job ends (`lost` says why).
+void Arbiter::back_to_checkpoint(const std::string& lost, int exit_code, Clock::time_point now,
+                                 Actions& out) {
+  if (restarts_ >= settings_.max_restarts) return restart_group(lost, exit_code, now, out);  // ends
+  if (checkpoint_.empty()) {
+    return end(std::max(1, exit_code),
+               lost +
+                   "; the group wrote no checkpoint to go back to (ddp_train --save-every N "
+                   "writes one every N epochs)",
+               out);
+  }
+  restart_group(fmt::format("{}; going back to the newest checkpoint, {}", lost, checkpoint_),
+                exit_code, now, out);
+}
+
+// Node 0's lost workers, restarted to join once the loss window closes (Note [Losses close
+// together are one decision]).
+void Arbiter::restart_later(const std::vector<std::string>& ids, Clock::time_point now) {
   if (phase_ != Phase::kRunning || !speaks_) return;
   for (const auto& id : ids) {
-    if (node_of_worker(id) != 0 || restarts_ >= settings_.max_restarts) continue;
+    if (node_of_worker(id) != 0) continue;  // another node restarts its own
+    if (to_restart_.empty()) first_loss_ = now;
+    to_restart_.push_back(id);
+  }
+}
+
+void Arbiter::restart_when_due(Clock::time_point now, Actions& out) {
+  if (to_restart_.empty() || now - first_loss_ < settings_.loss_window) return;
+  std::vector<std::string> lost;
+  lost.swap(to_restart_);
+  for (const auto& id : lost) {
+    if (restarts_ >= settings_.max_restarts) break;
     ++restarts_;
     ArbiterAction restart;
     restart.kind = Do::kRestartWorker;
-    restart.ids = {next_incarnation(id)};
+    restart.ids.push_back(next_incarnation(id));
     joining_.push_back(restart.ids[0]);
     out.push_back(restart);
   }
@@ -295,10 +382,14 @@ void Arbiter::restart_group(const std::string& why, int exit_code, Clock::time_p
   round_began_ = now;
   registered_.clear();
   members_.clear();
+  published_.clear();
   joining_.clear();
   ready_.clear();
-  done_.clear();
+  out_of_training_.clear();
+  ended_ok_.clear();
   holders_.clear();
+  to_restart_.clear();
+  unowned_.reset();
   reform_seen_.reset();
   ArbiterAction restart;
   restart.kind = Do::kRestartGroup;
@@ -311,16 +402,32 @@ void Arbiter::restart_group(const std::string& why, int exit_code, Clock::time_p
 
 void Arbiter::end(int exit_code, const std::string& why, Actions& out) {
   phase_ = Phase::kEnded;
+  to_restart_.clear();
+  unowned_.reset();
   ArbiterAction a;
   a.kind = Do::kEnd;
   a.exit_code = exit_code;
   a.text = why;
+  if (exit_code == 0) a.ids = published_;
   out.push_back(a);
+}
+
+// Out of the membership for good (Note [Every ending is decided]).
+void Arbiter::leave_training(const std::string& id) {
+  remove(members_, id);
+  remove(joining_, id);
+  remove(ready_, id);
+  out_of_training_.insert(id);
+}
+
+void Arbiter::end_if_finished(Actions& out) {
+  if (finished()) end(0, "every member finished", out);
 }
 
 void Arbiter::publish(Actions& out) {
   ++generation_;
   reform_seen_.reset();
+  published_ = members_;
   ArbiterAction a;
   a.kind = Do::kPublish;
   a.generation = generation_;
@@ -374,10 +481,17 @@ std::string Arbiter::below_min() const {
                      settings_.min_nodes, settings_.min_nodes, settings_.max_nodes);
 }
 
+// Note [Every ending is decided]: no member still trains, and every worker of the last
+// generation ended 0.
 bool Arbiter::finished() const {
-  return phase_ == Phase::kRunning && !members_.empty() &&
-         std::all_of(members_.begin(), members_.end(),
-                     [&](const std::string& id) { return done_.count(id) != 0; });
+  return phase_ == Phase::kRunning && members_.empty() && !published_.empty() &&
+         std::all_of(published_.begin(), published_.end(),
+                     [&](const std::string& id) { return ended_ok_.count(id) != 0; });
+}
+
+int Arbiter::rank_of(const std::string& id) const {
+  const auto it = std::find(published_.begin(), published_.end(), id);
+  return it == published_.end() ? -1 : static_cast<int>(it - published_.begin());
 }
 
 }  // namespace ddp::launch

@@ -19,7 +19,8 @@
 // generation of a round (they start alike, or from the same checkpoint), and every joiner whose
 // heal passed its digest check (it says so: elastic/holds/<id>). A generation is published only
 // while at least one of its members holds that state, and a worker's heal takes it from the one
-// that holds the newest (Trainer's heal). When the last holder is lost, nothing of the group's
+// that holds the newest (Trainer's heal). When the last holder is lost (and no member that was
+// taking the state says it holds it: Note [A joiner's word on the state]), nothing of the group's
 // progress is left in any process: the job goes back to the newest checkpoint the group wrote
 // (every worker started again, as torchrun restarts a group; "round" r + 1), or, without one,
 // ends non-zero naming what was lost. It never lets fresh workers pass for the group.
@@ -27,6 +28,47 @@
 // A program that does not speak the protocol (no worker wrote elastic/speaks/<id>: any program
 // that is not ddp_train --elastic) is treated as torchrun's elastic agent treats every program:
 // any failure restarts the whole group.
+//
+// Note [A joiner's word on the state]
+// A joiner holds the state once its heal's digest check passed, and says so
+// (elastic/holds/<id>) right after. When the last member known to hold it is lost, members that
+// were taking it may hold it already, unannounced (the holder died between the check and the
+// announcement). So the decision waits for their word: one says it holds the state (the
+// survivors' generation is published: it goes on from there), or the members ask for the next
+// generation without having said so (a member that holds it says so before any later failure:
+// back to the checkpoint), or --node-timeout passes (the same). It went back to the checkpoint at
+// once, though the joiner held the state.
+//
+// Note [Every ending is decided]
+// A worker that ended with exit 0, or said it left its training loop (elastic/trained/<id>:
+// ddp_train --elastic writes it after the last collective of its training), is out of the
+// membership: never a member of a new generation, no longer a holder of the state. The job ends
+// 0 only when no member is still training and every worker of the last generation ended 0 (so
+// each did all that follows its loop: rank 0's outputs, a wrapper's last step). A worker that fails
+// after it left its loop cannot be taken in by any generation, since the others are past their
+// loops too: the round failed. With a restart left (and a checkpoint) every worker starts again
+// from the newest checkpoint, as torchrun restarts a group (ddp_train always writes one after the
+// last epoch: the new round trains nothing and runs each worker's ending again); else the job ends
+// with that failure's exit code, naming the worker and how it ended.
+// Why a word from the worker, and not only its exit: ddp_train's members leave their loop
+// together (its last collective is the last checkpoint's barrier), but a worker can fail after it
+// before any other has ended; taken for a loss in training, the arbiter published the survivors
+// (who never come: they are past their loops) and ended 0 when they exited, though the failed
+// worker's outputs may be missing. And a worker that ended 0 stayed a member: the next loss
+// published a generation of ended workers, and node 0 waited for it forever.
+//
+// Note [Losses close together are one decision]
+// Workers killed together (one `kill` of several pids, an OOM kill, a node's crash) are reaped
+// one by one, over some tens of milliseconds. Each loss still gives its generation up and
+// publishes the survivors' at once (they wait for it; a member that dies meanwhile fails it as it
+// forms), but the restarts the losses call for are decided together, once `loss_window` has
+// passed since the first of them: when by then no member holding the state is left, the one
+// decision is a group restart from the checkpoint (one restart), not a restart per worker and then
+// a group restart with none left. The window is 500 ms: the first and last reaps of 3 ddp_train
+// workers SIGKILLed by one `kill` were 6-36 ms apart on an idle 2-core machine, 40-55 ms with
+// both cores busy; ten times that still costs little, as a restarted worker needs about 1 s to
+// start and joins at a later step anyway: the wait delays the group's return to its full size,
+// not the survivors' next step.
 
 #include <chrono>
 #include <cstdint>
@@ -62,6 +104,7 @@ struct ArbiterEvent {
     kRestarted,   // another node restarted a lost worker: ids[0], to join
     kLost,        // `ids` ended with an error: `what` (who and how), `exit_code` (the first's)
     kDone,        // `ids` ended with exit code 0
+    kTrained,     // ids[0] left its training loop (Note [Every ending is decided])
     kReady,       // the joiner ids[0] has started and waits to be taken in
     kHolds,       // ids[0] holds the committed state (its heal passed the digest check)
     kSpeaks,      // ids[0] speaks the protocol (ddp_train --elastic)
@@ -88,7 +131,8 @@ struct ArbiterAction {
     kRestartWorker,  // node 0: start ids[0], the next incarnation of a lost worker, to join
     kRestartGroup,   // every node: stop every worker, start them all again, fresh, as round
                      // `round` (they resume from the newest checkpoint); `text` says why
-    kEnd,            // the job ends with `exit_code` (0: every member finished); `text` says why
+    kEnd,            // the job ends with `exit_code` (0: every member finished; `ids`, the last
+                     // generation's workers); `text` says why
     kNote,           // `text`, for the launcher's log
   };
   Kind kind = Kind::kNote;
@@ -116,6 +160,9 @@ class Arbiter {
     // A round (the first, or one after a group restart) whose MIN nodes have not registered
     // their workers within this long ends the job.
     Clock::duration form_within = std::chrono::minutes(5);
+    // Losses within this long of the first are one decision on restarts (Note [Losses close
+    // together are one decision]).
+    Clock::duration loss_window = std::chrono::milliseconds(500);
   };
   Arbiter(Settings settings, Clock::time_point now);
 
@@ -125,6 +172,8 @@ class Arbiter {
   Phase phase() const { return phase_; }
   int round() const { return round_; }
   int64_t generation() const { return generation_; }
+  // The members still training (the last generation published, less the workers lost or out of
+  // their training loop since).
   const std::vector<std::string>& members() const { return members_; }
   // Started, not yet members: the ids whose readiness the service looks for.
   const std::vector<std::string>& joining() const { return joining_; }
@@ -146,12 +195,21 @@ class Arbiter {
     Clock::time_point heard;
   };
   void tick(Clock::time_point now, Actions& out);
+  void joiner_ready(const std::string& id, Actions& out);
   void form(Clock::time_point now, Actions& out);
   void drop_silent_nodes(Clock::time_point now, Actions& out);
   void node_in(const ArbiterEvent& e, Actions& out);
   void lose(const std::vector<std::string>& ids, const std::string& what, int exit_code,
             Clock::time_point now, Actions& out);
-  void restart_lost_workers(const std::vector<std::string>& ids, Actions& out);
+  void lose_members(const std::vector<std::string>& ids, const std::string& notice_text,
+                    const std::string& what, int exit_code, Clock::time_point now, Actions& out);
+  void back_to_checkpoint(const std::string& lost, int exit_code, Clock::time_point now,
+                          Actions& out);
+  void settle_unowned(Clock::time_point now, Actions& out);
+  void restart_later(const std::vector<std::string>& ids, Clock::time_point now);
+  void restart_when_due(Clock::time_point now, Actions& out);
+  void leave_training(const std::string& id);
+  void end_if_finished(Actions& out);
   void restart_group(const std::string& why, int exit_code, Clock::time_point now, Actions& out);
   void end(int exit_code, const std::string& why, Actions& out);
   void publish(Actions& out);
@@ -161,17 +219,34 @@ class Arbiter {
   int nodes_in() const;
   std::string below_min() const;
   bool finished() const;
+  int rank_of(const std::string& id) const;  // in the last generation published; -1
 
   Settings settings_;
   Phase phase_ = Phase::kForming;
   int round_ = 0;
   Clock::time_point round_began_;
-  std::set<int> registered_;          // kForming: nodes whose workers are in this round
-  std::vector<std::string> members_;  // kForming: the first generation so far
-  std::vector<std::string> joining_;  // started to join, not yet members
-  std::vector<std::string> ready_;    // of those, the ones that are ready
-  std::set<std::string> done_;
+  std::set<int> registered_;            // kForming: nodes whose workers are in this round
+  std::vector<std::string> members_;    // kForming: the first generation so far
+  std::vector<std::string> published_;  // the last generation published
+  std::vector<std::string> joining_;    // started to join, not yet members
+  std::vector<std::string> ready_;      // of those, the ones that are ready
+  // This round's workers out of their training loop, and those of them that ended with exit 0
+  // (Note [Every ending is decided]).
+  std::set<std::string> out_of_training_;
+  std::set<std::string> ended_ok_;
   std::set<std::string> holders_;
+  // Lost workers to restart once the loss window closes (Note [Losses close together are one
+  // decision]), since the first loss.
+  std::vector<std::string> to_restart_;
+  Clock::time_point first_loss_;
+  // The last known holder lost while members were still taking the state: what was lost, the
+  // loss's exit code, and since when their word is awaited (Note [A joiner's word on the state]).
+  struct Unowned {
+    std::string lost;
+    int exit_code = 1;
+    Clock::time_point since;
+  };
+  std::optional<Unowned> unowned_;
   bool speaks_ = false;
   std::string checkpoint_;     // the newest the group wrote ("" : none)
   std::map<int, Node> nodes_;  // the other nodes, by node rank

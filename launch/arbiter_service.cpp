@@ -90,8 +90,9 @@ std::vector<ArbiterAction> ArbiterService::start_round(const std::vector<std::st
   return feed(e);
 }
 
-// What the workers said of themselves: read before a loss is decided, and every 100 ms (a node's
-// silence is decided within a poll).
+// What the workers said of themselves: read before a loss is decided (whether the worker lost had
+// left its training loop decides what its loss is), and every 100 ms (a node's silence is decided
+// within a poll).
 void ArbiterService::refresh() {
   refreshed_ = Clock::now();
   if (!arbiter_.speaks()) {
@@ -107,6 +108,14 @@ void ArbiterService::refresh() {
   }
   for (const auto& id : arbiter_.not_known_holders()) {
     if (has(ElasticKeys::holds(id))) feed(event(Kind::kHolds, {id}));
+  }
+  // One read a refresh, not one a member, until a worker says it left its training loop.
+  if (const int64_t trained = add(ElasticKeys::trained_count(), 0); trained != trained_seen_) {
+    trained_seen_ = trained;
+    // Copied: a member out of its training loop leaves members().
+    for (const auto& id : std::vector<std::string>(arbiter_.members())) {
+      if (has(ElasticKeys::trained(id))) feed(event(Kind::kTrained, {id}));
+    }
   }
   if (has(ElasticKeys::checkpoint())) {
     ArbiterEvent e = event(Kind::kCheckpoint);

@@ -60,6 +60,7 @@ class ArbiterService {
   Clock::duration node_timeout_;
   Clock::time_point beats_read_;
   Clock::time_point refreshed_;
+  int64_t trained_seen_ = 0;  // elastic/trained_count at the last refresh
 };
 
 }  // namespace ddp::launch

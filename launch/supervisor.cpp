@@ -349,7 +349,7 @@ class Supervisor {
 
   int end_elastic(const ArbiterAction& end, ArbiterService& service) {
     if (end.exit_code == 0) {
-      note("elastic: " + end.text + ": " + members_with_pids(service.arbiter().members()));
+      note("elastic: " + end.text + ": " + members_with_pids(end.ids));
       if (any_running()) {  // the training is over: joiners are too late
         note("elastic: the group finished; stopping the worker(s) still waiting to join");
         stop_group(SIGTERM);

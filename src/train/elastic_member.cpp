@@ -159,6 +159,10 @@ void ElasticMember::checkpoint_saved(const std::string& which) {
   if (enabled() && dist_.is_main()) dist_.agent->announce_checkpoint(which);
 }
 
+void ElasticMember::done_training() {
+  if (enabled()) dist_.agent->announce_trained();
+}
+
 std::vector<MembershipRecord> ElasticMember::take_records() {
   return std::exchange(records_, {});
 }

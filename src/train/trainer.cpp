@@ -393,6 +393,7 @@ TrainResult Trainer::train() {
   if (start_epoch_ >= config_.epochs) {
     log::info("the checkpoint is at epoch {} of {}: nothing left to train", start_epoch_,
               config_.epochs);
+    elastic_->done_training();
     return result;
   }
   const int64_t global = batch_size_ * dist_.world_size() * config_.grad_accum_steps;
@@ -417,6 +418,7 @@ TrainResult Trainer::train() {
     if (result.stopped_by_signal) return result;
     epoch = kept ? epoch + 1 : start_epoch_;  // re-formed: on from where the state taken is
   }
+  elastic_->done_training();  // --elastic: what follows is the job's ending, not its training
 
   const EpochMetrics& final = result.epochs.back();
   log::info("done: {} epochs, {}, {:.0f} samples/s; metrics in {}", config_.epochs, describe(final),

@@ -13,11 +13,13 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <filesystem>
 #include <map>
 #include <random>
 #include <regex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "built_paths.h"
@@ -42,14 +44,20 @@ using std::chrono::seconds;
 constexpr int kEpochs = 80;  // of 4 steps (the Linear demo: 100 samples, global batch 30)
 
 // `launcher LAUNCH... PROGRAM --config random_linear.yaml --epochs 80 --output-dir OUT EXTRA...`
-ProcessResult run_linear(const std::vector<std::string>& launch, const char* program,
-                         const std::string& out, const std::vector<std::string>& extra) {
+std::vector<std::string> linear_command(const std::vector<std::string>& launch, const char* program,
+                                        const std::string& out,
+                                        const std::vector<std::string>& extra) {
   std::vector<std::string> argv = {DDP_LAUNCHER_BIN};
   argv.insert(argv.end(), launch.begin(), launch.end());
   argv.insert(argv.end(), {program, "--config", config("random_linear.yaml"), "--epochs",
                            std::to_string(kEpochs), "--output-dir", out});
   argv.insert(argv.end(), extra.begin(), extra.end());
-  return ddp::testing::run_process(argv, {}, seconds(120));
+  return argv;
+}
+
+ProcessResult run_linear(const std::vector<std::string>& launch, const char* program,
+                         const std::string& out, const std::vector<std::string>& extra) {
+  return ddp::testing::run_process(linear_command(launch, program, out, extra), {}, seconds(120));
 }
 
 bool mentions(const std::string& text, const std::string& part) {
@@ -422,6 +430,107 @@ TEST(Elastic, WithoutRestartsTheSurvivorsFinishAndWithNoneLeftTheJobFails) {
       << one.output;
 }
 
+// Note [Every ending is decided] in launch/arbiter.h, from outside: each worker runs this wrapper,
+// the program and then its ending, as a job whose last step (an upload, a report) runs after
+// training. Local rank 0 exits 3 ("last": 2 s after rank 1 ended 0; "first": 2 s before it),
+// only in the job's first run with "once"; each writes when it ended to DIR/end<local rank>.
+constexpr const char* kEndingWrapper = R"(dir=$1; order=$2; times=$3; shift 3
+"$@" || exit $?
+if [ "$LOCAL_RANK" = 0 ]; then
+  [ "$order" = last ] && sleep 2
+  date +%s.%N > "$dir/end0"
+  [ "$times" = once ] && [ "$TORCHELASTIC_RESTART_COUNT" != 0 ] && exit 0
+  exit 3
+fi
+[ "$order" = first ] && sleep 2
+date +%s.%N > "$dir/end1"
+exit 0
+)";
+
+// `launcher --nnodes 1:1 --nproc 2 --max-restarts R sh w.sh ... ddp_train [--elastic] --epochs 1`.
+ProcessResult run_endings(const TempDir& dir, bool elastic, const std::string& order,
+                          const std::string& times, int max_restarts) {
+  ddp::testing::write_file(dir.file("w.sh"), kEndingWrapper);
+  const std::string restarts = std::to_string(max_restarts);
+  std::vector<std::string> argv = {DDP_LAUNCHER_BIN, "--nnodes", "1:1", "--nproc", "2",
+                                   "--max-restarts", restarts};
+  argv.insert(argv.end(), {"/bin/sh", dir.file("w.sh"), dir.path(), order, times});
+  argv.insert(argv.end(), {DDP_TRAIN_BIN, "--config", config("random_linear.yaml"), "--epochs", "1",
+                           "--output-dir", dir.path()});
+  if (elastic) argv.push_back("--elastic");
+  // On the main of issue 63 the first order under --elastic never ended: 40 s, not CI's 120.
+  return ddp::testing::run_process(argv, {}, seconds(40));
+}
+
+// Seconds from the last worker's end (its wrapper's own clock) to now.
+double seconds_since_the_last_end(const TempDir& dir) {
+  double last = 0;
+  for (const char* name : {"end0", "end1"}) {
+    if (std::filesystem::exists(dir.file(name))) {
+      last = std::max(last, std::stod(ddp::testing::read_file(dir.file(name))));
+    }
+  }
+  const auto now = std::chrono::system_clock::now().time_since_epoch();
+  return std::chrono::duration<double>(now).count() - last;
+}
+
+struct Ending {
+  bool elastic;
+  const char* order;  // when local rank 0 fails: "last" (after rank 1 ended 0) or "first"
+};
+
+void PrintTo(const Ending& e, std::ostream* out) {
+  *out << (e.elastic ? "--elastic" : "plain") << ", rank 0 fails " << e.order;
+}
+
+class EveryOrderOfEndings : public ::testing::TestWithParam<Ending> {};
+
+// Both ranks train to the end; rank 0 fails after (exit 3), before or after rank 1 ended 0, with
+// no restart: the launcher ends 3 within 10 s of the last end, naming rank 0 and how it ended.
+// Under --elastic the order "last" never ended (a generation of the ended rank 1 was published),
+// and "first" ended 0.
+TEST_P(EveryOrderOfEndings, TheFailureEndsTheJobWithItsCodeNamingIt) {
+  const Ending e = GetParam();
+  TempDir dir;
+  const ProcessResult r = run_endings(dir, e.elastic, e.order, "always", 0);
+  const double after = seconds_since_the_last_end(dir);
+  ASSERT_FALSE(r.timed_out) << r.output;
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_TRUE(std::regex_search(r.output,
+                                std::regex("\\[launcher\\] elastic: rank 0 of generation 0, worker "
+                                           "0\\.0 \\(local rank 0, pid \\d+, host [^)]+\\): exit "
+                                           "code 3[,( ].*no restart left \\(--max-restarts 0\\)")))
+      << r.output;
+  EXPECT_LT(after, 10.0) << r.output;
+  EXPECT_TRUE(std::filesystem::exists(dir.file("model.pt")));  // trained, then failed
+}
+
+INSTANTIATE_TEST_SUITE_P(Elastic, EveryOrderOfEndings,
+                         ::testing::Values(Ending{true, "last"}, Ending{true, "first"},
+                                           Ending{false, "last"}, Ending{false, "first"}),
+                         [](const ::testing::TestParamInfo<Ending>& info) {
+                           return std::string(info.param.elastic ? "Elastic" : "Plain") +
+                                  "Rank0Fails" + (info.param.order[0] == 'f' ? "First" : "Last");
+                         });
+
+// With a restart left, the failure after training starts every worker again from the newest
+// checkpoint (the last epoch's, which ddp_train always writes): the new round trains nothing, each
+// worker's ending runs again (rank 0's passes this time), and the job ends 0.
+TEST(Elastic, WithARestartLeftAFailureAfterTrainingStartsTheGroupAgainFromTheLastCheckpoint) {
+  TempDir dir;
+  const ProcessResult r = run_endings(dir, true, "last", "once", 1);
+  ASSERT_FALSE(r.timed_out) << r.output;
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(mentions(r.output, "exit code 3, after it left its training loop")) << r.output;
+  EXPECT_TRUE(mentions(r.output, "going back to the newest checkpoint, " + dir.path() +
+                                     "/checkpoint-epoch-0001.pt (after epoch 1)"))
+      << r.output;
+  EXPECT_TRUE(mentions(r.output, "every worker starts again (restart 1 of 1)")) << r.output;
+  EXPECT_TRUE(mentions(r.output, "the checkpoint is at epoch 1 of 1: nothing left to train"))
+      << r.output;
+  EXPECT_TRUE(mentions(r.output, "elastic: every member finished: worker 0.1 (pid ")) << r.output;
+}
+
 // --elastic where it cannot work is refused at start, naming why.
 TEST(Elastic, MpiZeroAndAPlainLaunchAreRefused) {
   TempDir out;
@@ -547,18 +656,36 @@ TEST(Elastic, AReadyJoinerIsTakenInWhenAnotherMemberIsLost) {
 }
 
 // Every worker killed at once: nothing holds the group's state, so the job goes back to its
-// newest checkpoint (the epoch-1 one; all restarted as torchrun would) and ends as the same
-// training without a failure; without a checkpoint it ends non-zero at once, naming what was
-// lost.
+// newest checkpoint (all restarted as torchrun would) and ends as the same training without a
+// failure; without a checkpoint it ends non-zero at once, naming what was lost. The kill comes
+// from outside, one `kill` of the three pids 300 ms after checkpoint-epoch-0001.pt is written (rank
+// 0 of the first run is slowed to 200 ms a step so that the next one comes 800 ms later); the
+// launcher reaps them one by one, and the losses within its window are one decision: one restart,
+// of the group, out of 2 (it restarted two workers alone, then wanted the checkpoint with no
+// restart left, and ended 137).
 TEST(Elastic, EveryWorkerKilledAtOnceGoesBackToTheCheckpointOrEnds) {
-  const auto kill_all = kill(0, "--fault-after-step", "6") + kill(1, "--fault-after-step", "6") +
-                        kill(2, "--fault-after-step", "6");
-  const std::vector<std::string> launch = {"--nnodes",       "1:1", "--nproc", "3",
-                                           "--max-restarts", "3"};
   TempDir back;
-  const ProcessResult r =
-      run_linear(launch, DDP_FAULT_TRAIN_BIN, back.path(),
-                 std::vector<std::string>{"--elastic", "--save-every", "1"} + kill_all);
+  ddp::testing::Child launcher(
+      linear_command(
+          {"--nnodes", "1:1", "--nproc", "3", "--max-restarts", "2"}, DDP_FAULT_TRAIN_BIN,
+          back.path(),
+          {"--elastic", "--save-every", "1", "--slow-rank", "0", "--slow-compute", "0.2"}),
+      {});
+  const auto deadline = std::chrono::steady_clock::now() + seconds(60);
+  while (!std::filesystem::exists(back.file("checkpoint-epoch-0001.pt")) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  // Rank 0 names it to the launcher after the save's barrier: a moment later.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::vector<std::string> kill_all = {"/bin/kill", "-KILL"};
+  for (const char* id : {"0.0", "1.0", "2.0"}) {
+    const int pid = ddp::testing::started_pid(launcher.output(), id);
+    ASSERT_GT(pid, 0) << launcher.output();
+    kill_all.push_back(std::to_string(pid));
+  }
+  EXPECT_EQ(ddp::testing::run_process(kill_all).exit_code, 0);
+  const ProcessResult r = launcher.wait_until(std::chrono::steady_clock::now() + seconds(90));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(count_of(r.output, ") lost: signal SIGKILL (9)"), 3) << r.output;
   EXPECT_TRUE(mentions(r.output, "no worker holding the group's trained state is left"))
@@ -566,17 +693,23 @@ TEST(Elastic, EveryWorkerKilledAtOnceGoesBackToTheCheckpointOrEnds) {
   EXPECT_TRUE(mentions(r.output, "going back to the newest checkpoint, " + back.path() +
                                      "/checkpoint-epoch-0001.pt (after epoch 1)"))
       << r.output;
+  EXPECT_TRUE(mentions(r.output, "every worker starts again (restart 1 of 2)")) << r.output;
+  EXPECT_FALSE(mentions(r.output, "joins when ready")) << "a worker restarted alone\n" << r.output;
   EXPECT_TRUE(mentions(r.output, "elastic: round 1: generation ")) << r.output;
   EXPECT_TRUE(mentions(r.output, "resumed from " + back.path() + "/checkpoint-epoch-0001.pt"))
       << r.output;
   expect_same_weights(back.file("model.pt"), uninterrupted_three_ranks());
   EXPECT_EQ(count_of(ddp::testing::read_file(back.file("metrics.jsonl")), "\"epoch\":"), kEpochs);
 
+  // Without a checkpoint: the three kill themselves after step 6.
+  const auto kill_all_after_6 = kill(0, "--fault-after-step", "6") +
+                                kill(1, "--fault-after-step", "6") +
+                                kill(2, "--fault-after-step", "6");
   TempDir none;
   const auto start = std::chrono::steady_clock::now();
-  const ProcessResult lost =
-      run_linear(launch, DDP_FAULT_TRAIN_BIN, none.path(),
-                 std::vector<std::string>{"--elastic", "--save-every", "0"} + kill_all);
+  const ProcessResult lost = run_linear(
+      {"--nnodes", "1:1", "--nproc", "3", "--max-restarts", "2"}, DDP_FAULT_TRAIN_BIN, none.path(),
+      std::vector<std::string>{"--elastic", "--save-every", "0"} + kill_all_after_6);
   EXPECT_LT(std::chrono::steady_clock::now() - start, seconds(20));
   EXPECT_EQ(lost.exit_code, 137) << lost.output;
   EXPECT_TRUE(
@@ -616,6 +749,57 @@ TEST(Elastic, TheLastHolderLostWhileAJoinerIsTakenInNeverLeavesTheJoinerAsTheGro
   EXPECT_EQ(lost.exit_code, 137) << lost.output;
   EXPECT_TRUE(mentions(lost.output, "the group wrote no checkpoint to go back to")) << lost.output;
   EXPECT_FALSE(mentions(lost.output, "going on after step 0 ")) << lost.output;
+}
+
+// A restarted worker ready while the group is at a long end of epoch (rank 0, alone after rank 1
+// was killed after step 5, held 8 s at epoch 2's checkpoint), with --rendezvous-timeout 2: its
+// grow is due (Note [A joiner's place is kept while its grow is due]), so it waits past its
+// rendezvous timeout and joins after the next epoch's first step. It timed out after 2 s, ended 1
+// and took the one restart with it: the job ended at world 1.
+TEST(Elastic, AJoinerWaitsForAGrowDeferredPastALongEndOfEpoch) {
+  TempDir out;
+  const ProcessResult r = run_linear(
+      {"--nnodes", "1:1", "--nproc", "2", "--max-restarts", "1"}, DDP_FAULT_TRAIN_BIN, out.path(),
+      std::vector<std::string>{"--elastic", "--save-every", "1", "--rendezvous-timeout", "2"} +
+          kill(1, "--fault-after-step", "5") +
+          std::vector<std::string>{"--fault", "delay:8", "--fault-rank", "0", "--fault-at",
+                                   "epoch 2: checkpoint"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(mentions(r.output,
+                       "elastic: worker 1.1: generation 1 takes it in after the members' "
+                       "next step, past --rendezvous-timeout (2000 ms): waiting on"))
+      << r.output;
+  EXPECT_TRUE(mentions(r.output, "[launcher] elastic: generation 2 of 2 worker(s): 0.0,1.1"))
+      << r.output;
+  EXPECT_FALSE(mentions(r.output, "published no generation after")) << r.output;
+  EXPECT_EQ(count_of(r.output, "joins when ready"), 1) << r.output;
+  EXPECT_EQ(count_of(ddp::testing::read_file(out.file("metrics.jsonl")), "\"epoch\":"), kEpochs);
+}
+
+// The last holder lost between the joiner's digest check and its word (Note [A joiner's word on
+// the state] in launch/arbiter.h): of 2 workers, rank 1 is killed after step 5, the group of one
+// grows back to 2, and worker 0.0, the heal's source, is killed once the digests' all_gather
+// completed, while the joiner 1.1 waits 2 s before it compares them and says it holds the state.
+// The launcher waits for its word, and 1.1 goes on as the group. It went back to the checkpoint,
+// or, without one (here), ended 137 though the joiner held the state.
+TEST(Elastic, TheLastHolderLostBeforeTheJoinerSaidItHoldsTheStateLeavesTheJoinerGoingOn) {
+  TempDir out;
+  const ProcessResult r = run_linear(
+      {"--nnodes", "1:1", "--nproc", "2", "--max-restarts", "1"}, DDP_FAULT_TRAIN_BIN, out.path(),
+      std::vector<std::string>{"--elastic", "--save-every", "0", "--fault-pace", "0.015"} +
+          kill(1, "--fault-after-step", "5") +
+          std::vector<std::string>{"--fault", "kill-after", "--fault-rank", "0", "--fault-at",
+                                   "elastic: generation 2: state check", "--fault", "delay-after:2",
+                                   "--fault-worker", "1.1", "--fault-at",
+                                   "elastic: generation 2: state check"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(mentions(r.output,
+                       "[launcher] elastic: worker(s) 1.1 hold the group's trained "
+                       "state: generation 3 of 1 worker(s): 1.1"))
+      << r.output;
+  EXPECT_FALSE(mentions(r.output, "no worker holding the group's trained state is left"))
+      << r.output;
+  EXPECT_EQ(count_of(ddp::testing::read_file(out.file("metrics.jsonl")), "\"epoch\":"), kEpochs);
 }
 
 // The digest catches a joiner whose state differs from the source's (its first parameter moved

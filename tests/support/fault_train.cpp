@@ -11,12 +11,16 @@
 // "fault: waiting ..."), extra (an all_reduce of 3 floats the other ranks do not issue: a
 // collective in a branch of user code that one rank alone takes), or fail (the phase's first
 // collective completes, then this rank alone sees it fail: its wait throws CommError, as if the
-// last packet had been lost on its side only; the process lives on). Under --elastic, the phase
+// last packet had been lost on its side only; the process lives on), kill-after (the phase's
+// first collective completes, then SIGKILL: a member lost right after it, on every member's side
+// of it) or delay-after:S (the phase's first collective completes, then this rank waits S seconds
+// before it returns: a member late in what follows it). Under --elastic, the phase
 // "elastic: vote" is each vote's (on its own thread): fail there counts the vote and then fails
 // it on this rank. The trigger: --fault-after-step
 // N, the first phase after optimizer step N (its --checkpoint-on-signal or parameter check, the
-// next step's fetching of its batches, or the epoch's end), or --fault-at PHASE, where the phase labelled PHASE
-// begins ("step 3: backward"), before any of its collectives; both: the first PHASE after step N
+// next step's fetching of its batches, or the epoch's end), or --fault-at PHASE, where the phase
+// labelled PHASE begins ("step 3: backward"), before any of its collectives; both: the first PHASE
+// after step N
 // ("backward: bucket 0"). Only in the job's first run (a launcher's restart runs clean) and on rank
 // R (default 0), or, with --fault-worker ID, on the elastic worker ID in any run ("1.1": the
 // first restart of local rank 1). Each --fault starts another fault: several ranks can fail at
@@ -69,12 +73,17 @@ struct Slowness {
 };
 
 struct Fault {
-  std::string action;  // kill, sigterm, perturb, delay:S, extra, fail
+  std::string action;  // kill, sigterm, perturb, delay:S, extra, fail, kill-after, delay-after:S
   int rank = 0;
   std::string worker;      // --fault-worker: an elastic worker's id, in place of the rank
   int64_t after_step = 0;  // 0: --fault-at instead
   std::string at_phase;
 };
+
+// Whether fault `action` acts once the phase's first collective completed.
+bool acts_after(const std::string& action) {
+  return action == "fail" || action == "kill-after" || action.rfind("delay-after:", 0) == 0;
+}
 
 // Takes the --fault* options (each followed by its value) out of argv; the rest is ddp_train's.
 std::vector<Fault> take_fault_options(std::vector<char*>& args, double& pace, Slowness& slow) {
@@ -119,10 +128,12 @@ std::vector<Fault> take_fault_options(std::vector<char*>& args, double& pace, Sl
   }
   for (const Fault& fault : faults) {
     const auto& a = fault.action;
-    if (a != "kill" && a != "sigterm" && a != "perturb" && a != "extra" && a != "fail" &&
+    if (a != "kill" && a != "sigterm" && a != "perturb" && a != "extra" && !acts_after(a) &&
         a.rfind("delay:", 0) != 0) {
       throw ddp::InputError(
-          "--fault: expected kill, sigterm, perturb, extra, fail or delay:S, got '" + a + "'");
+          "--fault: expected kill, sigterm, perturb, extra, fail, kill-after, delay:S or "
+          "delay-after:S, got '" +
+          a + "'");
     }
   }
   args = rest;
@@ -137,33 +148,38 @@ class Faults {
   void set_module(torch::nn::Module* module) { module_ = module; }
 
   // Where `phase` begins on this worker (its rank `rank` now, of `world`), whose group is `group`
-  // (null before the group exists). Returns whether a fault "fail" triggered here: the caller
-  // fails the phase's first collective once it completed.
-  bool at_phase(const std::string& phase, int rank, int world,
-                ddp::comm::ProcessGroup* group = nullptr) {
+  // (null before the group exists). Returns the fault that triggered here to act once the phase's
+  // first collective completed (fail, kill-after, delay-after:S; "" for none): the caller's.
+  std::string at_phase(const std::string& phase, int rank, int world,
+                       ddp::comm::ProcessGroup* group = nullptr) {
     const std::lock_guard<std::mutex> lock(mutex_);  // the elastic vote's thread calls too
     const auto step_part = [&](const std::string& part) {
       return phase.rfind("step ", 0) == 0 && phase.size() > part.size() &&
              phase.compare(phase.size() - part.size(), part.size(), part) == 0;
     };
-    const auto wait = [](double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); };
+    const auto wait = [](double s) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(s));
+    };
     if (pace_ > 0 && world < full_world_ && step_part(": forward")) wait(pace_);
     if (rank == slow_.rank && step_part(": forward")) wait(slow_.compute_s);
     if (rank == slow_.rank && step_part(": data")) wait(slow_.data_s);
-    bool fail = false;
+    std::string after;
     for (State& s : faults_) {
       if (!s.done && triggered(s, phase)) {
         s.done = true;
-        if (s.fault.action == "fail") {
-          ddp::log::warn(
-              "rank {}: fault: the first collective of '{}' fails here once it completed", rank,
-              phase);
-          fail = true;
+        if (acts_after(s.fault.action)) {
+          const std::string& a = s.fault.action;
+          ddp::log::warn("rank {}: fault: the first collective of '{}' {} here once it completed",
+                         rank, phase,
+                         a == "fail"         ? "fails"
+                         : a == "kill-after" ? "is followed by a SIGKILL"
+                                             : "is followed by a wait (" + a + ")");
+          after = s.fault.action;
         }
         act(s.fault, phase, rank, group);
       }
     }
-    return fail;
+    return after;
   }
 
  private:
@@ -235,7 +251,8 @@ class FaultyGroup : public ddp::comm::ProcessGroup {
 
   void set_phase(std::string phase) override {
     ProcessGroup::set_phase(phase);
-    if (faults_->at_phase(phase, rank(), world_size(), this)) fail_next_ = true;
+    const std::string after = faults_->at_phase(phase, rank(), world_size(), this);
+    if (!after.empty()) after_next_ = after;
   }
 
  protected:
@@ -263,12 +280,22 @@ class FaultyGroup : public ddp::comm::ProcessGroup {
   }
 
  private:
-  // A fault "fail": the collective runs to its end here (and so everywhere), then its wait throws.
+  // A fault that acts after a collective: it runs to its end here (and so everywhere), then its
+  // wait throws (fail), this process is killed (kill-after) or waits (delay-after:S).
   class FailingWork : public ddp::comm::Work {
    public:
-    explicit FailingWork(WorkPtr inner) : inner_(std::move(inner)) {}
+    FailingWork(WorkPtr inner, std::string action)
+        : inner_(std::move(inner)), action_(std::move(action)) {}
     void wait() override {
       inner_->wait();
+      if (action_ == "kill-after") {
+        spdlog::default_logger()->flush();
+        ::kill(::getpid(), SIGKILL);
+      }
+      if (action_ != "fail") {  // delay-after:S
+        std::this_thread::sleep_for(std::chrono::duration<double>(std::atof(action_.c_str() + 12)));
+        return;
+      }
       throw ddp::comm::CommError({},
                                  "fault: the collective completed, and failed on this rank only");
     }
@@ -276,15 +303,16 @@ class FaultyGroup : public ddp::comm::ProcessGroup {
 
    private:
     WorkPtr inner_;
+    std::string action_;
   };
   WorkPtr maybe_failing(WorkPtr work) {
-    if (!std::exchange(fail_next_, false)) return work;
-    return std::make_shared<FailingWork>(std::move(work));
+    if (after_next_.empty()) return work;
+    return std::make_shared<FailingWork>(std::move(work), std::exchange(after_next_, ""));
   }
 
   std::shared_ptr<ProcessGroup> inner_;
   std::shared_ptr<Faults> faults_;
-  bool fail_next_ = false;
+  std::string after_next_;  // the fault to act after the next collective
 };
 
 // --elastic: every later generation's group is a FaultyGroup too.
@@ -305,7 +333,7 @@ class FaultyAgent : public ddp::comm::ElasticAgent {
   // The phase "elastic: vote" begins where a step's vote is cast (on the trainer's thread): a
   // fault "fail" there counts the vote, then fails it on this rank.
   void vote_in_background(const ddp::comm::Membership& m, int64_t round) override {
-    if (faults_->at_phase("elastic: vote", m.rank, m.world_size())) fail_round_ = round;
+    if (faults_->at_phase("elastic: vote", m.rank, m.world_size()) == "fail") fail_round_ = round;
     ElasticAgent::vote_in_background(m, round);
   }
   ddp::comm::StepDecision vote(const ddp::comm::Membership& m, int64_t round, bool ok) override {

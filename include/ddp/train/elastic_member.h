@@ -15,6 +15,7 @@
 //     });
 //     epoch = kept ? epoch + 1 : trainer's epoch;   // re-formed: where the healed state is
 //   }
+//   elastic.done_training();                        // no generation after this one
 //
 // Without --elastic it does nothing: attempt() and commit() run their function, the rest returns.
 //
@@ -115,6 +116,10 @@ class ElasticMember {
   // Rank 0 wrote a checkpoint (`which`): the launcher can go back to it if the group's state is
   // lost (Note [Committed state has an owner]).
   void checkpoint_saved(const std::string& which);
+  // The training loop is over here, its last collective done: the launcher takes this member into
+  // no later generation, and a failure from here on is one of the job's ending (Note [Every ending
+  // is decided] in launch/arbiter.h).
+  void done_training();
   // The changes not yet in metrics.jsonl.
   std::vector<MembershipRecord> take_records();
 

@@ -55,7 +55,7 @@ ElasticAgent::~ElasticAgent() {
 }
 
 Membership ElasticAgent::next_membership(int64_t after) {
-  const auto deadline = Clock::now() + options_.timeout;
+  auto deadline = Clock::now() + options_.timeout;
   // From the newest published: a member late to re-form (it was busy, or failing as the others
   // moved on) passes over the generations given up meanwhile.
   int64_t g = after + 1;
@@ -69,6 +69,10 @@ Membership ElasticAgent::next_membership(int64_t after) {
     try {
       store_->wait({key}, std::max(left, std::chrono::milliseconds(1)));
     } catch (const std::exception&) {
+      if (grow_due()) {  // Note [A joiner's place is kept while its grow is due]
+        deadline = Clock::now() + options_.timeout;
+        continue;
+      }
       // Not a CommError: no later generation can be had either.
       throw Error(fmt::format(
           "worker {}: the launcher ({}:{}) published no generation after {} that includes it "
@@ -85,6 +89,29 @@ Membership ElasticAgent::next_membership(int64_t after) {
     }
     ++g;  // not in this one (a joiner not ready when it formed), or given up already: the next
   }
+}
+
+// Note [A joiner's place is kept while its grow is due]
+// A joiner that announced it is ready gets the launcher's grow on the newest generation at once;
+// the members take it in after their next step, or, when the epoch has no step left, after the
+// next epoch's first one: past the epoch's end (evaluation, checkpoint), which may take longer
+// than --rendezvous-timeout. So a joiner's wait runs on as long as that grow is due (the newest
+// generation grows and is not given up): its end is the members' doing, each of them waiting with
+// deadlines of its own (a collective's, a vote's); a generation given up is followed at once by
+// one that takes the ready joiner in, and the job's end stops it. It timed out instead, ended 1
+// and cost a restart.
+bool ElasticAgent::grow_due() {
+  if (!ready_ || !store_->check({ElasticKeys::latest()})) return false;
+  const int64_t g = std::stoll(text_of(store_->get(ElasticKeys::latest())));
+  const bool due = store_->check({ElasticKeys::grow(g)}) && !store_->check({ElasticKeys::abort(g)});
+  if (due && !told_grow_due_) {
+    told_grow_due_ = true;
+    log::warn(  // a joiner is not rank 0: a warning, to be seen
+        "elastic: worker {}: generation {} takes it in after the members' next step, past "
+        "--rendezvous-timeout ({} ms): waiting on",
+        id_, g, options_.timeout.count());
+  }
+  return due;
 }
 
 std::unique_ptr<ProcessGroup> ElasticAgent::make_group(const Membership& m,
@@ -211,10 +238,16 @@ void ElasticAgent::request_next_generation(const Membership& m) {
 
 void ElasticAgent::announce_ready() {
   store_->set(ElasticKeys::ready(id_), bytes_of("1"));
+  ready_ = true;
 }
 
 void ElasticAgent::announce_holds() {
   store_->set(ElasticKeys::holds(id_), bytes_of("1"));
+}
+
+void ElasticAgent::announce_trained() {
+  store_->set(ElasticKeys::trained(id_), bytes_of("1"));
+  store_->add(ElasticKeys::trained_count(), 1);  // after: the launcher finds the key it counts
 }
 
 void ElasticAgent::announce_checkpoint(const std::string& which) {

@@ -75,6 +75,12 @@ std::string ElasticKeys::speaks(const std::string& id) {
 std::string ElasticKeys::holds(const std::string& id) {
   return "elastic/holds/" + id;
 }
+std::string ElasticKeys::trained(const std::string& id) {
+  return "elastic/trained/" + id;
+}
+std::string ElasticKeys::trained_count() {
+  return "elastic/trained_count";
+}
 std::string ElasticKeys::checkpoint() {
   return "elastic/checkpoint";
 }

@@ -57,7 +57,8 @@ class ElasticAgent {
   const std::string& id() const { return id_; }
   const ElasticAgentOptions& options() const { return options_; }
   // Blocks until the launcher has published a generation newer than `after` that includes this
-  // worker (a worker left out of one waits for the next). Throws Error after `timeout`.
+  // worker (a worker left out of one waits for the next). Throws Error after `timeout`, unless
+  // this joiner's grow is due (Note [A joiner's place is kept while its grow is due]).
   Membership next_membership(int64_t after);
   // The group of `m` on `backend` (gloo, or nccl for CUDA tensors): connected over the prefix
   // elastic/gen/<g>/group of the store. Throws CommError when a member does not connect, or at
@@ -95,17 +96,24 @@ class ElasticAgent {
   void announce_ready();
   // This worker holds the group's committed state (its heal passed the digest check).
   void announce_holds();
+  // This worker left its training loop, after its last collective: no generation after its last
+  // can have it.
+  void announce_trained();
   // The group wrote a checkpoint (`which`): the launcher's way back if the state is lost.
   void announce_checkpoint(const std::string& which);
 
  private:
   // Which of `m`'s members have not voted on `round`: "rank 1 (worker 1.0), rank 2 (...)".
   std::string missing_votes(const Membership& m, int64_t round);
+  // A ready joiner: the newest generation grows, and is not given up.
+  bool grow_due();
 
   LaunchInfo launch_;
   std::string id_;
   ElasticAgentOptions options_;
   c10::intrusive_ptr<c10d::Store> store_;  // a StoreClient (store_client.h)
+  bool ready_ = false;                     // announce_ready() was called
+  bool told_grow_due_ = false;             // grow_due() logged that the wait runs on
   // The vote in flight: its generation and round, and its decision to come.
   int64_t background_generation_ = -1;
   int64_t background_round_ = 0;

@@ -28,7 +28,8 @@
 // What workers say of themselves, for the launcher's decisions: elastic/speaks/<id> (the agent
 // connected: the program takes part, so a lost worker is restarted alone), elastic/holds/<id> (a
 // joiner's heal passed: it holds the group's committed state, Note [Committed state has an
-// owner] in launch/arbiter.h), elastic/checkpoint (the newest checkpoint rank 0 wrote). When no
+// owner] in launch/arbiter.h), elastic/trained/<id> (it left its training loop: Note [Every ending
+// is decided] there), elastic/checkpoint (the newest checkpoint rank 0 wrote). When no
 // member holds the state any more, the launcher starts every worker again from that checkpoint:
 // elastic/round = r tells the other nodes, and elastic/round/<r>/port is the round's MASTER_PORT.
 //
@@ -94,7 +95,11 @@ struct ElasticKeys {
   // group's committed state (Note [Committed state has an owner] in launch/arbiter.h).
   static std::string speaks(const std::string& id);
   static std::string holds(const std::string& id);
-  static std::string checkpoint();  // the newest checkpoint the group wrote: which
+  // It left its training loop: it takes part in no generation after its last (Note [Every
+  // ending is decided] in launch/arbiter.h).
+  static std::string trained(const std::string& id);
+  static std::string trained_count();  // how many said so: the launcher scans only when it grew
+  static std::string checkpoint();     // the newest checkpoint the group wrote: which
   // Group restarts: the round every node's workers belong to (absent: 0), and the rendezvous port
   // of a round's workers (their MASTER_PORT).
   static std::string round();
