@@ -261,12 +261,12 @@ void Arbiter::lose(const std::vector<std::string>& ids, const std::string& what,
         fmt::format("{} (the program does not take part in elastic membership)", who), exit_code,
         now, out);
   }
-  if (after_training) {
-    return back_to_checkpoint(
-        fmt::format("{}, after it left its training loop: no generation can take the loss in, "
-                    "the others being past theirs",
-                    who),
-        exit_code, now, out);
+  if (after_training) {  // the job cannot go on, restarts or not
+    return end(std::max(1, exit_code),
+               fmt::format("{}, after it left its training loop: the group's training is over, "
+                           "and no generation can take the loss in: the job failed",
+                           who),
+               out);
   }
   lose_members(ids, who, what, exit_code, now, out);
 }

@@ -46,10 +46,10 @@
 // 0 only when no member is still training and every worker of the last generation ended 0 (so
 // each did all that follows its loop: rank 0's outputs, a wrapper's last step). A worker that fails
 // after it left its loop cannot be taken in by any generation, since the others are past their
-// loops too: the round failed. With a restart left (and a checkpoint) every worker starts again
-// from the newest checkpoint, as torchrun restarts a group (ddp_train always writes one after the
-// last epoch: the new round trains nothing and runs each worker's ending again); else the job ends
-// with that failure's exit code, naming the worker and how it ended.
+// loops too: the job cannot go on, and ends at once with that failure's exit code, naming the
+// worker and how it ended, restarts left or not. (A group restart from the newest checkpoint,
+// as torchrun would make, trains nothing: ddp_train writes one after its last epoch. It would only
+// run each worker's ending again, and a failure there is most often the same failure again.)
 // Why a word from the worker, and not only its exit: ddp_train's members leave their loop
 // together (its last collective is the last checkpoint's barrier), but a worker can fail after it
 // before any other has ended; taken for a loss in training, the arbiter published the survivors

@@ -432,14 +432,13 @@ TEST(Elastic, WithoutRestartsTheSurvivorsFinishAndWithNoneLeftTheJobFails) {
 
 // Note [Every ending is decided] in launch/arbiter.h, from outside: each worker runs this wrapper,
 // the program and then its ending, as a job whose last step (an upload, a report) runs after
-// training. Local rank 0 exits 3 ("last": 2 s after rank 1 ended 0; "first": 2 s before it),
-// only in the job's first run with "once"; each writes when it ended to DIR/end<local rank>.
-constexpr const char* kEndingWrapper = R"(dir=$1; order=$2; times=$3; shift 3
+// training. Local rank 0 exits 3 ("last": 2 s after rank 1 ended 0; "first": 2 s before it);
+// each writes when it ended to DIR/end<local rank>.
+constexpr const char* kEndingWrapper = R"(dir=$1; order=$2; shift 2
 "$@" || exit $?
 if [ "$LOCAL_RANK" = 0 ]; then
   [ "$order" = last ] && sleep 2
   date +%s.%N > "$dir/end0"
-  [ "$times" = once ] && [ "$TORCHELASTIC_RESTART_COUNT" != 0 ] && exit 0
   exit 3
 fi
 [ "$order" = first ] && sleep 2
@@ -449,12 +448,12 @@ exit 0
 
 // `launcher --nnodes 1:1 --nproc 2 --max-restarts R sh w.sh ... ddp_train [--elastic] --epochs 1`.
 ProcessResult run_endings(const TempDir& dir, bool elastic, const std::string& order,
-                          const std::string& times, int max_restarts) {
+                          int max_restarts) {
   ddp::testing::write_file(dir.file("w.sh"), kEndingWrapper);
   const std::string restarts = std::to_string(max_restarts);
   std::vector<std::string> argv = {DDP_LAUNCHER_BIN, "--nnodes", "1:1", "--nproc", "2",
                                    "--max-restarts", restarts};
-  argv.insert(argv.end(), {"/bin/sh", dir.file("w.sh"), dir.path(), order, times});
+  argv.insert(argv.end(), {"/bin/sh", dir.file("w.sh"), dir.path(), order});
   argv.insert(argv.end(), {DDP_TRAIN_BIN, "--config", config("random_linear.yaml"), "--epochs", "1",
                            "--output-dir", dir.path()});
   if (elastic) argv.push_back("--elastic");
@@ -492,14 +491,15 @@ class EveryOrderOfEndings : public ::testing::TestWithParam<Ending> {};
 TEST_P(EveryOrderOfEndings, TheFailureEndsTheJobWithItsCodeNamingIt) {
   const Ending e = GetParam();
   TempDir dir;
-  const ProcessResult r = run_endings(dir, e.elastic, e.order, "always", 0);
+  const ProcessResult r = run_endings(dir, e.elastic, e.order, 0);
   const double after = seconds_since_the_last_end(dir);
   ASSERT_FALSE(r.timed_out) << r.output;
   EXPECT_EQ(r.exit_code, 3) << r.output;
   EXPECT_TRUE(std::regex_search(r.output,
                                 std::regex("\\[launcher\\] elastic: rank 0 of generation 0, worker "
                                            "0\\.0 \\(local rank 0, pid \\d+, host [^)]+\\): exit "
-                                           "code 3[,( ].*no restart left \\(--max-restarts 0\\)")))
+                                           "code 3[,( ].*(the group's training is over|no "
+                                           "restart left \\(--max-restarts 0\\))")))
       << r.output;
   EXPECT_LT(after, 10.0) << r.output;
   EXPECT_TRUE(std::filesystem::exists(dir.file("model.pt")));  // trained, then failed
@@ -513,22 +513,20 @@ INSTANTIATE_TEST_SUITE_P(Elastic, EveryOrderOfEndings,
                                   "Rank0Fails" + (info.param.order[0] == 'f' ? "First" : "Last");
                          });
 
-// With a restart left, the failure after training starts every worker again from the newest
-// checkpoint (the last epoch's, which ddp_train always writes): the new round trains nothing, each
-// worker's ending runs again (rank 0's passes this time), and the job ends 0.
-TEST(Elastic, WithARestartLeftAFailureAfterTrainingStartsTheGroupAgainFromTheLastCheckpoint) {
+// With a restart left too, the failure after training ends the job at once (a restart would
+// train nothing: the job cannot go on), with its code, within 10 s of the last end.
+TEST(Elastic, WithARestartLeftAFailureAfterTrainingEndsTheJobToo) {
   TempDir dir;
-  const ProcessResult r = run_endings(dir, true, "last", "once", 1);
+  const ProcessResult r = run_endings(dir, true, "last", 1);
+  const double after = seconds_since_the_last_end(dir);
   ASSERT_FALSE(r.timed_out) << r.output;
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_TRUE(mentions(r.output, "exit code 3, after it left its training loop")) << r.output;
-  EXPECT_TRUE(mentions(r.output, "going back to the newest checkpoint, " + dir.path() +
-                                     "/checkpoint-epoch-0001.pt (after epoch 1)"))
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_TRUE(mentions(r.output, "exit code 3, after it left its training loop: the group's "
+                                 "training is over, and no generation can take the loss in: the "
+                                 "job failed"))
       << r.output;
-  EXPECT_TRUE(mentions(r.output, "every worker starts again (restart 1 of 1)")) << r.output;
-  EXPECT_TRUE(mentions(r.output, "the checkpoint is at epoch 1 of 1: nothing left to train"))
-      << r.output;
-  EXPECT_TRUE(mentions(r.output, "elastic: every member finished: worker 0.1 (pid ")) << r.output;
+  EXPECT_FALSE(mentions(r.output, "every worker starts again")) << r.output;
+  EXPECT_LT(after, 10.0) << r.output;
 }
 
 // --elastic where it cannot work is refused at start, naming why.

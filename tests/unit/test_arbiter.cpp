@@ -418,7 +418,7 @@ TEST(Arbiter, AFailureAfterAnotherWorkerEndedZeroEndsTheJobWithItsCode) {
                              "code 3, after it left its training loop"),
             std::string::npos)
       << end[0].text;
-  EXPECT_NE(end[0].text.find("no restart left"), std::string::npos) << end[0].text;
+  EXPECT_NE(end[0].text.find("the job failed"), std::string::npos) << end[0].text;
 }
 
 // The other order: rank 0, past its loop, exits 3 while rank 1 still runs its ending; the job
@@ -455,25 +455,25 @@ TEST(Arbiter, AWorkerKilledInTheLastSaveIsALossTheOthersFinish) {
   EXPECT_EQ(job.arbiter().restarts(), 0);
 }
 
-// With a restart left, a failure after the loop starts every worker again from the newest
-// checkpoint (the last epoch's: the new round trains nothing and runs the endings again), and
-// the job ends 0 when that round's workers all end 0.
-TEST(Arbiter, WithARestartLeftAFailureAfterTheLoopStartsTheGroupAgainFromTheCheckpoint) {
+// With a restart left too: the training is over, a restart would train nothing, and the job
+// cannot go on; it ends at once with the failure's code, using no restart.
+TEST(Arbiter, WithARestartLeftAFailureAfterTheLoopEndsTheJobToo) {
   Job job(/*max_restarts=*/1);
   job.start({"0.0", "1.0"});
   job.checkpoint();
   job.on(Kind::kTrained, {"1.0"});
   job.on(Kind::kDone, {"1.0"});
   job.on(Kind::kTrained, {"0.0"});
-  const auto restart = of(job.lose({"0.0"}, "worker 0.0: exit code 3", 3), Do::kRestartGroup);
-  ASSERT_EQ(restart.size(), 1u);
-  EXPECT_NE(restart[0].text.find("going back to the newest checkpoint, out/checkpoint-epoch-0001"),
+  const auto actions = job.lose({"0.0"}, "worker 0.0: exit code 3", 3);
+  EXPECT_TRUE(of(actions, Do::kRestartGroup).empty());
+  const auto end = of(actions, Do::kEnd);
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_EQ(end[0].exit_code, 3);
+  EXPECT_NE(end[0].text.find("worker 0.0: exit code 3, after it left its training loop: the "
+                             "group's training is over"),
             std::string::npos)
-      << restart[0].text;
-  job.on(Kind::kNode, {"0.1", "1.1"});
-  EXPECT_EQ(of(job.tick(), Do::kPublish).at(0).ids, (Ids{"0.1", "1.1"}));
-  job.on(Kind::kDone, {"0.1", "1.1"});
-  EXPECT_EQ(job.arbiter().phase(), Arbiter::Phase::kEnded);
+      << end[0].text;
+  EXPECT_EQ(job.arbiter().restarts(), 0);
 }
 
 // A worker out of its loop is never in a new generation: after a collective that completed on
@@ -500,7 +500,9 @@ TEST(Arbiter, AProgramThatDoesNotTakePartEndsWithTheFailureInEitherOrder) {
     Job job(/*max_restarts=*/0);
     job.on(Kind::kNode, {"0.0", "1.0"});
     job.tick();
-    if (!failure_first) EXPECT_TRUE(job.on(Kind::kDone, {"1.0"}).empty());
+    if (!failure_first) {
+      EXPECT_TRUE(job.on(Kind::kDone, {"1.0"}).empty());
+    }
     const auto end = of(job.lose({"0.0"}, "worker 0.0: exit code 3", 3), Do::kEnd);
     ASSERT_EQ(end.size(), 1u);
     EXPECT_EQ(end[0].exit_code, 3);
