@@ -2,7 +2,8 @@
 # Builds docker/Dockerfile.cpu for real, on a machine without a Docker engine and without a
 # registry: Debian's podman builds it, from a debian:bookworm base made here with mmdebstrap and
 # imported under the name Docker Hub's would have. The Dockerfile runs every test during the build
-# (scripts/test.sh), so an image that builds has passed them.
+# (scripts/test.sh), so an image that builds has passed them; then scripts/run-containers.sh runs
+# the image as containers (namespaces and chroot, as a runtime would).
 #
 #   scripts/test-docker.sh                  # as `docker build`, every stage
 #   scripts/test-docker.sh --build-arg DDP_SANITIZE_TESTS=0 --build-arg DDP_FUZZ_SECONDS=0
@@ -10,7 +11,8 @@
 # Arguments go to `podman build` (build ARGs: docker/README.md). Needs root, and Debian's mirror.
 # Why chroot isolation: podman's default (an OCI runtime, crun) needs setrlimit calls that some
 # sandboxes refuse, and then no RUN step starts; a chroot needs none. `podman run` uses the OCI
-# runtime too, which is why the image's tests run inside its build and not in a container.
+# runtime too, which is why the image's tests run inside its build, and its containers are made by
+# scripts/run-containers.sh.
 #
 # DDP_DOCKER_REBASE=1 makes the base image again (a newer bookworm point release).
 set -euo pipefail
@@ -51,3 +53,5 @@ stage "base image" make_base
 stage "podman build" podman build --isolation chroot --file "$root/docker/Dockerfile.cpu" \
   --build-arg DDP_INSTALL_NPM=0 --tag ddp:cpu "$@" "$root"
 echo "test-docker.sh: ddp:cpu built, its tests passed during the build"
+# The image as containers: its command, two ranks in one, two containers as two hosts.
+stage "containers" "$root/scripts/run-containers.sh" ddp:cpu
