@@ -359,8 +359,8 @@ TEST(ShmSegment, IsCreatedOpenedUnlinkedAndNamesWhatFailed) {
               std::string::npos)
         << e.what();
   }
-  created.unlink();
-  created.unlink();  // idempotent
+  Segment::remove(name);
+  Segment::remove(name);  // idempotent
   EXPECT_FALSE(in_dev_shm(name));
   EXPECT_EQ(static_cast<uint8_t*>(created.data())[8191], 42);  // still mapped
   try {
@@ -415,7 +415,7 @@ TEST(ShmProcesses, TwoProcessesReduceThroughASegmentThatIsGoneFromDevShm) {
   Channel channel(segment.data(), 0, 2, kSlot, milliseconds(20000));
   std::vector<double> v(5000, 1.5);
   channel.all_reduce(v.data(), v.size(), DType::kFloat64, Op::kSum);
-  segment.unlink();  // both have mapped it
+  Segment::remove(name);  // both have mapped it
   channel.barrier();
   EXPECT_EQ(v[4999], 4.0);
   int status = 0;
@@ -435,7 +435,7 @@ TEST(ShmProcesses, ARankKilledMidCollectiveIsNamedWellBeforeTheTimeout) {
   });
   Channel channel(segment.data(), 0, 2, kSlot, milliseconds(60000));
   channel.barrier();
-  segment.unlink();
+  Segment::remove(name);
   // The parent reaps the child as a launcher does: a zombie would still answer kill(pid, 0).
   std::thread killer([&] {
     std::this_thread::sleep_for(milliseconds(200));

@@ -42,13 +42,13 @@ Segment Segment::create(const std::string& name, size_t bytes) {
   if (f.fd < 0) fail("shm_open", name, errno);
   // posix_fallocate returns its error rather than setting errno.
   if (const int error = ::posix_fallocate(f.fd, 0, static_cast<off_t>(bytes)); error != 0) {
-    ::shm_unlink(name.c_str());
+    remove(name);
     fail(fmt::format("reserving {} bytes", bytes).c_str(), name, error);
   }
   try {
     return Segment(name, map(f.fd, name, bytes), bytes);
   } catch (...) {
-    ::shm_unlink(name.c_str());
+    remove(name);
     throw;
   }
 }
@@ -67,8 +67,7 @@ Segment Segment::open(const std::string& name, size_t bytes) {
 Segment::Segment(Segment&& other) noexcept
     : name_(std::move(other.name_)),
       data_(std::exchange(other.data_, nullptr)),
-      size_(std::exchange(other.size_, 0)),
-      unlinked_(other.unlinked_) {}
+      size_(std::exchange(other.size_, 0)) {}
 
 Segment& Segment::operator=(Segment&& other) noexcept {
   if (this != &other) {
@@ -76,19 +75,12 @@ Segment& Segment::operator=(Segment&& other) noexcept {
     name_ = std::move(other.name_);
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
-    unlinked_ = other.unlinked_;
   }
   return *this;
 }
 
 Segment::~Segment() {
   if (data_ != nullptr) ::munmap(data_, size_);
-}
-
-void Segment::unlink() {
-  if (unlinked_) return;
-  unlinked_ = true;
-  if (::shm_unlink(name_.c_str()) != 0 && errno != ENOENT) fail("shm_unlink", name_, errno);
 }
 
 void Segment::remove(const std::string& name) noexcept {

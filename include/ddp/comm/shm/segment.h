@@ -29,14 +29,11 @@ class Segment {
   Segment& operator=(Segment&& other) noexcept;
   Segment(const Segment&) = delete;
   Segment& operator=(const Segment&) = delete;
-  ~Segment();  // unmaps (the name stays unless unlink() was called)
+  ~Segment();  // unmaps (the name stays until remove())
 
-  // Removes the name (not the memory: it stays mapped). Idempotent; a name already gone (another
-  // rank unlinked it) is not an error.
-  void unlink();
-  // Removes `name` if it is there (any rank may, once every rank has mapped it or never will).
-  // For the end of a set-up, failed ones included: a name already gone is no error, and there is
-  // none to report (it cannot throw).
+  // Removes `name` if it is there, not the memory: whoever maps it keeps it. Any rank may, once
+  // every rank has mapped it or never will; for the end of a set-up, failed ones included, so a
+  // name already gone is no error, and there is none to report (it cannot throw).
   static void remove(const std::string& name) noexcept;
 
   void* data() const { return data_; }
@@ -48,7 +45,6 @@ class Segment {
   std::string name_;
   void* data_ = nullptr;
   size_t size_ = 0;
-  bool unlinked_ = false;
 };
 
 }  // namespace ddp::comm::shm
