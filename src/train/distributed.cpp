@@ -1,5 +1,6 @@
 #include "ddp/train/distributed.h"
 
+#include <dlfcn.h>
 #include <fmt/format.h>
 #include <sched.h>
 #include <torch/torch.h>
@@ -95,6 +96,19 @@ int threads_for_this_process(int configured, const comm::Env& env, int local_wor
   const int host = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   return threads_per_rank(configured, env.count("OMP_NUM_THREADS") != 0, torch::get_num_threads(),
                           affinity, host, local_world_size);
+}
+
+void set_intra_op_threads(int threads) {
+  torch::set_num_threads(threads);
+  // LibTorch's count reaches OpenMP (and MKL), not OpenBLAS: the OpenMP build of OpenBLAS follows
+  // it, the pthreads one (libopenblas0-pthread, which libopenblas-dev installs and whose
+  // alternative outranks the OpenMP one) keeps one thread per core. Its matmuls then sum in another
+  // order than a process whose OMP_NUM_THREADS said the same count, so equal jobs would differ in
+  // their last bits. Looked up at run time: the BLAS is a choice of the host, not of our build.
+  using SetThreads = void (*)(int);
+  if (void* set = ::dlsym(RTLD_DEFAULT, "openblas_set_num_threads")) {
+    reinterpret_cast<SetThreads>(set)(threads);
+  }
 }
 
 torch::Device resolve_device(const std::string& name, int cuda_device_count, int local_rank) {

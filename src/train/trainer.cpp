@@ -260,7 +260,7 @@ Trainer::Trainer(Config config, Distributed dist)
           "do not share cores (--threads or OMP_NUM_THREADS choose otherwise)",
           threads, torch::get_num_threads(), dist_.launch.local_world_size);
     }
-    torch::set_num_threads(threads);
+    set_intra_op_threads(threads);
   }
   batch_size_ = batch_size_per_rank(config_, dist_.world_size());
   batch_world_ = dist_.world_size();

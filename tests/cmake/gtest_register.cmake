@@ -17,6 +17,8 @@
 #                         joined by ':') are one test NAME, one process, so that they can share
 #                         what they start: one launch of ranks for several scenarios (support/
 #                         scenarios.h). GoogleTest's output still names each test that failed.
+#   DDP_GTEST_ALONE       filters of the tests that run with no other test beside them
+#                         (RUN_SERIAL); only for tests registered on their own
 # Every other test is registered on its own, as GoogleTest's gtest_discover_tests does, under its
 # GoogleTest name, a value-parameterised test's index replaced by its value as gtest_discover_tests
 # does (Worlds/GlooRanks.X/2, not .../0); a test that calls GTEST_SKIP() shows as skipped.
@@ -44,6 +46,11 @@ set(both_regexes "")
 foreach(filter IN LISTS DDP_GTEST_ON_BOTH)
   ddp_filter_regex("${filter}" regex)
   list(APPEND both_regexes "${regex}")
+endforeach()
+set(alone_regexes "")
+foreach(filter IN LISTS DDP_GTEST_ALONE)
+  ddp_filter_regex("${filter}" regex)
+  list(APPEND alone_regexes "${regex}")
 endforeach()
 
 # Each shared test's name, filter and patterns (as regexes: shared_<i>_regexes).
@@ -143,6 +150,11 @@ foreach(line IN LISTS lines)
   add_test("${name}" "${DDP_GTEST_PROGRAM}" "--gtest_filter=${filter_name}")
   set_tests_properties("${name}" PROPERTIES ${DDP_GTEST_PROPERTIES} LABELS "${labels}"
                        SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
+  foreach(regex IN LISTS alone_regexes)
+    if(name MATCHES "${regex}")
+      set_tests_properties("${name}" PROPERTIES RUN_SERIAL TRUE)
+    endif()
+  endforeach()
 endforeach()
 
 # A suite's or a shared test fails if any of its tests fails (GoogleTest's exit code); its output

@@ -135,7 +135,10 @@ INSTANTIATE_TEST_SUITE_P(Backends, SlowRank, ::testing::Values("gloo", "mpi"),
 
 // Three seeds of the plain ddp_train, 2 ranks on gloo: nobody is named, and the figures are
 // written all the same; the third with windows of 150 steps, longer than its run of 100: the
-// last window, however short, is exchanged, so its figures and table are there too.
+// last window, however short, is exchanged, so its figures and table are there too. Run with no
+// other test beside it (ALONE, tests/CMakeLists.txt): its steps take a fraction of a millisecond,
+// so a rank kept off its core by another test's ranks for 50 ms of a window is slow indeed, and
+// named.
 TEST(StragglerRuns, BalancedRunsNameNone) {
   for (const char* seed : {"1", "2", "3"}) {
     TempDir out;

@@ -2,9 +2,13 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <dlfcn.h>
 #include <torch/torch.h>
+
+#include <cstdlib>
 #include <limits>
 
+#include "ddp/train/distributed.h"
 #include "ddp/train/metrics.h"
 #include "ddp/train/trainer.h"
 #include "ddp/train/workload.h"
@@ -131,6 +135,26 @@ TEST(Threads, RanksThatWouldShareCoresGetTheirShareAndNoMore) {
   EXPECT_EQ(threads_per_rank(0, false, 16, 16, 16, 1), 0);  // alone on the host: the default
   EXPECT_EQ(threads_per_rank(0, false, 2, 2, 2, 3), 1);     // more ranks than cores: at least 1
   EXPECT_EQ(threads_per_rank(0, false, 2, 0, 2, 2), 0);     // affinity unknown: the default
+}
+
+// OpenBLAS, LibTorch's BLAS on Debian, in either build: the OpenMP one, and the pthreads one
+// that LibTorch's own count does not reach (a second registration loads it, tests/CMakeLists.txt).
+// With more than one core, a rank told 1 thread would otherwise run its matmuls on one per core.
+TEST(Threads, SetIntraOpThreadsSetsOpenBlasThreadsInEitherBuild) {
+  using Get = int (*)();
+  const auto blas_threads = reinterpret_cast<Get>(::dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  const auto blas_build = reinterpret_cast<Get>(::dlsym(RTLD_DEFAULT, "openblas_get_parallel"));
+  ASSERT_NE(blas_threads, nullptr) << "this process's BLAS is not OpenBLAS";
+  ASSERT_NE(blas_build, nullptr);
+  // 1: pthreads, 2: OpenMP (openblas_get_parallel); the registration says which it loaded.
+  if (const char* expected = std::getenv("DDP_TEST_OPENBLAS_PARALLEL")) {
+    ASSERT_EQ(blas_build(), std::atoi(expected)) << "LD_LIBRARY_PATH did not load that build";
+  }
+  const int before = torch::get_num_threads();
+  ddp::train::set_intra_op_threads(1);
+  EXPECT_EQ(torch::get_num_threads(), 1);
+  EXPECT_EQ(blas_threads(), 1) << "OpenBLAS build " << blas_build();
+  ddp::train::set_intra_op_threads(before);
 }
 
 TEST(Metrics, NonFiniteValuesAreWrittenAsNull) {

@@ -54,6 +54,10 @@ int threads_per_rank(int configured, bool omp_num_threads_set, int default_threa
 // current default, OMP_NUM_THREADS in `env`.
 int threads_for_this_process(int configured, const comm::Env& env, int local_world_size);
 
+// Sets this process's intra-op threads: LibTorch's, and OpenBLAS's where the host's BLAS is
+// OpenBLAS (whose pthreads build does not follow LibTorch's count).
+void set_intra_op_threads(int threads);
+
 // --elastic: replaces d.group by the group of the next generation that includes this worker
 // (blocks until the launcher publishes it), and d.launch's rank and world size by its own.
 void join_next_generation(Distributed& d);
