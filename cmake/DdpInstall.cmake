@@ -18,8 +18,8 @@ add_library(ddp_all INTERFACE)
 add_library(ddp::ddp ALIAS ddp_all)
 set_target_properties(ddp_all PROPERTIES EXPORT_NAME ddp)
 target_link_libraries(ddp_all INTERFACE ddp::train ddp::core ddp::comm ddp::data ddp::models
-                                        ddp::store ddp::flight_records ddp::elastic_keys
-                                        ddp::stacks ddp::shm ddp::common)
+                                        ddp::launch_info ddp::store ddp::flight_records
+                                        ddp::elastic_keys ddp::stacks ddp::shm ddp::common)
 
 # ddp::torch (cmake/DdpDependencies.cmake) holds the paths of the LibTorch found here. The
 # package exports it as an empty placeholder instead, and ddpConfig.cmake fills it from the
@@ -37,9 +37,9 @@ set_target_properties(ddp_torch PROPERTIES EXPORT_NAME torch)
 # The libraries, with their include dirs (include/, from ddp_add_layer's INSTALL_INTERFACE) and
 # their dependencies as targets. The precompiled header is not part of any of them: the layers
 # only reuse it (PRECOMPILE_HEADERS_REUSE_FROM, a build-time property), and ddp_pch is private.
-set(ddp_layers ddp_common_lib ddp_stacks_lib ddp_store_lib ddp_flight_records_lib
-               ddp_elastic_keys_lib ddp_shm_lib ddp_comm_lib ddp_core_lib ddp_data_lib ddp_models_lib
-               ddp_train_lib)
+set(ddp_layers ddp_common_lib ddp_stacks_lib ddp_launch_info_lib ddp_store_lib
+               ddp_flight_records_lib ddp_elastic_keys_lib ddp_shm_lib ddp_comm_lib ddp_core_lib
+               ddp_data_lib ddp_models_lib ddp_train_lib)
 # The public headers are C++17 (nested namespaces, inline variables): a requirement of their
 # users, not only of this build (which sets CMAKE_CXX_STANDARD).
 foreach(layer IN LISTS ddp_layers)

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "ddp/comm/diagnostics/diagnose.h"
-#include "ddp/comm/diagnostics/flight_recorder.h"
 #include "ddp/comm/diagnostics/stacks.h"
+#include "ddp/comm/flight_recorder.h"
 #include "ddp/comm/rendezvous.h"
 #include "ddp/common/error.h"
 #include "ddp/common/files.h"

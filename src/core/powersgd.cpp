@@ -113,6 +113,26 @@ torch::Tensor add_error(std::map<size_t, torch::Tensor>& errors, size_t index,
   return input.clone();
 }
 
+// PyTorch's unpack_uncompressed_tensors_and_allreduce_ps: the average of the uncompressed
+// tensors back into the bucket, then the sum of the P's (which need no division: they are
+// normalised next).
+torch::Tensor unpack_and_all_reduce_ps(comm::ProcessGroup& group, torch::Tensor reduced,
+                                       const Split& split, torch::Tensor p_memory) {
+  unpack(reduced.div_(group.world_size()), split.uncompressed);
+  group.all_reduce(p_memory, comm::ReduceOp::kSum)->wait();
+  return p_memory;
+}
+
+// PyTorch's compute_qs: the summed P's orthonormalised, each Q = M^T P, then the sum of the Q's.
+torch::Tensor compute_qs(comm::ProcessGroup& group, const Split& split,
+                         const std::vector<torch::Tensor>& ps, std::vector<torch::Tensor>& qs,
+                         torch::Tensor q_memory, double epsilon) {
+  for (const auto& p : ps) orthogonalize(p, epsilon);
+  for (size_t i = 0; i < qs.size(); ++i) at::mm_out(qs[i], split.compress[i].t(), ps[i]);
+  group.all_reduce(q_memory, comm::ReduceOp::kSum)->wait();
+  return q_memory;
+}
+
 // Fresh Q's: the same random values on every rank, from a CPU generator seeded with `seed`.
 void randomize(std::vector<torch::Tensor>& qs, uint64_t seed, c10::ScalarType dtype) {
   auto generator = at::detail::createCPUGenerator(seed);
@@ -205,18 +225,12 @@ FuturePtr powersgd_hook(PowerSGDState& state, GradBucket& bucket) {
   for (size_t i = 0; i < ps.size(); ++i) at::mm_out(ps[i], split.compress[i], qs[i]);
 
   return Future::of(group.all_reduce(uncompressed, comm::ReduceOp::kSum), uncompressed)
-      ->then([&state, &group, index, split](torch::Tensor reduced) mutable {
-        unpack(reduced.div_(group.world_size()), split.uncompressed);
-        auto p_memory = state.p_memory_[index];  // P's need no division: they are normalised
-        group.all_reduce(p_memory, comm::ReduceOp::kSum)->wait();
-        return p_memory;
+      ->then([&state, &group, index, split](torch::Tensor reduced) {
+        return unpack_and_all_reduce_ps(group, reduced, split, state.p_memory_[index]);
       })
       ->then([&state, &group, index, split, ps, qs](torch::Tensor) mutable {
-        for (const auto& p : ps) orthogonalize(p, state.options().orthogonalization_epsilon());
-        for (size_t i = 0; i < qs.size(); ++i) at::mm_out(qs[i], split.compress[i].t(), ps[i]);
-        auto q_memory = state.q_memory_[index];
-        group.all_reduce(q_memory, comm::ReduceOp::kSum)->wait();
-        return q_memory;
+        return compute_qs(group, split, ps, qs, state.q_memory_[index],
+                          state.options().orthogonalization_epsilon());
       })
       ->then([&state, &group, index, split, ps, qs, input, input_copy,
               is_last = bucket.is_last()](torch::Tensor q_memory) mutable {

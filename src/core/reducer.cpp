@@ -299,24 +299,9 @@ void Reducer::finalize() {
 
   note_completed();
   for (size_t b = 0; b < buckets_.size(); ++b) {
-    auto& bucket = buckets_[b];
     wait_for(b);
-    bucket.future.reset();
-    if (passthrough_) continue;
-    for (size_t k = 0; k < bucket.params.size(); ++k) {
-      const size_t i = bucket.params[k];
-      // A parameter no rank used keeps its .grad as it was, as c10d's
-      // Reducer::finalize_bucket_dense does ("globally unused" parameters).
-      if (!used.empty() && used[i] == 0) continue;
-      auto& grad = params_[i].mutable_grad();
-      if (options_.gradient_as_bucket_view) {
-        grad = bucket.views[k];
-      } else if (grad.defined()) {
-        grad.copy_(bucket.views[k]);
-      } else {
-        grad = bucket.views[k].clone();
-      }
-    }
+    buckets_[b].future.reset();
+    if (!passthrough_) finalize_bucket(buckets_[b], used);
   }
   stats_.finalize_end = Clock::now();
   if (static_first) {
@@ -326,6 +311,23 @@ void Reducer::finalize() {
   // Static graph: from the second iteration's order, the first's marks are in bucket order.
   if (!rebuilt_ && !options_.find_unused_parameters && !static_first) {
     rebuild_from_observed_order();
+  }
+}
+
+void Reducer::finalize_bucket(const Bucket& bucket, const std::vector<int32_t>& used) {
+  for (size_t k = 0; k < bucket.params.size(); ++k) {
+    const size_t i = bucket.params[k];
+    // A parameter no rank used keeps its .grad as it was, as c10d's
+    // Reducer::finalize_bucket_dense does ("globally unused" parameters).
+    if (!used.empty() && used[i] == 0) continue;
+    auto& grad = params_[i].mutable_grad();
+    if (options_.gradient_as_bucket_view) {
+      grad = bucket.views[k];
+    } else if (grad.defined()) {
+      grad.copy_(bucket.views[k]);
+    } else {
+      grad = bucket.views[k].clone();
+    }
   }
 }
 

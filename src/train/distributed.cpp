@@ -11,6 +11,7 @@
 #include "ddp/comm/diagnostics/collective_check.h"
 #include "ddp/comm/hierarchical.h"
 #include "ddp/comm/host_collectives.h"
+#include "ddp/comm/rendezvous.h"
 #include "ddp/common/error.h"
 #include "ddp/common/log.h"
 #include "ddp/common/socket.h"

@@ -5,7 +5,7 @@
 
 #include <cmath>
 
-#include "ddp/comm/diagnostics/flight_recorder.h"
+#include "ddp/comm/flight_recorder.h"
 #include "ddp/comm/host_collectives.h"
 #include "ddp/common/files.h"
 #include "ddp/common/log.h"

@@ -19,6 +19,7 @@
 #include <torch/types.h>
 
 #include "built_paths.h"
+#include "ddp/comm/launch_info.h"
 #include "ddp/comm/rendezvous.h"
 #include "ddp/common/socket.h"
 #include "ranks.h"

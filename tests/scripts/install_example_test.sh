@@ -18,6 +18,7 @@ min_accuracy=0.75
 
 install_package "$build_dir" "$tmp/prefix"
 for f in bin/ddp_train bin/launcher include/ddp/version.h include/ddp/core/distributed_data_parallel.h \
+  include/ddp/comm/launch_info.h \
   "${config_dir#"$tmp/prefix/"}"/{ddpConfig,ddpConfigVersion,ddpTargets}.cmake \
   share/ddp/configs/fashion_mnist_mlp.yaml; do
   [[ -e "$tmp/prefix/$f" ]] || fail "the install has no $f"

@@ -58,7 +58,8 @@
 #include <vector>
 
 #include "ddp/comm/elastic/elastic.h"
-#include "ddp/comm/rendezvous.h"
+#include "ddp/comm/launch_info.h"
+#include "ddp/comm/process_group.h"
 #include "ddp/common/error.h"
 #include "ddp/common/log.h"
 #include "ddp/train/distributed.h"

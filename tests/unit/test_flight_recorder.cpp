@@ -5,7 +5,7 @@
 #include <string>
 
 #include "ddp/comm/diagnostics/diagnose.h"
-#include "ddp/comm/diagnostics/flight_recorder.h"
+#include "ddp/comm/flight_recorder.h"
 #include "ddp/comm/process_group.h"
 #include "ddp/common/error.h"
 #include "subprocess.h"

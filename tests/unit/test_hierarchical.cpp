@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "ddp/comm/hierarchical.h"
+#include "ddp/comm/launch_info.h"
 #include "ddp/common/error.h"
 #include "ddp/train/distributed.h"
 

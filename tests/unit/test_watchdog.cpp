@@ -15,9 +15,9 @@
 #include <thread>
 
 #include "ddp/comm/diagnostics/diagnose.h"
-#include "ddp/comm/diagnostics/flight_recorder.h"
 #include "ddp/comm/diagnostics/stacks.h"
 #include "ddp/comm/diagnostics/watchdog.h"
+#include "ddp/comm/flight_recorder.h"
 #include "ddp/comm/rendezvous.h"
 #include "subprocess.h"
 

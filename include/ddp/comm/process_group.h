@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "ddp/comm/diagnostics/flight_recorder.h"
+#include "ddp/comm/flight_recorder.h"
 #include "ddp/common/error.h"
 
 namespace ddp::comm {

@@ -130,6 +130,9 @@ class Reducer {
   void launch_ready_buckets();
   void note_completed();  // stats_.bucket_done of the launched buckets that have completed
   void finalize();
+  // The bucket's reduced values into its parameters' .grad, but for the parameters no rank used
+  // (`used[i] == 0`; an empty `used` counts every parameter as used).
+  void finalize_bucket(const Bucket& bucket, const std::vector<int32_t>& used);
   void reduce_used_map(std::vector<int32_t>& used);  // all-reduces the per-parameter counts
   void report_unready() const;
   void rebuild_from_observed_order();

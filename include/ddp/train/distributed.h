@@ -8,7 +8,8 @@
 #include <vector>
 
 #include "ddp/comm/elastic/elastic.h"
-#include "ddp/comm/rendezvous.h"
+#include "ddp/comm/launch_info.h"
+#include "ddp/comm/process_group.h"
 #include "ddp/train/config.h"
 
 namespace ddp::train {

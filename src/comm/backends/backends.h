@@ -1,6 +1,7 @@
 #pragma once
-// Private: the constructors of the backends, one .cpp each, called only by the factory in
-// rendezvous.cpp. Each backend header (gloo/c10d, mpi.h, nccl.h) is included by its .cpp alone.
+// Private: the constructors of the backends, one .cpp each, called by the factory in
+// rendezvous.cpp and by the elastic agent for each generation's group (elastic/elastic.cpp). Each
+// backend header (gloo/c10d, mpi.h, nccl.h) is included by its .cpp alone.
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -10,8 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "ddp/comm/launch_info.h"
 #include "ddp/comm/process_group.h"
-#include "ddp/comm/rendezvous.h"
 
 namespace ddp::comm {
 

@@ -178,6 +178,11 @@ class ShmProcessGroup : public ProcessGroup {
   // (Note [Nothing left in /dev/shm]). Where any step fails anywhere, every rank stays on inner,
   // and rank 0 says why.
   void attach();
+  // The segment's name, chosen by rank 0, where every rank of the group is on this host.
+  std::optional<std::string> segment_name_on_one_host();
+  // The last exchange, of each rank's outcome (`mine`: "" or why it failed): where any rank
+  // failed, every rank drops its channel and segment.
+  void keep_if_all_attached(const std::string& mine);
   void warn_not_used(int rank, const std::string& why) const;
   void make_channel(size_t slot);
   void drop_channel();
@@ -190,17 +195,9 @@ class ShmProcessGroup : public ProcessGroup {
 
 void ShmProcessGroup::attach() {
   const c10::Device cpu(c10::kCPU);
-  // Rank 0 names the segment in the first collective, before it exists: every rank knows the
-  // name, and removes it however the set-up ends (Note [Nothing left in /dev/shm]).
-  const std::string host = host_key(net::host_name(), current_env());
-  const auto records =
-      all_gather_bytes(*inner_, host + '\n' + (rank() == 0 ? segment_name() : ""), cpu);
-  const std::string name = records.front().substr(records.front().find('\n') + 1);
-  for (const auto& record : records) {
-    // Several hosts: inner's (and the hierarchy's host groups).
-    if (record.substr(0, record.find('\n')) != host) return;
-  }
-  const SegmentName remove_at_the_end{name};
+  const auto name = segment_name_on_one_host();
+  if (!name) return;  // several hosts: inner's (and the hierarchy's host groups)
+  const SegmentName remove_at_the_end{*name};
   const size_t slot = shm::Channel::slot_bytes_for(world_size(), kRegionBudget);
   const size_t bytes = shm::Channel::region_bytes(world_size(), slot);
   // Each rank's outcome: "" or why it failed.
@@ -212,13 +209,13 @@ void ShmProcessGroup::attach() {
       mine = e.what();
     }
   };
-  if (rank() == 0) step([&] { return shm::Segment::create(name, bytes); });
+  if (rank() == 0) step([&] { return shm::Segment::create(*name, bytes); });
   if (any_rank(*inner_, !mine.empty(), cpu)) {  // rank 0 could not create it
     if (rank() == 0) warn_not_used(0, mine);
     segment_.reset();
     return;
   }
-  if (rank() != 0) step([&] { return shm::Segment::open(name, bytes); });
+  if (rank() != 0) step([&] { return shm::Segment::open(*name, bytes); });
   // The channel before the last exchange: a rank lost after it has its life in the segment
   // already, and the others' first collective sees it gone.
   if (segment_) {
@@ -228,9 +225,25 @@ void ShmProcessGroup::attach() {
       mine = e.what();
     }
   }
+  keep_if_all_attached(mine);
+}
+
+std::optional<std::string> ShmProcessGroup::segment_name_on_one_host() {
+  // Rank 0 names the segment in the first collective, before it exists: every rank knows the
+  // name, and removes it however the set-up ends (Note [Nothing left in /dev/shm]).
+  const std::string host = host_key(net::host_name(), current_env());
+  const auto records = all_gather_bytes(
+      *inner_, host + '\n' + (rank() == 0 ? segment_name() : ""), c10::Device(c10::kCPU));
+  for (const auto& record : records) {
+    if (record.substr(0, record.find('\n')) != host) return std::nullopt;
+  }
+  return records.front().substr(records.front().find('\n') + 1);
+}
+
+void ShmProcessGroup::keep_if_all_attached(const std::string& mine) {
   std::vector<std::string> outcomes;
   try {
-    outcomes = all_gather_bytes(*inner_, mine, cpu);
+    outcomes = all_gather_bytes(*inner_, mine, c10::Device(c10::kCPU));
   } catch (...) {
     drop_channel();
     throw;

@@ -7,8 +7,8 @@
 #include <mutex>
 #include <vector>
 
-#include "ddp/comm/diagnostics/flight_recorder.h"
 #include "ddp/comm/diagnostics/stacks.h"
+#include "ddp/comm/flight_recorder.h"
 #include "ddp/common/files.h"
 #include "ddp/common/log.h"
 

@@ -18,7 +18,8 @@
 
 #include <chrono>
 
-#include "ddp/comm/rendezvous.h"
+#include "ddp/comm/launch_info.h"
+#include "ddp/comm/process_group.h"
 #include "ddp/comm/store/store_protocol.h"
 #include "ddp/comm/store/store_server.h"
 #include "store_client.h"

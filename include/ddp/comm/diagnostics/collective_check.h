@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "ddp/comm/launch_info.h"
 #include "ddp/comm/process_group.h"
-#include "ddp/comm/rendezvous.h"
 
 namespace ddp::comm {
 

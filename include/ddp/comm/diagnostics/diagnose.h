@@ -1,5 +1,5 @@
 #pragma once
-// The hang doctor: merges the ranks' flight records (comm/diagnostics/flight_recorder.h) into one
+// The hang doctor: merges the ranks' flight records (comm/flight_recorder.h) into one
 // report that names the rank(s) that lagged, the first collective they did not enter (or entered
 // only after the others had given up on it), and the phase of the training step it belongs to.
 
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "ddp/comm/diagnostics/flight_recorder.h"
+#include "ddp/comm/flight_recorder.h"
 
 namespace ddp::comm {
 

@@ -15,7 +15,7 @@
 #include <string>
 #include <thread>
 
-#include "ddp/comm/diagnostics/flight_recorder.h"
+#include "ddp/comm/flight_recorder.h"
 #include "ddp/comm/process_group.h"
 
 namespace ddp::comm {

@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "ddp/comm/elastic/elastic_keys.h"
+#include "ddp/comm/launch_info.h"
 #include "ddp/comm/process_group.h"
-#include "ddp/comm/rendezvous.h"
 
 namespace c10d {
 class Store;

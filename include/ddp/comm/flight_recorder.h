@@ -6,8 +6,8 @@
 // collective failure or timeout and on SIGUSR1; `ddp_train --diagnose DIR` merges the files.
 //
 // Thread-safe: collectives may be issued from autograd threads (DDP's hooks) while the watchdog
-// thread reads the buffer. Free of LibTorch (library ddp::flight), so the launcher can read and
-// merge the records too (comm/diagnostics/diagnose.h).
+// thread reads the buffer. Free of LibTorch (library ddp::flight_records), so the launcher can read
+// and merge the records too (comm/diagnostics/diagnose.h).
 
 #include <cstdint>
 #include <deque>

@@ -1,4 +1,4 @@
-#include "ddp/comm/diagnostics/flight_recorder.h"
+#include "ddp/comm/flight_recorder.h"
 
 #include <nlohmann/json.hpp>
 
