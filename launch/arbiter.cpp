@@ -3,18 +3,16 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <variant>
 
 namespace ddp::launch {
 namespace {
 
-using Kind = ArbiterEvent::Kind;
-using Do = ArbiterAction::Kind;
-
-void remove(std::vector<std::string>& ids, const std::string& id) {
+void remove(std::vector<WorkerId>& ids, const WorkerId& id) {
   ids.erase(std::remove(ids.begin(), ids.end(), id), ids.end());
 }
 
-bool contains(const std::vector<std::string>& ids, const std::string& id) {
+bool contains(const std::vector<WorkerId>& ids, const WorkerId& id) {
   return std::find(ids.begin(), ids.end(), id) != ids.end();
 }
 
@@ -22,39 +20,7 @@ double seconds_of(Clock::duration d) {
   return std::chrono::duration<double>(d).count();
 }
 
-ArbiterAction note(std::string text) {
-  ArbiterAction a;
-  a.kind = Do::kNote;
-  a.text = std::move(text);
-  return a;
-}
-
 }  // namespace
-
-std::string elastic_worker_id(bool several_nodes, int node, int local_rank, int incarnation) {
-  return several_nodes ? fmt::format("{}.{}.{}", node, local_rank, incarnation)
-                       : fmt::format("{}.{}", local_rank, incarnation);
-}
-
-int node_of_worker(const std::string& id) {
-  const size_t first = id.find('.');
-  return id.find('.', first + 1) == std::string::npos ? 0 : std::stoi(id.substr(0, first));
-}
-
-int local_rank_of_worker(const std::string& id) {
-  const size_t last = id.rfind('.');
-  const size_t before = id.rfind('.', last - 1);
-  const size_t begin = before == std::string::npos ? 0 : before + 1;
-  return std::stoi(id.substr(begin, last - begin));
-}
-
-int incarnation_of_worker(const std::string& id) {
-  return std::stoi(id.substr(id.rfind('.') + 1));
-}
-
-std::string next_incarnation(const std::string& id) {
-  return id.substr(0, id.rfind('.') + 1) + std::to_string(incarnation_of_worker(id) + 1);
-}
 
 bool first_generation_due(int nodes_in, int min_nodes, int max_nodes, Clock::duration waited,
                           Clock::duration last_call) {
@@ -64,73 +30,66 @@ bool first_generation_due(int nodes_in, int min_nodes, int max_nodes, Clock::dur
 Arbiter::Arbiter(Settings settings, Clock::time_point now)
     : settings_(settings), round_began_(now) {}
 
-std::vector<ArbiterAction> Arbiter::on(const ArbiterEvent& e) {
+std::vector<ArbiterAction> Arbiter::on(const ArbiterEvent& event, Clock::time_point now) {
   Actions out;
   if (phase_ == Phase::kEnded) return out;
-  switch (e.kind) {
-    case Kind::kTick:
-      tick(e.now, out);
-      break;
-    case Kind::kNode:
-      node_in(e, out);
-      break;
-    case Kind::kRestarted:
-      joining_.insert(joining_.end(), e.ids.begin(), e.ids.end());
-      break;
-    case Kind::kLost:
-      lose(e.ids, e.what, e.exit_code, e.now, out);
-      break;
-    case Kind::kDone:
-      for (const auto& id : e.ids) {
-        leave_training(id);
-        ended_ok_.insert(id);
-      }
-      end_if_finished(out);
-      break;
-    case Kind::kTrained:
-      for (const auto& id : e.ids) {
-        if (contains(members_, id)) leave_training(id);
-      }
-      break;
-    case Kind::kReady:
-      for (const auto& id : e.ids) joiner_ready(id, out);
-      break;
-    case Kind::kHolds:
-      holders_.insert(e.ids.begin(), e.ids.end());
-      break;
-    case Kind::kSpeaks:
-      speaks_ = true;
-      break;
-    case Kind::kCheckpoint:
-      checkpoint_ = e.what;
-      break;
-    case Kind::kReform:
-      if (phase_ == Phase::kRunning && !reform_seen_) reform_seen_ = e.now;
-      break;
-    case Kind::kBeat: {
-      const auto it = nodes_.find(e.node);
-      if (it == nodes_.end() || it->second.beat == e.count) break;
-      Node& node = it->second;
-      if (!node.in) out.push_back(note(fmt::format("elastic: node {} is back", e.node)));
-      node = Node{true, e.count, e.now};
-      break;
-    }
-  }
+  std::visit([&](const auto& e) { handle(e, now, out); }, event);
   return out;
 }
 
-void Arbiter::joiner_ready(const std::string& id, Actions& out) {
+void Arbiter::handle(const event::Restarted& e, Clock::time_point, Actions&) {
+  joining_.insert(joining_.end(), e.workers.begin(), e.workers.end());
+}
+
+void Arbiter::handle(const event::Lost& e, Clock::time_point now, Actions& out) {
+  lose(e.workers, e.what, e.exit_code, now, out);
+}
+
+void Arbiter::handle(const event::Done& e, Clock::time_point, Actions& out) {
+  for (const auto& id : e.workers) {
+    leave_training(id);
+    ended_ok_.insert(id);
+  }
+  end_if_finished(out);
+}
+
+void Arbiter::handle(const event::Trained& e, Clock::time_point, Actions&) {
+  if (contains(members_, e.worker)) leave_training(e.worker);
+}
+
+void Arbiter::handle(const event::Holds& e, Clock::time_point, Actions&) {
+  holders_.insert(e.worker);
+}
+
+void Arbiter::handle(const event::Speaks&, Clock::time_point, Actions&) {
+  speaks_ = true;
+}
+
+void Arbiter::handle(const event::Checkpoint& e, Clock::time_point, Actions&) {
+  checkpoint_ = e.which;
+}
+
+void Arbiter::handle(const event::Reform&, Clock::time_point now, Actions&) {
+  if (phase_ == Phase::kRunning && !reform_seen_) reform_seen_ = now;
+}
+
+void Arbiter::handle(const event::Beat& e, Clock::time_point now, Actions& out) {
+  const auto it = nodes_.find(e.node);
+  if (it == nodes_.end() || it->second.beat == e.count) return;
+  Node& node = it->second;
+  if (!node.in) out.push_back(action::Note{fmt::format("elastic: node {} is back", e.node)});
+  node = Node{true, e.count, now};
+}
+
+void Arbiter::handle(const event::Ready& e, Clock::time_point, Actions& out) {
+  const WorkerId& id = e.worker;
   if (!contains(joining_, id) || contains(ready_, id)) return;
   ready_.push_back(id);
   if (phase_ != Phase::kRunning) return;  // the first generation takes it in
-  ArbiterAction grow;
-  grow.kind = Do::kGrow;
-  grow.ids = {id};
-  grow.generation = generation_;
-  out.push_back(grow);
+  out.push_back(action::Grow{generation_, id});
 }
 
-void Arbiter::tick(Clock::time_point now, Actions& out) {
+void Arbiter::handle(const event::Tick&, Clock::time_point now, Actions& out) {
   if (phase_ == Phase::kForming) return form(now, out);
   drop_silent_nodes(now, out);
   if (phase_ != Phase::kRunning) return;
@@ -142,7 +101,7 @@ void Arbiter::tick(Clock::time_point now, Actions& out) {
   if (!any_holder()) return;
   take_in_ready_joiners();
   publish(out);
-  out.push_back(note("elastic: " + describe_generation()));
+  out.push_back(action::Note{"elastic: " + describe_generation()});
 }
 
 // The round's first generation, once its nodes are in (or the job's end, when MIN do not come).
@@ -173,9 +132,10 @@ void Arbiter::form(Clock::time_point now, Actions& out) {
   take_in_ready_joiners();
   publish(out);
   if (settings_.max_nodes > 1 || round_ > 0) {
-    out.push_back(note(fmt::format("elastic: {}generation {} of {} worker(s) on {} node(s): {}",
-                                   round_ > 0 ? fmt::format("round {}: ", round_) : "", generation_,
-                                   members_.size(), in, fmt::join(members_, ","))));
+    out.push_back(
+        action::Note{fmt::format("elastic: {}generation {} of {} worker(s) on {} node(s): {}",
+                                 round_ > 0 ? fmt::format("round {}: ", round_) : "", generation_,
+                                 members_.size(), in, fmt::join(members_, ","))});
   }
 }
 
@@ -185,29 +145,29 @@ void Arbiter::drop_silent_nodes(Clock::time_point now, Actions& out) {
   for (auto& [n, node] : nodes_) {
     if (!node.in || now - node.heard <= settings_.node_timeout) continue;
     node.in = false;
-    std::vector<std::string> ids;
+    Ids ids;
     for (const auto* list : {&members_, &joining_}) {
       for (const auto& id : *list) {
-        if (node_of_worker(id) == n) ids.push_back(id);
+        if (id.node == n) ids.push_back(id);
       }
     }
     // Its workers past their loop that had not ended: their launcher stops them, so they fail
     // in their ending (Note [Every ending is decided]).
     for (const auto& id : out_of_training_) {
-      if (node_of_worker(id) == n && ended_ok_.count(id) == 0) ids.push_back(id);
+      if (id.node == n && ended_ok_.count(id) == 0) ids.push_back(id);
     }
     const std::string what =
         fmt::format("node {}: not heard from for {:.1f} s (its link or its launcher is down)", n,
                     seconds_of(now - node.heard));
     if (const std::string why = below_min(); !why.empty()) {
-      out.push_back(note("elastic: " + what));
+      out.push_back(action::Note{"elastic: " + what});
       return end(1, why, out);
     }
     const int64_t before = generation_;
     lose(ids, what, 1, now, out);
     if (phase_ != Phase::kRunning) return;
-    out.push_back(note(fmt::format("elastic: {}{}", what,
-                                   generation_ == before ? "" : "; " + describe_generation())));
+    out.push_back(action::Note{fmt::format(
+        "elastic: {}{}", what, generation_ == before ? "" : "; " + describe_generation())});
   }
 }
 
@@ -216,28 +176,23 @@ std::string Arbiter::describe_generation() const {
                      fmt::join(members_, ","));
 }
 
-void Arbiter::node_in(const ArbiterEvent& e, Actions& out) {
-  if (e.node != 0) nodes_[e.node] = Node{true, -1, e.now};
+void Arbiter::handle(const event::NodeIn& e, Clock::time_point now, Actions& out) {
+  if (e.node != 0) nodes_[e.node] = Node{true, -1, now};
   const bool join = phase_ == Phase::kRunning;
-  (join ? joining_ : members_)
-      .insert((join ? joining_ : members_).end(), e.ids.begin(), e.ids.end());
+  Ids& to = join ? joining_ : members_;
+  to.insert(to.end(), e.workers.begin(), e.workers.end());
   if (!join) registered_.insert(e.node);
   if (e.node == 0) return;  // node 0's workers are started by its own launcher
-  ArbiterAction admit;
-  admit.kind = Do::kAdmit;
-  admit.node = e.node;
-  admit.round = round_;
-  admit.join = join;
-  out.push_back(admit);
-  out.push_back(
-      note(fmt::format("elastic: node {} is in the job with worker(s) {}{}", e.node,
-                       fmt::join(e.ids, ","), join ? ", which join the running group" : "")));
+  out.push_back(action::Admit{e.node, round_, join});
+  out.push_back(action::Note{fmt::format("elastic: node {} is in the job with worker(s) {}{}",
+                                         e.node, fmt::join(e.workers, ","),
+                                         join ? ", which join the running group" : "")});
 }
 
 // Out of the group at once: one generation without all of `ids` (Note [Committed state has an
 // owner] says when there is none, Note [Every ending is decided] what a loss after training is).
-void Arbiter::lose(const std::vector<std::string>& ids, const std::string& what, int exit_code,
-                   Clock::time_point now, Actions& out) {
+void Arbiter::lose(const Ids& ids, const std::string& what, int exit_code, Clock::time_point now,
+                   Actions& out) {
   std::vector<int> ranks;
   bool after_training = false;
   for (const auto& id : ids) {
@@ -273,14 +228,9 @@ void Arbiter::lose(const std::vector<std::string>& ids, const std::string& what,
 
 // Members lost while training: the generation is given up (`notice`), the survivors' published
 // while one of them holds the state, and the lost workers restarted when the loss window closes.
-void Arbiter::lose_members(const std::vector<std::string>& ids, const std::string& notice_text,
-                           const std::string& what, int exit_code, Clock::time_point now,
-                           Actions& out) {
-  ArbiterAction notice;
-  notice.kind = Do::kAbortNotice;
-  notice.generation = generation_;
-  notice.text = notice_text;
-  out.push_back(notice);
+void Arbiter::lose_members(const Ids& ids, const std::string& notice_text, const std::string& what,
+                           int exit_code, Clock::time_point now, Actions& out) {
+  out.push_back(action::AbortNotice{generation_, notice_text});
   restart_later(ids, now);
   if (any_holder()) {
     // A ready joiner is taken into this generation: waiting for the next grow would strand it.
@@ -298,15 +248,16 @@ void Arbiter::lose_members(const std::vector<std::string>& ids, const std::strin
 // the members asked for the next generation without saying so, or the node timeout passed.
 void Arbiter::settle_unowned(Clock::time_point now, Actions& out) {
   if (any_holder()) {
-    std::vector<std::string> holders;
+    Ids holders;
     for (const auto& id : members_) {
       if (holds_state(id)) holders.push_back(id);
     }
     unowned_.reset();
     take_in_ready_joiners();
     publish(out);
-    out.push_back(note(fmt::format("elastic: worker(s) {} hold the group's trained state: {}",
-                                   fmt::join(holders, ","), describe_generation())));
+    out.push_back(
+        action::Note{fmt::format("elastic: worker(s) {} hold the group's trained state: {}",
+                                 fmt::join(holders, ","), describe_generation())});
     return;
   }
   const bool asked = reform_seen_ && now - *reform_seen_ >= settings_.reform_delay;
@@ -338,10 +289,10 @@ void Arbiter::back_to_checkpoint(const std::string& lost, int exit_code, Clock::
 
 // Node 0's lost workers, restarted to join once the loss window closes (Note [Losses close
 // together are one decision]).
-void Arbiter::restart_later(const std::vector<std::string>& ids, Clock::time_point now) {
+void Arbiter::restart_later(const Ids& ids, Clock::time_point now) {
   if (phase_ != Phase::kRunning || !speaks_) return;
   for (const auto& id : ids) {
-    if (node_of_worker(id) != 0) continue;  // another node restarts its own
+    if (id.node != 0) continue;  // another node restarts its own
     if (to_restart_.empty()) first_loss_ = now;
     to_restart_.push_back(id);
   }
@@ -349,16 +300,13 @@ void Arbiter::restart_later(const std::vector<std::string>& ids, Clock::time_poi
 
 void Arbiter::restart_when_due(Clock::time_point now, Actions& out) {
   if (to_restart_.empty() || now - first_loss_ < settings_.loss_window) return;
-  std::vector<std::string> lost;
+  Ids lost;
   lost.swap(to_restart_);
   for (const auto& id : lost) {
     if (restarts_ >= settings_.max_restarts) break;
     ++restarts_;
-    ArbiterAction restart;
-    restart.kind = Do::kRestartWorker;
-    restart.ids.push_back(next_incarnation(id));
-    joining_.push_back(restart.ids[0]);
-    out.push_back(restart);
+    joining_.push_back(id.next_incarnation());
+    out.push_back(action::RestartWorker{joining_.back()});
   }
 }
 
@@ -371,11 +319,7 @@ void Arbiter::restart_group(const std::string& why, int exit_code, Clock::time_p
   }
   ++restarts_;
   if (generation_ >= 0) {  // members still waiting on it (another node's) give it up at once
-    ArbiterAction notice;
-    notice.kind = Do::kAbortNotice;
-    notice.generation = generation_;
-    notice.text = "the job starts every worker again: " + why;
-    out.push_back(notice);
+    out.push_back(action::AbortNotice{generation_, "the job starts every worker again: " + why});
   }
   ++round_;
   phase_ = Phase::kForming;
@@ -391,29 +335,21 @@ void Arbiter::restart_group(const std::string& why, int exit_code, Clock::time_p
   to_restart_.clear();
   unowned_.reset();
   reform_seen_.reset();
-  ArbiterAction restart;
-  restart.kind = Do::kRestartGroup;
-  restart.round = round_;
-  restart.text = why;
-  out.push_back(restart);
-  out.push_back(note(fmt::format("elastic: {}; every worker starts again (restart {} of {})", why,
-                                 restarts_, settings_.max_restarts)));
+  out.push_back(action::RestartGroup{round_, why});
+  out.push_back(
+      action::Note{fmt::format("elastic: {}; every worker starts again (restart {} of {})", why,
+                               restarts_, settings_.max_restarts)});
 }
 
 void Arbiter::end(int exit_code, const std::string& why, Actions& out) {
   phase_ = Phase::kEnded;
   to_restart_.clear();
   unowned_.reset();
-  ArbiterAction a;
-  a.kind = Do::kEnd;
-  a.exit_code = exit_code;
-  a.text = why;
-  if (exit_code == 0) a.ids = published_;
-  out.push_back(a);
+  out.push_back(action::End{exit_code, why, exit_code == 0 ? published_ : Ids()});
 }
 
 // Out of the membership for good (Note [Every ending is decided]).
-void Arbiter::leave_training(const std::string& id) {
+void Arbiter::leave_training(const WorkerId& id) {
   remove(members_, id);
   remove(joining_, id);
   remove(ready_, id);
@@ -428,11 +364,7 @@ void Arbiter::publish(Actions& out) {
   ++generation_;
   reform_seen_.reset();
   published_ = members_;
-  ArbiterAction a;
-  a.kind = Do::kPublish;
-  a.generation = generation_;
-  a.ids = members_;
-  out.push_back(a);
+  out.push_back(action::Publish{generation_, members_});
 }
 
 void Arbiter::take_in_ready_joiners() {
@@ -445,11 +377,11 @@ void Arbiter::take_in_ready_joiners() {
 
 bool Arbiter::any_holder() const {
   return std::any_of(members_.begin(), members_.end(),
-                     [&](const std::string& id) { return holds_state(id); });
+                     [&](const WorkerId& id) { return holds_state(id); });
 }
 
-std::vector<std::string> Arbiter::not_known_holders() const {
-  std::vector<std::string> out;
+std::vector<WorkerId> Arbiter::not_known_holders() const {
+  Ids out;
   for (const auto* list : {&members_, &joining_}) {
     for (const auto& id : *list) {
       if (!holds_state(id)) out.push_back(id);
@@ -486,10 +418,10 @@ std::string Arbiter::below_min() const {
 bool Arbiter::finished() const {
   return phase_ == Phase::kRunning && members_.empty() && !published_.empty() &&
          std::all_of(published_.begin(), published_.end(),
-                     [&](const std::string& id) { return ended_ok_.count(id) != 0; });
+                     [&](const WorkerId& id) { return ended_ok_.count(id) != 0; });
 }
 
-int Arbiter::rank_of(const std::string& id) const {
+int Arbiter::rank_of(const WorkerId& id) const {
   const auto it = std::find(published_.begin(), published_.end(), id);
   return it == published_.end() ? -1 : static_cast<int>(it - published_.begin());
 }

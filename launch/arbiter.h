@@ -4,15 +4,17 @@
 // form each generation, who is restarted, and when the job goes back to its newest checkpoint or
 // ends.
 //
-// A state machine: (state, event) -> (state, actions), with no store, no process and no clock of
-// its own (each event carries the time), so every decision is unit-tested
-// (tests/unit/test_arbiter.cpp). ArbiterService (arbiter_service.h) reads the store into events
-// and writes the actions that concern the store; the supervisor carries out those that concern
-// processes (a restart, the job's end).
+// A state machine: (state, event, time) -> (state, actions), with no store, no process and no
+// clock of its own (the caller tells the time with each event), so every decision is unit-tested
+// (tests/unit/test_arbiter.cpp). Events (event::Lost, event::Tick...) and actions
+// (action::Publish, action::RestartWorker...) are one type each, in the variants ArbiterEvent and
+// ArbiterAction; workers are WorkerIds (worker_id.h). ArbiterService (arbiter_service.h) reads
+// the store and the clock into events and writes the actions that concern the store; the
+// supervisor carries out those that concern processes (a restart, the job's end).
 //
-//   Arbiter arbiter(settings, now);
-//   arbiter.on({ArbiterEvent::Kind::kNode, {"0.0", "1.0"}});  // node 0's workers, started
-//   for (const ArbiterAction& a : arbiter.on(tick(now))) ...   // kPublish generation 0, ...
+//   Arbiter arbiter(settings, now);  // now: the caller's clock, read again for each event
+//   arbiter.on(event::NodeIn{0, {WorkerId{0, 0, 0}, WorkerId{0, 1, 0}}}, now);  // "0.0", "1.0"
+//   for (const ArbiterAction& a : arbiter.on(event::Tick{}, now)) ...  // action::Publish 0, ...
 //
 // Note [Committed state has an owner]
 // The training state the group committed lives in the workers that hold it: the first
@@ -76,74 +78,134 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <variant>
 #include <vector>
+
+#include "worker_id.h"
 
 namespace ddp::launch {
 
 using Clock = std::chrono::steady_clock;
-
-// A worker's id: "<local rank>.<incarnation>" on one node, "<node>.<local rank>.<incarnation>" on
-// several. Pure functions.
-std::string elastic_worker_id(bool several_nodes, int node, int local_rank, int incarnation);
-int node_of_worker(const std::string& id);         // 0 for an id of one node
-int local_rank_of_worker(const std::string& id);   // the number before the last
-int incarnation_of_worker(const std::string& id);  // the last number
-// The id of the worker that replaces `id` (its next incarnation).
-std::string next_incarnation(const std::string& id);
 
 // Whether the first generation forms now: every node is in, or MIN are and the last call (the
 // time since the round began, `waited`, past `last_call`) is over. A pure function.
 bool first_generation_due(int nodes_in, int min_nodes, int max_nodes, Clock::duration waited,
                           Clock::duration last_call);
 
-struct ArbiterEvent {
-  enum class Kind {
-    kTick,        // time passed: the first generation's last call, a request's delay, the beats
-    kNode,        // node `node`'s workers `ids` are in the job (node 0's: started; another
-                  // node's: registered, after its start or a group restart)
-    kRestarted,   // another node restarted a lost worker: ids[0], to join
-    kLost,        // `ids` ended with an error: `what` (who and how), `exit_code` (the first's)
-    kDone,        // `ids` ended with exit code 0
-    kTrained,     // ids[0] left its training loop (Note [Every ending is decided])
-    kReady,       // the joiner ids[0] has started and waits to be taken in
-    kHolds,       // ids[0] holds the committed state (its heal passed the digest check)
-    kSpeaks,      // ids[0] speaks the protocol (ddp_train --elastic)
-    kCheckpoint,  // the group wrote a checkpoint: `what` names it
-    kReform,      // a member asked for the generation after the current one
-    kBeat,        // node `node`'s beat counter reads `count`
-  };
-  Kind kind = Kind::kTick;
-  std::vector<std::string> ids;
-  Clock::time_point now = Clock::now();
+// What the arbiter is told, one type each: ArbiterEvent.
+namespace event {
+// Time passed: the first generation's last call, a request's delay, the beats.
+struct Tick {};
+// Node `node`'s workers are in the job (node 0's: started; another node's: registered, after its
+// start or a group restart).
+struct NodeIn {
   int node = 0;
-  int64_t count = 0;
+  std::vector<WorkerId> workers;
+};
+// Another node restarted lost workers, to join.
+struct Restarted {
+  std::vector<WorkerId> workers;
+};
+// Workers ended with an error: `what` says who and how, `exit_code` is the first's.
+struct Lost {
+  std::vector<WorkerId> workers;
   std::string what;
   int exit_code = 1;
 };
+// Workers ended with exit code 0.
+struct Done {
+  std::vector<WorkerId> workers;
+};
+// The worker left its training loop (Note [Every ending is decided]).
+struct Trained {
+  WorkerId worker;
+};
+// The joiner has started and waits to be taken in.
+struct Ready {
+  WorkerId worker;
+};
+// The worker holds the committed state (its heal passed the digest check).
+struct Holds {
+  WorkerId worker;
+};
+// A worker speaks the protocol (ddp_train --elastic).
+struct Speaks {};
+// The group wrote a checkpoint: `which` names it.
+struct Checkpoint {
+  std::string which;
+};
+// A member asked for the generation after the current one.
+struct Reform {};
+// Node `node`'s beat counter reads `count`.
+struct Beat {
+  int node = 0;
+  int64_t count = 0;
+};
+}  // namespace event
 
-struct ArbiterAction {
-  enum class Kind {
-    kPublish,        // generation `generation` is `ids`, in rank order
-    kAbortNotice,    // generation `generation` lost a member: `text` names it
-    kGrow,           // the joiner ids[0] is ready: `generation` takes it in after its next step
-    kAdmit,          // node `node` is in: its workers join a running group (`join`) or form the
-                     // first generation of round `round`
-    kRestartWorker,  // node 0: start ids[0], the next incarnation of a lost worker, to join
-    kRestartGroup,   // every node: stop every worker, start them all again, fresh, as round
-                     // `round` (they resume from the newest checkpoint); `text` says why
-    kEnd,            // the job ends with `exit_code` (0: every member finished; `ids`, the last
-                     // generation's workers); `text` says why
-    kNote,           // `text`, for the launcher's log
-  };
-  Kind kind = Kind::kNote;
-  std::vector<std::string> ids;
+using ArbiterEvent = std::variant<event::Tick, event::NodeIn, event::Restarted, event::Lost,
+                                  event::Done, event::Trained, event::Ready, event::Holds,
+                                  event::Speaks, event::Checkpoint, event::Reform, event::Beat>;
+
+// What the arbiter decides, one type each: ArbiterAction. The service writes those that concern
+// the store; the supervisor carries out RestartWorker, RestartGroup and End.
+namespace action {
+// Generation `generation` is `members`, in rank order.
+struct Publish {
   int64_t generation = 0;
+  std::vector<WorkerId> members;
+};
+// Generation `generation` lost a member: `text` names it.
+struct AbortNotice {
+  int64_t generation = 0;
+  std::string text;
+};
+// The joiner is ready: `generation` takes it in after its next step.
+struct Grow {
+  int64_t generation = 0;
+  WorkerId joiner;
+};
+// Node `node` is in: its workers join a running group (`join`) or form the first generation of
+// round `round`.
+struct Admit {
   int node = 0;
   int round = 0;
   bool join = false;
+};
+// Node 0: start `worker`, the next incarnation of a lost worker, to join.
+struct RestartWorker {
+  WorkerId worker;
+};
+// Every node: stop every worker, start them all again, fresh, as round `round` (they resume from
+// the newest checkpoint); `why` says why.
+struct RestartGroup {
+  int round = 0;
+  std::string why;
+};
+// The job ends with `exit_code` (0: every member finished; `finished`, the last generation's
+// workers); `why` says why.
+struct End {
   int exit_code = 0;
+  std::string why;
+  std::vector<WorkerId> finished;
+};
+// `text`, for the launcher's log.
+struct Note {
   std::string text;
 };
+}  // namespace action
+
+using ArbiterAction =
+    std::variant<action::Publish, action::AbortNotice, action::Grow, action::Admit,
+                 action::RestartWorker, action::RestartGroup, action::End, action::Note>;
+
+// The lambdas of one std::visit, one for each alternative.
+template <class... F>
+struct Overloaded : F... {
+  using F::operator()...;
+};
+template <class... F>
+Overloaded(F...) -> Overloaded<F...>;
 
 class Arbiter {
  public:
@@ -166,7 +228,8 @@ class Arbiter {
   };
   Arbiter(Settings settings, Clock::time_point now);
 
-  std::vector<ArbiterAction> on(const ArbiterEvent& event);
+  // What `event`, told at `now` (the caller's clock), decides.
+  std::vector<ArbiterAction> on(const ArbiterEvent& event, Clock::time_point now);
 
   enum class Phase { kForming, kRunning, kEnded };
   Phase phase() const { return phase_; }
@@ -174,12 +237,12 @@ class Arbiter {
   int64_t generation() const { return generation_; }
   // The members still training (the last generation published, less the workers lost or out of
   // their training loop since).
-  const std::vector<std::string>& members() const { return members_; }
+  const std::vector<WorkerId>& members() const { return members_; }
   // Started, not yet members: the ids whose readiness the service looks for.
-  const std::vector<std::string>& joining() const { return joining_; }
+  const std::vector<WorkerId>& joining() const { return joining_; }
   // Members and joiners not known to hold the committed state: whose elastic/holds/<id> the
   // service looks for before it reports a loss.
-  std::vector<std::string> not_known_holders() const;
+  std::vector<WorkerId> not_known_holders() const;
   bool speaks() const { return speaks_; }
   std::vector<int> other_nodes() const;  // every node but 0 ever in the job
   bool node_in(int node) const;          // in the job now (heard from within the node timeout)
@@ -189,55 +252,66 @@ class Arbiter {
 
  private:
   using Actions = std::vector<ArbiterAction>;
+  using Ids = std::vector<WorkerId>;
   struct Node {
     bool in = true;
     int64_t beat = -1;
     Clock::time_point heard;
   };
-  void tick(Clock::time_point now, Actions& out);
-  void joiner_ready(const std::string& id, Actions& out);
+  // One for each event.
+  void handle(const event::Tick& e, Clock::time_point now, Actions& out);
+  void handle(const event::NodeIn& e, Clock::time_point now, Actions& out);
+  void handle(const event::Restarted& e, Clock::time_point now, Actions& out);
+  void handle(const event::Lost& e, Clock::time_point now, Actions& out);
+  void handle(const event::Done& e, Clock::time_point now, Actions& out);
+  void handle(const event::Trained& e, Clock::time_point now, Actions& out);
+  void handle(const event::Ready& e, Clock::time_point now, Actions& out);
+  void handle(const event::Holds& e, Clock::time_point now, Actions& out);
+  void handle(const event::Speaks& e, Clock::time_point now, Actions& out);
+  void handle(const event::Checkpoint& e, Clock::time_point now, Actions& out);
+  void handle(const event::Reform& e, Clock::time_point now, Actions& out);
+  void handle(const event::Beat& e, Clock::time_point now, Actions& out);
   void form(Clock::time_point now, Actions& out);
   void drop_silent_nodes(Clock::time_point now, Actions& out);
-  void node_in(const ArbiterEvent& e, Actions& out);
-  void lose(const std::vector<std::string>& ids, const std::string& what, int exit_code,
-            Clock::time_point now, Actions& out);
-  void lose_members(const std::vector<std::string>& ids, const std::string& notice_text,
-                    const std::string& what, int exit_code, Clock::time_point now, Actions& out);
+  void lose(const Ids& ids, const std::string& what, int exit_code, Clock::time_point now,
+            Actions& out);
+  void lose_members(const Ids& ids, const std::string& notice_text, const std::string& what,
+                    int exit_code, Clock::time_point now, Actions& out);
   void back_to_checkpoint(const std::string& lost, int exit_code, Clock::time_point now,
                           Actions& out);
   void settle_unowned(Clock::time_point now, Actions& out);
-  void restart_later(const std::vector<std::string>& ids, Clock::time_point now);
+  void restart_later(const Ids& ids, Clock::time_point now);
   void restart_when_due(Clock::time_point now, Actions& out);
-  void leave_training(const std::string& id);
+  void leave_training(const WorkerId& id);
   void end_if_finished(Actions& out);
   void restart_group(const std::string& why, int exit_code, Clock::time_point now, Actions& out);
   void end(int exit_code, const std::string& why, Actions& out);
   void publish(Actions& out);
   void take_in_ready_joiners();
-  bool holds_state(const std::string& id) const { return holders_.count(id) != 0; }
+  bool holds_state(const WorkerId& id) const { return holders_.count(id) != 0; }
   bool any_holder() const;
   int nodes_in() const;
   std::string below_min() const;
   bool finished() const;
-  int rank_of(const std::string& id) const;  // in the last generation published; -1
+  int rank_of(const WorkerId& id) const;  // in the last generation published; -1
 
   Settings settings_;
   Phase phase_ = Phase::kForming;
   int round_ = 0;
   Clock::time_point round_began_;
-  std::set<int> registered_;            // kForming: nodes whose workers are in this round
-  std::vector<std::string> members_;    // kForming: the first generation so far
-  std::vector<std::string> published_;  // the last generation published
-  std::vector<std::string> joining_;    // started to join, not yet members
-  std::vector<std::string> ready_;      // of those, the ones that are ready
+  std::set<int> registered_;  // kForming: nodes whose workers are in this round
+  Ids members_;               // kForming: the first generation so far
+  Ids published_;             // the last generation published
+  Ids joining_;               // started to join, not yet members
+  Ids ready_;                 // of those, the ones that are ready
   // This round's workers out of their training loop, and those of them that ended with exit 0
   // (Note [Every ending is decided]).
-  std::set<std::string> out_of_training_;
-  std::set<std::string> ended_ok_;
-  std::set<std::string> holders_;
+  std::set<WorkerId> out_of_training_;
+  std::set<WorkerId> ended_ok_;
+  std::set<WorkerId> holders_;
   // Lost workers to restart once the loss window closes (Note [Losses close together are one
   // decision]), since the first loss.
-  std::vector<std::string> to_restart_;
+  Ids to_restart_;
   Clock::time_point first_loss_;
   // The last known holder lost while members were still taking the state: what was lost, the
   // loss's exit code, and since when their word is awaited (Note [A joiner's word on the state]).

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <thread>
+#include <variant>
 
 #include "ddp/comm/elastic/elastic_keys.h"
 
@@ -13,17 +14,24 @@ namespace {
 using comm::ElasticKeys;
 using comm::NodeEvent;
 using comm::StoreOp;
-using Kind = ArbiterEvent::Kind;
-using Do = ArbiterAction::Kind;
 
 constexpr std::chrono::seconds kReplyWithin{30};  // node 0's own store, on this host
 constexpr auto kBeatEvery = std::chrono::milliseconds(100);
 
-ArbiterEvent event(Kind kind, std::vector<std::string> ids = {}) {
-  ArbiterEvent e;
-  e.kind = kind;
-  e.ids = std::move(ids);
-  return e;
+// A node's event (Note [Elastic nodes]) as the arbiter's.
+ArbiterEvent arbiter_event(const NodeEvent& n) {
+  std::vector<WorkerId> ids = parse_worker_ids(n.ids);
+  switch (n.kind) {
+    case NodeEvent::Kind::kNode:
+      return event::NodeIn{n.node, std::move(ids)};
+    case NodeEvent::Kind::kJoin:
+      return event::Restarted{std::move(ids)};
+    case NodeEvent::Kind::kLost:
+      return event::Lost{std::move(ids), n.what, 1};
+    case NodeEvent::Kind::kDone:
+      break;
+  }
+  return event::Done{std::move(ids)};  // kDone
 }
 
 }  // namespace
@@ -49,45 +57,52 @@ std::string ArbiterService::get(const std::string& key) {
   return store_.request({StoreOp::kGet, {key, "0"}}, kReplyWithin).fields.at(0);
 }
 
-std::vector<ArbiterAction> ArbiterService::feed(const ArbiterEvent& e) {
+std::vector<ArbiterAction> ArbiterService::feed(const ArbiterEvent& event) {
   std::vector<ArbiterAction> left;
-  for (ArbiterAction& a : arbiter_.on(e)) {
-    switch (a.kind) {
-      case Do::kPublish:
-        set(ElasticKeys::generation(a.generation), comm::format_members(a.ids));
-        set(ElasticKeys::latest(), std::to_string(a.generation));
-        break;
-      case Do::kAbortNotice:
-        set(ElasticKeys::abort(a.generation), a.text);
-        break;
-      case Do::kGrow:
-        set(ElasticKeys::grow(a.generation), a.ids.at(0));
-        break;
-      case Do::kAdmit:
-        set(ElasticKeys::admitted(a.node, a.round), a.join ? "join" : "initial");
-        break;
-      case Do::kNote:
-        note_(a.text);
-        break;
-      case Do::kRestartGroup:
-        set(ElasticKeys::round(), std::to_string(a.round));  // the other nodes follow
-        left.push_back(std::move(a));
-        break;
-      case Do::kRestartWorker:
-      case Do::kEnd:
-        left.push_back(std::move(a));
-        break;
-    }
+  for (ArbiterAction& a : arbiter_.on(event, Clock::now())) {
+    if (!carry_out(a)) left.push_back(std::move(a));
   }
   return left;
 }
 
-std::vector<ArbiterAction> ArbiterService::start_round(const std::vector<std::string>& ids,
+bool ArbiterService::carry_out(const ArbiterAction& decided) {
+  const auto write = Overloaded{
+      [&](const action::Publish& a) {
+        set(ElasticKeys::generation(a.generation), to_string(a.members));
+        set(ElasticKeys::latest(), std::to_string(a.generation));
+        return true;
+      },
+      [&](const action::AbortNotice& a) {
+        set(ElasticKeys::abort(a.generation), a.text);
+        return true;
+      },
+      [&](const action::Grow& a) {
+        set(ElasticKeys::grow(a.generation), a.joiner.to_string());
+        return true;
+      },
+      [&](const action::Admit& a) {
+        set(ElasticKeys::admitted(a.node, a.round), a.join ? "join" : "initial");
+        return true;
+      },
+      [&](const action::Note& a) {
+        note_(a.text);
+        return true;
+      },
+      [&](const action::RestartGroup& a) {
+        // The other nodes follow; the supervisor starts node 0's workers again.
+        set(ElasticKeys::round(), std::to_string(a.round));
+        return false;
+      },
+      [](const action::RestartWorker&) { return false; },
+      [](const action::End&) { return false; },
+  };
+  return std::visit(write, decided);
+}
+
+std::vector<ArbiterAction> ArbiterService::start_round(const std::vector<WorkerId>& ids,
                                                        int worker_port) {
   set(ElasticKeys::worker_port(arbiter_.round()), std::to_string(worker_port));
-  ArbiterEvent e = event(Kind::kNode, ids);
-  e.node = 0;
-  return feed(e);
+  return feed(event::NodeIn{0, ids});
 }
 
 // What the workers said of themselves: read before a loss is decided (whether the worker lost had
@@ -98,8 +113,8 @@ void ArbiterService::refresh() {
   if (!arbiter_.speaks()) {
     for (const auto* list : {&arbiter_.members(), &arbiter_.joining()}) {
       for (const auto& id : *list) {
-        if (has(ElasticKeys::speaks(id))) {
-          feed(event(Kind::kSpeaks, {id}));
+        if (has(ElasticKeys::speaks(id.to_string()))) {
+          feed(event::Speaks{});
           break;
         }
       }
@@ -107,34 +122,29 @@ void ArbiterService::refresh() {
     }
   }
   for (const auto& id : arbiter_.not_known_holders()) {
-    if (has(ElasticKeys::holds(id))) feed(event(Kind::kHolds, {id}));
+    if (has(ElasticKeys::holds(id.to_string()))) feed(event::Holds{id});
   }
   // One read a refresh, not one a member, until a worker says it left its training loop.
   if (const int64_t trained = add(ElasticKeys::trained_count(), 0); trained != trained_seen_) {
     trained_seen_ = trained;
     // Copied: a member out of its training loop leaves members().
-    for (const auto& id : std::vector<std::string>(arbiter_.members())) {
-      if (has(ElasticKeys::trained(id))) feed(event(Kind::kTrained, {id}));
+    for (const auto& id : std::vector<WorkerId>(arbiter_.members())) {
+      if (has(ElasticKeys::trained(id.to_string()))) feed(event::Trained{id});
     }
   }
   if (has(ElasticKeys::checkpoint())) {
-    ArbiterEvent e = event(Kind::kCheckpoint);
-    e.what = get(ElasticKeys::checkpoint());
-    feed(e);
+    feed(event::Checkpoint{get(ElasticKeys::checkpoint())});
   }
 }
 
-std::vector<ArbiterAction> ArbiterService::lost(const std::vector<std::string>& ids,
+std::vector<ArbiterAction> ArbiterService::lost(const std::vector<WorkerId>& ids,
                                                 const std::string& what, int exit_code) {
   refresh();
-  ArbiterEvent e = event(Kind::kLost, ids);
-  e.what = what;
-  e.exit_code = exit_code;
-  return feed(e);
+  return feed(event::Lost{ids, what, exit_code});
 }
 
-std::vector<ArbiterAction> ArbiterService::done(const std::vector<std::string>& ids) {
-  return feed(event(Kind::kDone, ids));
+std::vector<ArbiterAction> ArbiterService::done(const std::vector<WorkerId>& ids) {
+  return feed(event::Done{ids});
 }
 
 std::vector<ArbiterAction> ArbiterService::poll() {
@@ -146,13 +156,13 @@ std::vector<ArbiterAction> ArbiterService::poll() {
   read_beats(out);
   if (Clock::now() - refreshed_ >= kBeatEvery) refresh();
   for (const auto& id : arbiter_.joining()) {
-    if (has(ElasticKeys::ready(id))) keep(feed(event(Kind::kReady, {id})));
+    if (has(ElasticKeys::ready(id.to_string()))) keep(feed(event::Ready{id}));
   }
   if (arbiter_.phase() == Arbiter::Phase::kRunning &&
       has(ElasticKeys::reform(arbiter_.generation()))) {
-    keep(feed(event(Kind::kReform)));
+    keep(feed(event::Reform{}));
   }
-  keep(feed(event(Kind::kTick)));
+  keep(feed(event::Tick{}));
   return out;
 }
 
@@ -173,34 +183,21 @@ void ArbiterService::read_events(std::vector<ArbiterAction>& out) {
     }
     hole_since_.reset();
     ++events_read_;
-    const NodeEvent n = comm::parse_event(get(key));
-    ArbiterEvent e = event(Kind::kTick, comm::parse_members(n.ids));
-    e.node = n.node;
-    switch (n.kind) {
-      case NodeEvent::Kind::kNode:
-        e.kind = Kind::kNode;
-        break;
-      case NodeEvent::Kind::kJoin:
-        e.kind = Kind::kRestarted;
-        break;
-      case NodeEvent::Kind::kLost:
-        refresh();
-        e.kind = Kind::kLost;
-        e.what = n.what;
-        break;
-      case NodeEvent::Kind::kDone:
-        e.kind = Kind::kDone;
-        break;
-    }
-    const int64_t before = arbiter_.generation();
-    for (auto& a : feed(e)) out.push_back(std::move(a));
-    if (e.kind == Kind::kLost) {
-      const bool published =
-          arbiter_.phase() == Arbiter::Phase::kRunning && arbiter_.generation() != before;
-      note_(fmt::format("elastic: node {}'s worker {} lost: {}{}", n.node, n.ids, n.what,
-                        published ? "; " + arbiter_.describe_generation() : ""));
-    }
+    read_event(comm::parse_event(get(key)), out);
   }
+}
+
+void ArbiterService::read_event(const NodeEvent& n, std::vector<ArbiterAction>& out) {
+  const ArbiterEvent e = arbiter_event(n);
+  const bool lost = std::holds_alternative<event::Lost>(e);
+  if (lost) refresh();
+  const int64_t before = arbiter_.generation();
+  for (auto& a : feed(e)) out.push_back(std::move(a));
+  if (!lost) return;
+  const bool published =
+      arbiter_.phase() == Arbiter::Phase::kRunning && arbiter_.generation() != before;
+  note_(fmt::format("elastic: node {}'s worker {} lost: {}{}", n.node, n.ids, n.what,
+                    published ? "; " + arbiter_.describe_generation() : ""));
 }
 
 void ArbiterService::read_beats(std::vector<ArbiterAction>& out) {
@@ -209,10 +206,7 @@ void ArbiterService::read_beats(std::vector<ArbiterAction>& out) {
   if (nodes.empty() || now - beats_read_ < kBeatEvery) return;
   beats_read_ = now;
   for (int n : nodes) {
-    ArbiterEvent e = event(Kind::kBeat);
-    e.node = n;
-    e.count = add(ElasticKeys::beat(n), 0);
-    for (auto& a : feed(e)) out.push_back(std::move(a));
+    for (auto& a : feed(event::Beat{n, add(ElasticKeys::beat(n), 0)})) out.push_back(std::move(a));
   }
 }
 

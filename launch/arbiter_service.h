@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "arbiter.h"
+#include "ddp/comm/elastic/elastic_keys.h"
 #include "ddp/comm/store/store_connection.h"
 
 namespace ddp::launch {
@@ -24,12 +25,12 @@ class ArbiterService {
   // Node 0's workers `ids`, started for the arbiter's current round, whose rendezvous port (their
   // MASTER_PORT: a program that is not ddp_train --elastic forms its own group there) is
   // `worker_port`; the other nodes' workers are given the same.
-  std::vector<ArbiterAction> start_round(const std::vector<std::string>& ids, int worker_port);
+  std::vector<ArbiterAction> start_round(const std::vector<WorkerId>& ids, int worker_port);
   // Workers of node 0 that ended: with an error (`what`: who and how; `exit_code`: the first's),
   // or with exit 0.
-  std::vector<ArbiterAction> lost(const std::vector<std::string>& ids, const std::string& what,
+  std::vector<ArbiterAction> lost(const std::vector<WorkerId>& ids, const std::string& what,
                                   int exit_code);
-  std::vector<ArbiterAction> done(const std::vector<std::string>& ids);
+  std::vector<ArbiterAction> done(const std::vector<WorkerId>& ids);
   // What the others wrote since the last call (the nodes' events and beats, the joiners'
   // readiness, the members' requests for the next generation), and the time that passed.
   std::vector<ArbiterAction> poll();
@@ -40,11 +41,14 @@ class ArbiterService {
   void announce_end(const std::string& how, Clock::duration within);
 
  private:
-  // Feeds `event` to the arbiter, writes the actions on the store, logs the notes; returns the
-  // others.
+  // Feeds `event` to the arbiter at the clock's time, writes the actions on the store, logs the
+  // notes; returns the others (the supervisor's).
   std::vector<ArbiterAction> feed(const ArbiterEvent& event);
+  // `decided` written on the store or logged; false when it is the supervisor's.
+  bool carry_out(const ArbiterAction& decided);
   void refresh();  // who holds the state, whether the workers speak the protocol, the checkpoint
   void read_events(std::vector<ArbiterAction>& out);
+  void read_event(const comm::NodeEvent& n, std::vector<ArbiterAction>& out);
   void read_beats(std::vector<ArbiterAction>& out);
   void set(const std::string& key, const std::string& value);
   bool has(const std::string& key);

@@ -54,12 +54,12 @@ std::optional<std::string> NodeLink::value_of(const std::string& key) {
   return request({StoreOp::kGet, {key, "0"}}).fields.at(0);
 }
 
-std::optional<NodeLink::Admission> NodeLink::register_node(const std::vector<std::string>& ids,
+std::optional<NodeLink::Admission> NodeLink::register_node(const std::vector<WorkerId>& ids,
                                                            int round, Clock::duration within,
                                                            const std::function<bool()>& stop) {
   const auto deadline = Clock::now() + within;
   round_ = round;
-  report({NodeEvent::Kind::kNode, node_, comm::format_members(ids), ""});
+  report({NodeEvent::Kind::kNode, node_, to_string(ids), ""});
   while (Clock::now() < deadline && !stop()) {
     try {
       tick();

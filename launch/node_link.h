@@ -31,7 +31,7 @@ class NodeLink {
   };
   // Registers this node's workers `ids` for round `round` and returns how they are admitted.
   // Retries until `within`, or until `stop` says so (nullopt).
-  std::optional<Admission> register_node(const std::vector<std::string>& ids, int round,
+  std::optional<Admission> register_node(const std::vector<WorkerId>& ids, int round,
                                          Clock::duration within, const std::function<bool()>& stop);
   void report(comm::NodeEvent event);  // sent in order, as soon as node 0 can be reached
   struct News {

@@ -83,6 +83,25 @@ void parse_nnodes(Parsed& p, const std::string& v) {
   p.options.elastic = true;
 }
 
+// The setters too long for a line of the table.
+void set_nproc(Parsed& p, const std::string& v) {
+  if (v != "auto") parse_int(v, 1, 1 << 16);
+  p.nproc = v;
+  p.nproc_given = true;
+}
+
+void set_master_addr(Parsed& p, const std::string& v) {
+  if (v.empty()) throw BadValue{"a host name or address"};
+  p.options.master_addr = v;
+}
+
+void set_local_ranks_filter(Parsed& p, const std::string& v) {
+  p.options.local_ranks_filter.clear();
+  for (const auto& item : split_list(v)) {
+    p.options.local_ranks_filter.push_back(parse_int(item, 0, 1 << 16));
+  }
+}
+
 struct Option {
   std::string name;
   std::string alias;  // or empty
@@ -98,22 +117,14 @@ struct Option {
 const std::vector<Option>& options() {
   static const std::vector<Option> table = {
       {"nproc", "nproc-per-node", "N|auto", "processes on this node (auto: one per GPU, else 1)",
-       [](Parsed& p, const std::string& v) {
-         if (v != "auto") parse_int(v, 1, 1 << 16);
-         p.nproc = v;
-         p.nproc_given = true;
-       }},
+       set_nproc},
       {"nnodes", "", "N|MIN:MAX",
        "nodes in the job (one launcher each); MIN:MAX: elastic (a failed worker is restarted "
        "alone and joins the running group; the job goes on while MIN nodes are in it)",
        parse_nnodes},
       {"node-rank", "", "N", "this node's rank, 0 .. nnodes-1",
        [](Parsed& p, const std::string& v) { p.options.node_rank = parse_int(v, 0, 1 << 16); }},
-      {"master-addr", "", "HOST", "address of node 0 (default 127.0.0.1)",
-       [](Parsed& p, const std::string& v) {
-         if (v.empty()) throw BadValue{"a host name or address"};
-         p.options.master_addr = v;
-       }},
+      {"master-addr", "", "HOST", "address of node 0 (default 127.0.0.1)", set_master_addr},
       {"master-port", "", "PORT",
        "port of the rendezvous on node 0 (default: a free one on one "
        "host, 29500 across nodes)",
@@ -140,12 +151,7 @@ const std::vector<Option>& options() {
       {"tee", "", "", "with --log-dir: the console too", nullptr,
        [](Parsed& p, bool v) { p.options.tee = v; }},
       {"local-ranks-filter", "", "LIST", "local ranks whose output the console shows (e.g. 0)",
-       [](Parsed& p, const std::string& v) {
-         p.options.local_ranks_filter.clear();
-         for (const auto& item : split_list(v)) {
-           p.options.local_ranks_filter.push_back(parse_int(item, 0, 1 << 16));
-         }
-       }},
+       set_local_ranks_filter},
       {"run-id", "", "ID", "job id, passed to the workers as TORCHELASTIC_RUN_ID (default none)",
        [](Parsed& p, const std::string& v) { p.options.run_id = v; }},
       {"devices", "", "LIST", "GPUs to use, one per local rank (sets CUDA_VISIBLE_DEVICES)",

@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <variant>
 
 #include "arbiter_service.h"
 #include "ddp/comm/diagnostics/diagnose.h"
@@ -120,8 +121,8 @@ struct Worker {
   std::string partial;  // output after the last newline
   std::deque<std::string> tail;
   std::unique_ptr<std::ofstream> log;
-  std::string elastic_id;  // elastic: "<local rank>.<incarnation>"
-  bool noted = false;      // elastic: its end has been dealt with
+  WorkerId elastic_id;  // elastic: its id
+  bool noted = false;   // elastic: its end has been dealt with
 };
 
 class Supervisor {
@@ -275,7 +276,7 @@ class Supervisor {
     ArbiterService service(store, {o_.min_nnodes, o_.nnodes, node_timeout(), o_.max_restarts},
                            note);
     workers_.clear();
-    const std::vector<std::string> first = start_round(false, 0);
+    const std::vector<WorkerId> first = start_round(false, 0);
     if (const auto code = carry_out(service.start_round(first, worker_port_), service)) {
       return *code;
     }
@@ -295,7 +296,7 @@ class Supervisor {
   // Node 0's workers that ended since the last call, told to the arbiter (the failed ones in one
   // event: workers killed together are one decision). Returns what the arbiter decided.
   std::vector<ArbiterAction> report_ends(ArbiterService& service) {
-    std::vector<std::string> done, lost;
+    std::vector<WorkerId> done, lost;
     std::string what;
     int code = 0;
     for (Worker* w : newly_ended()) {
@@ -322,34 +323,28 @@ class Supervisor {
     return actions;
   }
 
-  // The arbiter's decisions on processes; returns the launcher's exit code when the job ended.
+  // The arbiter's decisions on processes (the service carried out the others); returns the
+  // launcher's exit code when the job ended.
   std::optional<int> carry_out(std::vector<ArbiterAction> actions, ArbiterService& service) {
     for (size_t i = 0; i < actions.size(); ++i) {
-      const ArbiterAction& a = actions[i];
-      switch (a.kind) {
-        case ArbiterAction::Kind::kRestartWorker:  // within the arbiter's count of node 0's
-          ++restarts_;
-          restart_worker(local_rank_of_worker(a.ids.at(0)), incarnation_of_worker(a.ids.at(0)));
-          break;
-        case ArbiterAction::Kind::kRestartGroup: {
-          ++restarts_;
-          stop_for_new_round();
-          const std::vector<std::string> ids = start_round(false, a.round);
-          for (auto& more : service.start_round(ids, worker_port_)) actions.push_back(more);
-          break;
-        }
-        case ArbiterAction::Kind::kEnd:
-          return end_elastic(a, service);
-        default:
-          break;  // the service's own
+      if (const auto* restart = std::get_if<action::RestartWorker>(&actions[i])) {
+        ++restarts_;  // within the arbiter's count of node 0's
+        restart_worker(restart->worker.local_rank, restart->worker.incarnation);
+      } else if (const auto* group = std::get_if<action::RestartGroup>(&actions[i])) {
+        ++restarts_;
+        stop_for_new_round();
+        const std::vector<WorkerId> ids = start_round(false, group->round);
+        for (auto& more : service.start_round(ids, worker_port_)) actions.push_back(more);
+      } else if (const auto* end = std::get_if<action::End>(&actions[i])) {
+        return end_elastic(*end, service);
       }
     }
     return std::nullopt;
   }
 
-  int end_elastic(const ArbiterAction& end, ArbiterService& service) {
+  int end_elastic(const action::End& end, ArbiterService& service) {
     if (end.exit_code == 0) {
-      note("elastic: " + end.text + ": " + members_with_pids(end.ids));
+      note("elastic: " + end.why + ": " + members_with_pids(end.finished));
       if (any_running()) {  // the training is over: joiners are too late
         note("elastic: the group finished; stopping the worker(s) still waiting to join");
         stop_group(SIGTERM);
@@ -358,15 +353,15 @@ class Supervisor {
       service.announce_end("done", node_timeout());
       return 0;
     }
-    note(fmt::format("elastic: {}: {}", end.text, any_running() ? "stopping" : "the job failed"));
+    note(fmt::format("elastic: {}: {}", end.why, any_running() ? "stopping" : "the job failed"));
     stop_group(SIGTERM);
-    service.announce_end("failed: " + end.text, node_timeout());
+    service.announce_end("failed: " + end.why, node_timeout());
     return end.exit_code;
   }
 
   // "worker 0.0 (pid 4242), worker 1.1 (pid 4250)": who finished, for the tests that compare
   // survivors' processes.
-  std::string members_with_pids(const std::vector<std::string>& ids) const {
+  std::string members_with_pids(const std::vector<WorkerId>& ids) const {
     std::vector<std::string> out;
     for (const auto& id : ids) {
       const auto it = std::find_if(workers_.begin(), workers_.end(),
@@ -378,16 +373,16 @@ class Supervisor {
 
   // Every worker of a round fresh (not joining), each local rank's next incarnation, with a new
   // rendezvous port on node 0 (`worker_port`: another node's, as node 0 chose). Returns their ids.
-  std::vector<std::string> start_round(bool join, int round, int worker_port = 0) {
+  std::vector<WorkerId> start_round(bool join, int round, int worker_port = 0) {
     worker_port_ = worker_port != 0 ? worker_port : free_port();
-    std::vector<std::string> ids;
+    std::vector<WorkerId> ids;
     for (int local = 0; local < o_.nproc; ++local) {
       workers_.push_back(spawn_elastic(local, next_incarnation_of(local), join));
       ids.push_back(workers_.back().elastic_id);
     }
     if (round > 0) {
       note(fmt::format("elastic: round {}: every worker of this node started again ({})", round,
-                       comm::format_members(ids)));
+                       to_string(ids)));
     }
     return ids;
   }
@@ -403,7 +398,7 @@ class Supervisor {
     int incarnation = 0;
     for (const Worker& w : workers_) {
       if (w.local_rank == local) {
-        incarnation = std::max(incarnation, incarnation_of_worker(w.elastic_id) + 1);
+        incarnation = std::max(incarnation, w.elastic_id.incarnation + 1);
       }
     }
     return incarnation;
@@ -427,17 +422,18 @@ class Supervisor {
       reap();
       for (Worker* w : newly_ended()) {
         if (exit_code_of(w->status) == 0) {
-          link.report({comm::NodeEvent::Kind::kDone, o_.node_rank, w->elastic_id, ""});
+          link.report({comm::NodeEvent::Kind::kDone, o_.node_rank, w->elastic_id.to_string(), ""});
           continue;
         }
         failed_status_ = w->status;
-        link.report({comm::NodeEvent::Kind::kLost, o_.node_rank, w->elastic_id, loss_of(*w)});
+        link.report(
+            {comm::NodeEvent::Kind::kLost, o_.node_rank, w->elastic_id.to_string(), loss_of(*w)});
         note(fmt::format("elastic: worker {} (local rank {}, pid {}) lost: {}", w->elastic_id,
                          w->local_rank, w->pid, describe_status(w->status)));
         if (link.cut_off()) {
           to_restart_.push_back(w->local_rank);
         } else if (const auto id = restart(*w)) {
-          link.report({comm::NodeEvent::Kind::kJoin, o_.node_rank, *id, ""});
+          link.report({comm::NodeEvent::Kind::kJoin, o_.node_rank, id->to_string(), ""});
         }
       }
       const NodeLink::News news = link.tick();
@@ -466,9 +462,9 @@ class Supervisor {
   // Registers this node's next workers for round `round` and starts them as node 0 admits them;
   // false when the launcher was told to stop meanwhile.
   bool join_round(NodeLink& link, int round) {
-    std::vector<std::string> ids;
+    std::vector<WorkerId> ids;
     for (int local = 0; local < o_.nproc; ++local) {
-      ids.push_back(elastic_worker_id(true, o_.node_rank, local, next_incarnation_of(local)));
+      ids.push_back(elastic_id(local, next_incarnation_of(local)));
     }
     const auto admitted =
         link.register_node(ids, round, kRejoinWithin, [] { return g_stop_signal != 0; });
@@ -514,7 +510,7 @@ class Supervisor {
     if (!link.cut_off()) {
       for (int local : to_restart_) {
         if (const auto id = restart_local(local)) {
-          link.report({comm::NodeEvent::Kind::kJoin, o_.node_rank, *id, ""});
+          link.report({comm::NodeEvent::Kind::kJoin, o_.node_rank, id->to_string(), ""});
         }
       }
       to_restart_.clear();
@@ -569,12 +565,12 @@ class Supervisor {
 
   // `w` again, to join the group, while restarts are left: the new worker's id (w is invalid from
   // here, as workers_ grows).
-  std::optional<std::string> restart(const Worker& w) {
-    return restart_local(w.local_rank, incarnation_of_worker(w.elastic_id) + 1);
+  std::optional<WorkerId> restart(const Worker& w) {
+    return restart_local(w.local_rank, w.elastic_id.incarnation + 1);
   }
 
   // A node other than node 0: `local` again, to join the group, while its restarts last.
-  std::optional<std::string> restart_local(int local, int incarnation = -1) {
+  std::optional<WorkerId> restart_local(int local, int incarnation = -1) {
     if (restarts_ >= o_.max_restarts) return std::nullopt;
     ++restarts_;
     return restart_worker(local, incarnation < 0 ? next_incarnation_of(local) : incarnation);
@@ -582,12 +578,17 @@ class Supervisor {
 
   // Starts worker `<local>.<incarnation>` to join the running group (the restart is counted by
   // the caller); returns its id.
-  std::string restart_worker(int local, int incarnation) {
+  WorkerId restart_worker(int local, int incarnation) {
     workers_.push_back(spawn_elastic(local, incarnation, true));
     const Worker& joiner = workers_.back();
     note(fmt::format("elastic: restart {} of {}: worker {} (pid {}) joins when ready", restarts_,
                      o_.max_restarts, joiner.elastic_id, joiner.pid));
     return joiner.elastic_id;
+  }
+
+  // This node's worker of local rank `local`, incarnation `incarnation`.
+  WorkerId elastic_id(int local, int incarnation) const {
+    return {o_.node_rank, local, incarnation, o_.nnodes > 1};
   }
 
   // The workers' environment under elastic: MASTER_PORT is their own rendezvous (a program that
@@ -598,8 +599,8 @@ class Supervisor {
     for (auto& [k, v] : worker_env(o_, local_rank, worker_port_, incarnation, inherited_)) {
       env[k] = v;
     }
-    const std::string id = elastic_worker_id(o_.nnodes > 1, o_.node_rank, local_rank, incarnation);
-    env["DDP_ELASTIC_ID"] = id;
+    const WorkerId id = elastic_id(local_rank, incarnation);
+    env["DDP_ELASTIC_ID"] = id.to_string();
     env["DDP_ELASTIC_STORE"] = fmt::format("{}:{}", o_.master_addr, port_);
     if (join) env["DDP_ELASTIC_JOIN"] = "1";
     Worker w = spawn(local_rank, env);
