@@ -527,7 +527,8 @@ void validate_bucket_tuning(const Config& config) {
   }
 }
 
-// The model, the data and the keys that only some models or data read: the pairs that train.
+// The model and the data must fit each other, and so must the keys that only some models or data
+// read (the informer's sizes, augment, sync-bn).
 void validate_workload(const Config& config) {
   if (config.model == "linear" && config.dataset != "random") {
     throw InputError(fmt::format("model 'linear' trains on dataset 'random' (5 features), not '{}'",
