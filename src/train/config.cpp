@@ -527,9 +527,9 @@ void validate_bucket_tuning(const Config& config) {
   }
 }
 
-}  // namespace
-
-void validate(const Config& config) {
+// The model and the data must fit each other, and so must the keys that only some models or data
+// read (the informer's sizes, augment, sync-bn).
+void validate_workload(const Config& config) {
   if (config.model == "linear" && config.dataset != "random") {
     throw InputError(fmt::format("model 'linear' trains on dataset 'random' (5 features), not '{}'",
                                  config.dataset));
@@ -563,25 +563,34 @@ void validate(const Config& config) {
   if (config.sync_bn && config.model != "resnet18") {
     throw InputError(fmt::format("key 'sync-bn': model '{}' has no BatchNorm layer", config.model));
   }
-  if (config.elastic) {
-    // What a lost rank would take with it, or what cannot follow a new group (yet).
-    const char* refused = config.zero ? "zero (a lost rank's optimizer shard would be lost)"
-                          : config.sync_bn
-                              ? "sync-bn (its layers hold the group they were built on)"
-                          : config.uneven ? "uneven (Join's shadow steps)"
-                          : config.comm_hook == CommHook::kPowerSgd
-                              ? "comm-hook powersgd (its per-rank error feedback)"
-                              : nullptr;
-    if (refused != nullptr) {
-      throw InputError(fmt::format("key 'elastic': cannot be combined with {}", refused));
-    }
-    if (config.backend == "local" || config.backend == "mpi") {
-      throw InputError(fmt::format(
-          "key 'elastic': backend '{}' cannot survive a lost rank (Open MPI ends every rank with "
-          "it); use shm or gloo (or nccl on GPUs) under launcher --nnodes MIN:MAX",
-          config.backend));
-    }
+}
+
+// --elastic: the keys whose state a lost rank would take with it or that cannot follow a new
+// group, and the backends that end every rank when one is lost.
+void validate_elastic(const Config& config) {
+  if (!config.elastic) return;
+  const char* refused = config.zero      ? "zero (a lost rank's optimizer shard would be lost)"
+                        : config.sync_bn ? "sync-bn (its layers hold the group they were built on)"
+                        : config.uneven  ? "uneven (Join's shadow steps)"
+                        : config.comm_hook == CommHook::kPowerSgd
+                            ? "comm-hook powersgd (its per-rank error feedback)"
+                            : nullptr;
+  if (refused != nullptr) {
+    throw InputError(fmt::format("key 'elastic': cannot be combined with {}", refused));
   }
+  if (config.backend == "local" || config.backend == "mpi") {
+    throw InputError(fmt::format(
+        "key 'elastic': backend '{}' cannot survive a lost rank (Open MPI ends every rank with "
+        "it); use shm or gloo (or nccl on GPUs) under launcher --nnodes MIN:MAX",
+        config.backend));
+  }
+}
+
+}  // namespace
+
+void validate(const Config& config) {
+  validate_workload(config);
+  validate_elastic(config);
   validate_sync(config);
   validate_bucket_tuning(config);
   if (config.warmup_epochs > static_cast<double>(config.epochs)) {

@@ -164,49 +164,35 @@ void join_next_generation(Distributed& d) {
   if (d.check_collectives) d.group = comm::check_collectives(d.group);
 }
 
-Distributed init_distributed(const Config& config, const comm::Env& env) {
-  Distributed d;
-  d.launch = comm::detect_launch(env);
-  const int gpus = torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
-  d.device = resolve_device(config.device, gpus, d.launch.local_rank);
-  // --elastic: gloo or nccl even for one rank (the group may grow).
-  d.backend = config.backend != "auto" ? config.backend
-              : config.elastic        ? elastic_backend(d.device)
-                                      : comm::default_backend(d.launch, d.device.is_cuda());
-  const std::string& backend = d.backend;
-  if (!d.launch.rendezvous_origin.empty()) log::info("rendezvous: {}", d.launch.rendezvous_origin);
-  d.options.timeout = to_ms(config.comm_timeout);
-  d.options.rendezvous_timeout = to_ms(config.rendezvous_timeout);
-  d.check_collectives =
-      config.debug_collectives || comm::debug_level(env) == comm::DebugLevel::kDetail;
-  if (config.elastic) {
-    const auto id = env.find("DDP_ELASTIC_ID");
-    if (id == env.end() || d.launch.launcher != comm::Launcher::kEnv ||
-        !elastic_capable(backend, d.device)) {
-      throw InputError(
-          "key 'elastic': start ddp_train under launcher --nnodes MIN:MAX, on shm or gloo (CPU) or "
-          "nccl (CUDA) (the launcher serves the job's store and restarts a lost worker; Open MPI "
-          "cannot survive one)");
-    }
-    d.agent = std::make_shared<comm::ElasticAgent>(d.launch, id->second,
-                                                   elastic_agent_options(env, d.launch, d.options));
-    const auto join = env.find("DDP_ELASTIC_JOIN");
-    d.joining = join != env.end() && join->second == "1";
-    if (d.joining) d.agent->announce_ready();
-    join_next_generation(d);
-  } else {
-    d.group = comm::create_process_group(backend, d.launch, d.options, d.device.is_cuda());
-    if (d.check_collectives) d.group = comm::check_collectives(d.group);
-  }
+namespace {
 
-  if (config.elastic) {
-    log::info("elastic: worker {} (pid {}), generation {} of {} rank(s): {}", d.agent->id(),
-              ::getpid(), d.membership.generation, d.membership.world_size(),
-              comm::format_members(d.membership.members));
-    return d;  // a joiner's first collectives are the model's and the state's (Trainer)
+// --elastic: the launcher's agent makes each generation's group, a joiner's included.
+void start_elastic(Distributed& d, const comm::Env& env) {
+  const auto id = env.find("DDP_ELASTIC_ID");
+  if (id == env.end() || d.launch.launcher != comm::Launcher::kEnv ||
+      !elastic_capable(d.backend, d.device)) {
+    throw InputError(
+        "key 'elastic': start ddp_train under launcher --nnodes MIN:MAX, on shm or gloo (CPU) or "
+        "nccl (CUDA) (the launcher serves the job's store and restarts a lost worker; Open MPI "
+        "cannot survive one)");
   }
-  // Every rank joins the gather; rank 0 alone logs (Note [Collective order is identical on all
-  // ranks]).
+  d.agent = std::make_shared<comm::ElasticAgent>(d.launch, id->second,
+                                                 elastic_agent_options(env, d.launch, d.options));
+  const auto join = env.find("DDP_ELASTIC_JOIN");
+  d.joining = join != env.end() && join->second == "1";
+  if (d.joining) d.agent->announce_ready();
+  join_next_generation(d);
+  log::info("elastic: worker {} (pid {}), generation {} of {} rank(s): {}", d.agent->id(),
+            ::getpid(), d.membership.generation, d.membership.world_size(),
+            comm::format_members(d.membership.members));
+}
+
+// A group that keeps its ranks for the whole run. Every rank joins the topology's gather, rank 0
+// alone logs it (Note [Collective order is identical on all ranks]); the hosts decide whether the
+// all-reduce goes within each host first.
+void start_fixed(Distributed& d, const Config& config, const comm::Env& env) {
+  d.group = comm::create_process_group(d.backend, d.launch, d.options, d.device.is_cuda());
+  if (d.check_collectives) d.group = comm::check_collectives(d.group);
   RankTopology mine{d.launch.rank, comm::host_key(net::host_name(), env), d.launch.local_rank,
                     d.device.str()};
   const auto all = gather_topology(*d.group, d.device, mine);
@@ -217,6 +203,30 @@ Distributed init_distributed(const Config& config, const comm::Env& env) {
   if (const auto line = hierarchy_decision(config.hierarchical, hosts); !line.empty()) {
     d.group = comm::hierarchical(d.group, hosts);
     log::info("{}", line);
+  }
+}
+
+}  // namespace
+
+Distributed init_distributed(const Config& config, const comm::Env& env) {
+  Distributed d;
+  d.launch = comm::detect_launch(env);
+  const int gpus = torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
+  d.device = resolve_device(config.device, gpus, d.launch.local_rank);
+  // --elastic: gloo or nccl even for one rank (the group may grow).
+  d.backend = config.backend != "auto" ? config.backend
+              : config.elastic        ? elastic_backend(d.device)
+                                      : comm::default_backend(d.launch, d.device.is_cuda());
+  if (!d.launch.rendezvous_origin.empty()) log::info("rendezvous: {}", d.launch.rendezvous_origin);
+  d.options.timeout = to_ms(config.comm_timeout);
+  d.options.rendezvous_timeout = to_ms(config.rendezvous_timeout);
+  d.check_collectives =
+      config.debug_collectives || comm::debug_level(env) == comm::DebugLevel::kDetail;
+  // A joiner's first collectives are the model's and the state's (Trainer), not the topology's.
+  if (config.elastic) {
+    start_elastic(d, env);
+  } else {
+    start_fixed(d, config, env);
   }
   return d;
 }

@@ -29,6 +29,31 @@ std::optional<double> field(const std::optional<Scores>& scores, Field get) {
   return get(*scores);
 }
 
+// One change of an --elastic job's group.
+Json membership_json(const MembershipRecord& r) {
+  Json c;
+  c["after_step"] = r.after_step;
+  c["why"] = r.why;
+  c["lost"] = r.lost;
+  c["generation"] = r.generation;
+  c["world_before"] = r.world_before;
+  c["world_after"] = r.world_after;
+  c["recovery_seconds"] = figure(r.recovery_seconds, 6);
+  return c;
+}
+
+// Rank `rank`'s times summed over `steps` steps, as milliseconds a step.
+Json rank_step_ms(size_t rank, const StepTimes& t, int64_t steps) {
+  const double per_step_ms = 1000.0 / static_cast<double>(steps);
+  Json c;
+  c["rank"] = rank;
+  c["data"] = figure(t.data_s * per_step_ms, 6);
+  c["compute"] = figure(t.compute_s * per_step_ms, 6);
+  c["comm"] = figure(t.comm_s * per_step_ms, 6);
+  c["optimizer"] = figure(t.optimizer_s * per_step_ms, 6);
+  return c;
+}
+
 }  // namespace
 
 std::string to_json(const EpochMetrics& m) {
@@ -50,27 +75,12 @@ std::string to_json(const EpochMetrics& m) {
   j["epoch_seconds"] = figure(m.epoch_seconds, 6);
   j["grad_bytes_per_step"] = figure(m.grad_bytes_per_step);
   for (const MembershipRecord& r : m.membership_changes) {
-    Json c;
-    c["after_step"] = r.after_step;
-    c["why"] = r.why;
-    c["lost"] = r.lost;
-    c["generation"] = r.generation;
-    c["world_before"] = r.world_before;
-    c["world_after"] = r.world_after;
-    c["recovery_seconds"] = figure(r.recovery_seconds, 6);
-    j["membership_changes"].push_back(c);
+    j["membership_changes"].push_back(membership_json(r));
   }
-  const double per_step_ms =
-      m.rank_times_steps > 0 ? 1000.0 / static_cast<double>(m.rank_times_steps) : 0.0;
-  for (size_t r = 0; r < m.rank_times.size() && m.rank_times_steps > 0; ++r) {
-    const StepTimes& t = m.rank_times[r];
-    Json c;
-    c["rank"] = r;
-    c["data"] = figure(t.data_s * per_step_ms, 6);
-    c["compute"] = figure(t.compute_s * per_step_ms, 6);
-    c["comm"] = figure(t.comm_s * per_step_ms, 6);
-    c["optimizer"] = figure(t.optimizer_s * per_step_ms, 6);
-    j["rank_step_ms"].push_back(c);
+  if (m.rank_times_steps > 0) {
+    for (size_t r = 0; r < m.rank_times.size(); ++r) {
+      j["rank_step_ms"].push_back(rank_step_ms(r, m.rank_times[r], m.rank_times_steps));
+    }
   }
   if (m.straggler) {
     const StragglerVerdict& v = *m.straggler;

@@ -196,64 +196,81 @@ class PickleReader {
   c10::IValue run() {
     while (true) {
       const uint8_t op = u8();
-      // One line per opcode, named as in Python's pickletools.
-      // clang-format off
-      switch (op) {
-        case 0x80: u8(); break;                                     // PROTO
-        case 0x95: bytes(8); break;                                 // FRAME
-        case '.': return to_value(pop());                           // STOP
-        case '(': marks_.push_back(stack_.size()); break;           // MARK
-        case '}': push(c10::impl::GenericDict(c10::AnyType::get(), c10::AnyType::get())); break;
-        case ']': push(c10::impl::GenericList(c10::AnyType::get())); break;
-        case ')': stack_.push_back(tuple({})); break;               // EMPTY_TUPLE
-        case 't': stack_.push_back(tuple(pop_to_mark())); break;    // TUPLE
-        case 0x85: stack_.push_back(tuple(pop_n(1))); break;        // TUPLE1
-        case 0x86: stack_.push_back(tuple(pop_n(2))); break;        // TUPLE2
-        case 0x87: stack_.push_back(tuple(pop_n(3))); break;        // TUPLE3
-        case 'N': push(c10::IValue()); break;
-        case 0x88: push(true); break;
-        case 0x89: push(false); break;
-        case 'K': push(static_cast<int64_t>(u8())); break;          // BININT1
-        case 'M': push(static_cast<int64_t>(le(2))); break;         // BININT2
-        case 'J': push(static_cast<int64_t>(static_cast<int32_t>(le(4)))); break;  // BININT
-        case 0x8a: push(long1()); break;                            // LONG1
-        case 'G': push(binfloat()); break;                          // BINFLOAT
-        case 'X': push(std::string(bytes(le(4)))); break;           // BINUNICODE
-        case 0x8c: push(std::string(bytes(u8()))); break;           // SHORT_BINUNICODE
-        case 'q': memo_[le(1)] = top(); break;                      // BINPUT
-        case 'r': memo_[le(4)] = top(); break;                      // LONG_BINPUT
-        case 0x94: {                                                // MEMOIZE
-          const uint64_t key = memo_.size();
-          memo_[key] = top();
-          break;
-        }
-        case 'h': stack_.push_back(memo(le(1))); break;             // BINGET
-        case 'j': stack_.push_back(memo(le(4))); break;             // LONG_BINGET
-        case 'c': {                                                 // GLOBAL
-          const std::string module = line();  // two statements: the order matters
-          global(module, line());
-          break;
-        }
-        case 0x93: {                                                // STACK_GLOBAL
-          const std::string name = string_of(pop());
-          global(string_of(pop()), name);
-          break;
-        }
-        case 'a': append(pop_n(1)); break;                          // APPEND
-        case 'e': append(pop_to_mark()); break;                     // APPENDS
-        case 's': setitems(pop_n(2)); break;                        // SETITEM
-        case 'u': setitems(pop_to_mark()); break;                   // SETITEMS
-        case 'R': reduce(); break;
-        case 'b': build(); break;
-        case 'Q': persistent_load(); break;                         // BINPERSID
-        default:
-          throw Corrupt{fmt::format("pickle: unsupported opcode 0x{:02x} at byte {}", op, pos_ - 1)};
+      if (op == '.') return to_value(pop());  // STOP
+      if (!push_literal(op) && !operate(op)) {
+        throw Corrupt{fmt::format("pickle: unsupported opcode 0x{:02x} at byte {}", op, pos_ - 1)};
       }
-      // clang-format on
     }
   }
 
  private:
+  // -- opcodes
+  // The opcode table in two halves: the opcodes that push a value written in the bytes, and
+  // those that work on the framing, the stack, the memo and objects. Each returns false for an
+  // opcode it does not know, before reading any byte. One line per opcode, named as in Python's
+  // pickletools.
+  // clang-format off
+  bool push_literal(uint8_t op) {
+    switch (op) {
+      case '}': push(c10::impl::GenericDict(c10::AnyType::get(), c10::AnyType::get())); break;
+      case ']': push(c10::impl::GenericList(c10::AnyType::get())); break;
+      case ')': stack_.push_back(tuple({})); break;               // EMPTY_TUPLE
+      case 'N': push(c10::IValue()); break;
+      case 0x88: push(true); break;
+      case 0x89: push(false); break;
+      case 'K': push(static_cast<int64_t>(u8())); break;          // BININT1
+      case 'M': push(static_cast<int64_t>(le(2))); break;         // BININT2
+      case 'J': push(static_cast<int64_t>(static_cast<int32_t>(le(4)))); break;  // BININT
+      case 0x8a: push(long1()); break;                            // LONG1
+      case 'G': push(binfloat()); break;                          // BINFLOAT
+      case 'X': push(std::string(bytes(le(4)))); break;           // BINUNICODE
+      case 0x8c: push(std::string(bytes(u8()))); break;           // SHORT_BINUNICODE
+      default: return false;
+    }
+    return true;
+  }
+
+  bool operate(uint8_t op) {
+    switch (op) {
+      case 0x80: u8(); break;                                     // PROTO
+      case 0x95: bytes(8); break;                                 // FRAME
+      case '(': marks_.push_back(stack_.size()); break;           // MARK
+      case 't': stack_.push_back(tuple(pop_to_mark())); break;    // TUPLE
+      case 0x85: stack_.push_back(tuple(pop_n(1))); break;        // TUPLE1
+      case 0x86: stack_.push_back(tuple(pop_n(2))); break;        // TUPLE2
+      case 0x87: stack_.push_back(tuple(pop_n(3))); break;        // TUPLE3
+      case 'q': memo_[le(1)] = top(); break;                      // BINPUT
+      case 'r': memo_[le(4)] = top(); break;                      // LONG_BINPUT
+      case 0x94: {                                                // MEMOIZE
+        const uint64_t key = memo_.size();
+        memo_[key] = top();
+        break;
+      }
+      case 'h': stack_.push_back(memo(le(1))); break;             // BINGET
+      case 'j': stack_.push_back(memo(le(4))); break;             // LONG_BINGET
+      case 'c': {                                                 // GLOBAL
+        const std::string module = line();  // two statements: the order matters
+        global(module, line());
+        break;
+      }
+      case 0x93: {                                                // STACK_GLOBAL
+        const std::string name = string_of(pop());
+        global(string_of(pop()), name);
+        break;
+      }
+      case 'a': append(pop_n(1)); break;                          // APPEND
+      case 'e': append(pop_to_mark()); break;                     // APPENDS
+      case 's': setitems(pop_n(2)); break;                        // SETITEM
+      case 'u': setitems(pop_to_mark()); break;                   // SETITEMS
+      case 'R': reduce(); break;
+      case 'b': build(); break;
+      case 'Q': persistent_load(); break;                         // BINPERSID
+      default: return false;
+    }
+    return true;
+  }
+  // clang-format on
+
   // -- bytes
   std::string_view bytes(uint64_t n) {
     if (n > data_.size() - pos_) throw Corrupt{"pickle: truncated"};

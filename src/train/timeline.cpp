@@ -35,6 +35,38 @@ std::string event_text(const Json& event) {
   return event.dump(-1, ' ', /*ensure_ascii=*/false, Json::error_handler_t::replace);
 }
 
+// A span ("X") on its lane, from `begin_us` to `end_us`.
+Json span_event(const Timeline::Event& e, int rank, double begin_us, double end_us) {
+  Json event;
+  event["name"] = e.name;
+  event["cat"] = e.category;
+  event["ph"] = "X";
+  event["pid"] = rank;
+  event["tid"] = e.lane;
+  event["ts"] = to_nanoseconds(begin_us);
+  event["dur"] = to_nanoseconds(std::max(0.0, end_us - begin_us));
+  Json args = Json::object();
+  if (e.step >= 0) args["step"] = e.step;
+  if (e.bytes >= 0) args["bytes"] = e.bytes;
+  event["args"] = std::move(args);
+  return event;
+}
+
+// A counter ("C") or, without values, an instant ("i") at `at_us`, on the step's lane.
+Json mark_event(const Timeline::Mark& m, int rank, double at_us) {
+  Json event;
+  event["name"] = m.name;
+  event["ph"] = m.values.empty() ? "i" : "C";
+  event["pid"] = rank;
+  event["tid"] = Timeline::kStepLane;
+  event["ts"] = to_nanoseconds(at_us);
+  if (m.values.empty()) event["s"] = "p";  // an instant across the rank's lanes
+  Json args = Json::object();
+  for (const auto& [key, value] : m.values) args[key] = value;
+  event["args"] = std::move(args);
+  return event;
+}
+
 }  // namespace
 
 Timeline::Timeline(size_t max_events)
@@ -82,35 +114,12 @@ std::string Timeline::trace_events(int rank, double origin_wall) const {
     out += ",\n" + event_text(metadata_event("thread_name", rank, lane, {{"name", name}}));
   }
   for (const auto& e : events_) {
-    Json event;
-    event["name"] = e.name;
-    event["cat"] = e.category;
-    event["ph"] = "X";
-    event["pid"] = rank;
-    event["tid"] = e.lane;
-    const double begin = us(e.begin);
-    event["ts"] = to_nanoseconds(begin);
-    event["dur"] = to_nanoseconds(std::max(0.0, us(e.end) - begin));
-    Json args = Json::object();
-    if (e.step >= 0) args["step"] = e.step;
-    if (e.bytes >= 0) args["bytes"] = e.bytes;
-    event["args"] = std::move(args);
     out += ",\n";
-    out += event_text(event);
+    out += event_text(span_event(e, rank, us(e.begin), us(e.end)));
   }
   for (const auto& m : marks_) {
-    Json event;
-    event["name"] = m.name;
-    event["ph"] = m.values.empty() ? "i" : "C";
-    event["pid"] = rank;
-    event["tid"] = kStepLane;
-    event["ts"] = to_nanoseconds(us(m.at));
-    if (m.values.empty()) event["s"] = "p";  // an instant across the rank's lanes
-    Json args = Json::object();
-    for (const auto& [key, value] : m.values) args[key] = value;
-    event["args"] = std::move(args);
     out += ",\n";
-    out += event_text(event);
+    out += event_text(mark_event(m, rank, us(m.at)));
   }
   return out;
 }
