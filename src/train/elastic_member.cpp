@@ -228,11 +228,8 @@ void ElasticMember::form_next_generation() {
 int ElasticMember::state_source() {
   const Phase phase(*dist_.group, fmt::format("elastic: generation {}: state holders",
                                               dist_.membership.generation));
-  const auto on_device = torch::TensorOptions(torch::kLong).device(dist_.device);
-  const auto mine = torch::tensor({holds_state_ ? int64_t{1} : 0, trainee_.steps()}, on_device);
-  at::Tensor all = torch::empty({dist_.world_size() * 2}, on_device);
-  dist_.group->all_gather(all, mine)->wait();
-  all = all.cpu().view({-1, 2});
+  const at::Tensor all = comm::all_gather_rows(
+      *dist_.group, torch::tensor({holds_state_ ? int64_t{1} : 0, trainee_.steps()}), dist_.device);
   int source = -1;
   for (int r = 0; r < dist_.world_size(); ++r) {
     if (all[r][0].item<int64_t>() == 0) continue;
@@ -280,17 +277,13 @@ void ElasticMember::heal() {
   // state and step, bitwise: checked before the generation's first step (a collective).
   const Phase phase(*dist_.group, fmt::format("elastic: generation {}: state check", g));
   const auto digest = static_cast<int64_t>(trainee_.state_digest());
-  const auto on_device = torch::TensorOptions(torch::kLong).device(dist_.device);
-  at::Tensor all = torch::empty({dist_.world_size()}, on_device);
-  dist_.group->all_gather(all, torch::tensor({digest}, on_device))->wait();
-  all = all.cpu();
-  const at::Tensor differ = all.ne(all[source]).nonzero().view({-1});
-  if (differ.numel() > 0) {
+  const std::vector<int64_t> differ = comm::ranks_differing(
+      comm::all_gather_rows(*dist_.group, torch::tensor({digest}), dist_.device), source);
+  if (!differ.empty()) {
     throw Error(fmt::format(
         "elastic: rank(s) {} of generation {} do not hold the state of {} after taking it "
         "(parameters, buffers, optimizer, GradScaler or RNG state differ)",
-        fmt::join(differ.data_ptr<int64_t>(), differ.data_ptr<int64_t>() + differ.numel(), ", "), g,
-        from));
+        fmt::join(differ, ", "), g, from));
   }
   log::info(
       "elastic: the {} rank(s) hold bitwise the same state before step {} (digest {:016x}), "
