@@ -42,24 +42,6 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// The seconds the collectives of the group in `slot` blocked this process since its
-// construction; 0 when --elastic replaced the group meanwhile. It holds the slot, not the group:
-// a survivor's replacing its group is what ends a peer's wait (trainer.h).
-class BlockedClock {
- public:
-  explicit BlockedClock(const std::shared_ptr<comm::ProcessGroup>& slot)
-      : slot_(slot), group_(slot.get()), start_(slot->blocked_seconds()) {}
-  double seconds() const {
-    if (slot_.get() != group_) return 0.0;
-    return std::max(0.0, group_->blocked_seconds() - start_);
-  }
-
- private:
-  const std::shared_ptr<comm::ProcessGroup>& slot_;
-  const comm::ProcessGroup* group_;
-  double start_;
-};
-
 void set_lr(torch::optim::Optimizer& optimizer, double lr) {
   for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
 }
@@ -222,11 +204,6 @@ c10::ScalarType autocast_dtype(Amp amp) {
   return amp == Amp::kFp16 ? torch::kHalf : torch::kBFloat16;
 }
 
-// A phase of optimizer step `step`: the span `name` and the label "step <step>: <name>".
-Phase step_phase(comm::ProcessGroup& group, Timeline* timeline, const char* name, int64_t step) {
-  return Phase(group, fmt::format("step {}: {}", step, name), timeline, name, "compute", step);
-}
-
 }  // namespace
 
 Trainer::Trainer(Config config) : Trainer(std::move(config), Distributed{}) {}
@@ -234,8 +211,10 @@ Trainer::Trainer(Config config) : Trainer(std::move(config), Distributed{}) {}
 Trainer::Trainer(Config config, Distributed dist)
     : config_(prepared(std::move(config))),
       dist_(dist.group ? std::move(dist) : init_distributed(config_, comm::current_env())),
-      watchdog_(start_watchdog(config_, dist_, comm::current_env())) {
-  if (!config_.timeline.empty()) timeline_ = std::make_unique<Timeline>();
+      watchdog_(start_watchdog(config_, dist_, comm::current_env())),
+      timeline_(config_.timeline.empty() ? nullptr : std::make_unique<Timeline>()),
+      timer_(dist_, {config_.straggler_threshold, config_.straggler_every, config_.uneven},
+             timeline_.get()) {
   progress_style_ =
       progress_style(config_.progress, ::isatty(STDOUT_FILENO) != 0,
                      dist_.launch.launcher == comm::Launcher::kMpirun, dist_.is_main());
@@ -423,7 +402,7 @@ TrainResult Trainer::train() {
   const EpochMetrics& final = result.epochs.back();
   log::info("done: {} epochs, {}, {:.0f} samples/s; metrics in {}", config_.epochs, describe(final),
             final.samples_per_s, result.metrics_path);
-  log_straggler_table();
+  timer_.log_table();
   return result;
 }
 
@@ -431,7 +410,7 @@ bool Trainer::end_of_epoch(EpochMetrics& m, TrainResult& result) {
   const bool last = m.epoch == config_.epochs;
   // The run's last window, however short: a run of fewer steps than --straggler-every has its
   // figures and its table too.
-  if (last && attributes_stragglers() && window_steps_ > 0) exchange_step_times();
+  if (last) timer_.exchange_rest(step_);
 
   // Every eval_every epochs, and always after the last one (all ranks).
   if (last || (config_.eval_every > 0 && m.epoch % config_.eval_every == 0)) {
@@ -443,12 +422,7 @@ bool Trainer::end_of_epoch(EpochMetrics& m, TrainResult& result) {
             describe(m), m.samples_per_s, m.epoch_seconds, m.lr);
   if (result.epochs.empty() || result.epochs.back().epoch < m.epoch) {
     m.membership_changes = elastic_->take_records();
-    if (stragglers_) {  // the step times of this epoch's windows (rank 0)
-      m.rank_times = stragglers_->epoch();
-      m.rank_times_steps = stragglers_->epoch_steps();
-      m.straggler = stragglers_->epoch_straggler();
-      stragglers_->begin_epoch();
-    }
+    timer_.take_epoch(m);  // the step times of this epoch's windows (rank 0)
     if (metrics_file_) metrics_file_->write(m);
     result.epochs.push_back(m);
   }
@@ -522,8 +496,7 @@ bool Trainer::train_steps(EpochPass& pass, EpochMetrics& m) {
   // --uneven: a rank out of batches joins the others' steps until all are done (core/join.h).
   if (config_.uneven) model_->begin_join();
   while (true) {
-    StepTimes times;  // this step's, for the straggler attribution (straggler.h)
-    const std::optional<std::vector<data::Batch>> batches = timed_step_batches(pass, times);
+    const std::optional<std::vector<data::Batch>> batches = step_batches(pass);
     if (!batches) break;
     const auto step_start = Clock::now();
     m.lr = lr_at(schedule_, step_, pass.steps);
@@ -536,16 +509,18 @@ bool Trainer::train_steps(EpochPass& pass, EpochMetrics& m) {
     std::pair<torch::Tensor, int64_t> reduced;
     std::vector<std::string> ids;  // --record-samples: every rank's
     elastic_->commit([&] {
-      const BlockedClock blocked(dist_.group);
-      reduced = step_gradients(pass, *batches);
-      times.comm_s = blocked.seconds();
-      times.compute_s = std::max(0.0, seconds_since(step_start) - times.comm_s);
+      {
+        const auto timed = timer_.time(StepPhase::kCompute);
+        reduced = step_gradients(pass, *batches);
+      }
       if (config_.record_samples) ids = gather_sample_ids(pass);
     });
-    timed_optimizer_step(times);  // on the reduced gradients, the same on every rank
+    {
+      const auto timed = timer_.time(StepPhase::kOptimizer);
+      optimizer_step();  // on the reduced gradients, the same on every rank
+    }
     ++step_;
-    window_ += times;
-    ++window_steps_;
+    timer_.count_step();
     if (bucket_tuner_) tune_buckets(seconds_since(step_start));
     if (diloco_) {  // --sync local-sgd, diloco: every sync-every steps, the models meet
       const Phase phase = step_phase(*dist_.group, timeline_.get(), "synchronization", step_);
@@ -559,8 +534,8 @@ bool Trainer::train_steps(EpochPass& pass, EpochMetrics& m) {
     if (config_.check_params_every > 0 && step_ % config_.check_params_every == 0) {
       check_parameters();
     }
-    if (attributes_stragglers() && step_ % config_.straggler_every == 0) exchange_step_times();
-    if (stop_after_step(pass)) {  // --checkpoint-on-signal
+    timer_.exchange_if_due(step_);  // every --straggler-every steps: who is slow, and why
+    if (stop_after_step(pass)) {    // --checkpoint-on-signal
       elastic_->settle();
       return false;
     }
@@ -574,24 +549,19 @@ bool Trainer::train_steps(EpochPass& pass, EpochMetrics& m) {
   return true;
 }
 
-std::optional<std::vector<data::Batch>> Trainer::timed_step_batches(EpochPass& pass,
-                                                                   StepTimes& times) {
-  const auto start = Clock::now();
+std::optional<std::vector<data::Batch>> Trainer::step_batches(EpochPass& pass) {
+  const auto timed = timer_.time(StepPhase::kData);
   // Its own label (the timeline's spans are next_batch's): a rank stalled in its loader is seen
   // there by the flight record.
   const Phase phase(*dist_.group, fmt::format("step {}: data", step_ + 1));
-  auto batches = next_step_batches(pass);
-  times.data_s = seconds_since(start);
+  std::vector<data::Batch> batches;
+  while (static_cast<int64_t>(batches.size()) < config_.grad_accum_steps) {
+    std::optional<data::Batch> batch = next_batch(pass);
+    if (!batch) break;
+    batches.push_back(std::move(*batch));
+  }
+  if (batches.empty()) return std::nullopt;
   return batches;
-}
-
-void Trainer::timed_optimizer_step(StepTimes& times) {
-  const auto start = Clock::now();
-  const BlockedClock blocked(dist_.group);
-  optimizer_step();
-  const double comm_s = blocked.seconds();  // --zero's broadcasts, the GradScaler's inf check
-  times.comm_s += comm_s;
-  times.optimizer_s = std::max(0.0, seconds_since(start) - comm_s);
 }
 
 std::pair<torch::Tensor, int64_t> Trainer::step_gradients(EpochPass& pass,
@@ -761,17 +731,6 @@ Trainer::EpochPass Trainer::begin_epoch(int64_t epoch) {
   return pass;
 }
 
-std::optional<std::vector<data::Batch>> Trainer::next_step_batches(EpochPass& pass) {
-  std::vector<data::Batch> batches;
-  while (static_cast<int64_t>(batches.size()) < config_.grad_accum_steps) {
-    std::optional<data::Batch> batch = next_batch(pass);
-    if (!batch) break;
-    batches.push_back(std::move(*batch));
-  }
-  if (batches.empty()) return std::nullopt;
-  return batches;
-}
-
 std::optional<data::Batch> Trainer::next_batch(EpochPass& pass) {
   const Phase phase(*dist_.group, "", timeline_.get(), "data wait", "data", step_ + 1);
   return pass.loader->next();
@@ -818,64 +777,6 @@ bool Trainer::stop_requested() {
   return comm::any_rank(*dist_.group, g_stop_requested != 0, dist_.device);
 }
 
-void Trainer::record_window() const {
-  if (!timeline_ || window_steps_ == 0) return;
-  // This rank's ms a step over the window, as a graph.
-  const double ms = 1000.0 / static_cast<double>(window_steps_);
-  timeline_->add_counter("step ms", Clock::now(),
-                         {{"data", window_.data_s * ms},
-                          {"compute", window_.compute_s * ms},
-                          {"comm", window_.comm_s * ms},
-                          {"optimizer", window_.optimizer_s * ms}});
-}
-
-void Trainer::exchange_step_times() {
-  const Phase phase(*dist_.group, fmt::format("step {}: straggler figures", step_));
-  record_window();
-  // The window's sums and its step count. A re-forming starts a new window on every member
-  // (adopt_group), so every rank counted the same steps; the count is exchanged to check that.
-  std::vector<double> figures = to_doubles(window_);
-  figures.push_back(static_cast<double>(std::exchange(window_steps_, 0)));
-  window_ = StepTimes{};
-  const auto n = static_cast<int64_t>(figures.size());
-  const auto options = torch::TensorOptions(torch::kDouble).device(dist_.device);
-  const auto mine = torch::tensor(figures, torch::kDouble).to(dist_.device);
-  auto all = torch::empty({dist_.world_size() * n}, options);
-  dist_.group->all_gather(all, mine)->wait();
-  all = all.cpu().contiguous();
-  std::vector<StepTimes> ranks;
-  std::vector<int64_t> counts;
-  for (int r = 0; r < dist_.world_size(); ++r) {
-    const double* values = all.data_ptr<double>() + r * n;
-    ranks.push_back(step_times_from(values));
-    counts.push_back(static_cast<int64_t>(values[n - 1]));
-  }
-  const int64_t steps = counts.front();
-  DDP_CHECK(std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == steps; }),
-            fmt::format("step {}: the ranks counted different steps in the window ({})", step_,
-                        fmt::join(counts, ", ")));
-  if (steps == 0) return;  // a re-forming at the window's last step: nothing to judge
-  // Every rank's flight record keeps the verdict, for the hang doctor (the same on every rank).
-  const auto verdict = find_straggler(ranks, steps, config_.straggler_threshold);
-  dist_.group->set_straggler(verdict ? straggler_message(*verdict, step_ - steps + 1, step_) : "");
-  if (!dist_.is_main()) return;  // rank 0 logs (after an elastic change, the new rank 0)
-  if (!stragglers_) stragglers_.emplace(config_.straggler_threshold);
-  const auto lines = stragglers_->add_window(ranks, steps, step_);
-  if (!lines.info.empty()) log::info("{}", lines.info);
-  if (!lines.warning.empty()) log::warn("{}", lines.warning);
-  for (const std::string& line : {lines.info, lines.warning}) {  // marked where they were seen
-    if (timeline_ && !line.empty()) timeline_->add_instant(line, Clock::now());
-  }
-}
-
-void Trainer::log_straggler_table() const {
-  if (!stragglers_ || stragglers_->run_steps() == 0) return;
-  log::info("step times per rank over {} steps (ms a step):", stragglers_->run_steps());
-  for (const auto& line : straggler_table(stragglers_->run(), stragglers_->run_steps())) {
-    log::info("  {}", line);
-  }
-}
-
 void Trainer::check_parameters() {
   const Phase phase(*dist_.group, fmt::format("step {}: parameter check", step_));
   // Two float64 checksums per parameter (sum and sum of squares), gathered from every rank:
@@ -887,21 +788,16 @@ void Trainer::check_parameters() {
     sums.push_back(p.sum());
     sums.push_back(p.square().sum());
   }
-  const auto mine = torch::stack(sums);
-  auto all = torch::empty({dist_.world_size() * mine.numel()}, mine.options());
-  dist_.group->all_gather(all, mine)->wait();
-  all = all.cpu().view({dist_.world_size(), -1, 2});
-  const auto differs = all.ne(all[0]).any(2);  // [rank, parameter]
-  const auto diverged = differs.any(0).nonzero();
-  if (diverged.numel() == 0) return;
-  const int64_t i = diverged[0][0].item<int64_t>();
-  const auto ranks = differs.select(1, i).nonzero().view({-1});
-  const int64_t first = ranks[0].item<int64_t>();
+  const at::Tensor rows = comm::all_gather_rows(*dist_.group, torch::stack(sums), dist_.device);
+  if (comm::ranks_differing(rows, 0).empty()) return;
+  const auto all = rows.view({dist_.world_size(), -1, 2});  // [rank, parameter, sum]
+  const int64_t i = all.ne(all[0]).any(2).any(0).nonzero()[0][0].item<int64_t>();
+  const std::vector<int64_t> ranks = comm::ranks_differing(all.select(1, i), 0);
+  const int64_t first = ranks.front();
   throw Error(fmt::format(
       "parameters diverged across ranks by step {}: '{}' differs between rank 0 and rank(s) {} "
       "(sum {} on rank 0, {} on rank {}); the ranks no longer train the same model",
-      step_, named[static_cast<size_t>(i)].key(),
-      fmt::join(ranks.data_ptr<int64_t>(), ranks.data_ptr<int64_t>() + ranks.numel(), ", "),
+      step_, named[static_cast<size_t>(i)].key(), fmt::join(ranks, ", "),
       all[0][i][0].item<double>(), all[first][i][0].item<double>(), first));
 }
 
@@ -1041,10 +937,6 @@ void Trainer::release_group() {
 }
 
 void Trainer::adopt_group() {
-  // A new generation starts a new window of step times on every member, so that a step dropped
-  // by the re-forming is counted nowhere.
-  window_ = StepTimes{};
-  window_steps_ = 0;
   if (scaler_) scaler_->set_group(dist_.group);
   watchdog_ = start_watchdog(config_, dist_, comm::current_env());
   wrap_model(/*init_sync=*/false);  // Note [One state transfer per change]: the heal's is the one

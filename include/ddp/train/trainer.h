@@ -28,7 +28,7 @@
 #include "ddp/train/lr_schedule.h"
 #include "ddp/train/metrics.h"
 #include "ddp/train/progress.h"
-#include "ddp/train/straggler.h"
+#include "ddp/train/step_timer.h"
 #include "ddp/train/timeline.h"
 #include "ddp/train/workload.h"
 
@@ -115,13 +115,10 @@ class Trainer : private ElasticTrainee {
   torch::Tensor untrained_samples(const EpochPass& pass) const;
   int64_t steps_for(int64_t samples) const;  // optimizer steps over `samples` of one rank
   // The next step's micro-batches (--grad-accum-steps of them, fewer at the epoch's end), passing
-  // over those a resumed epoch had trained; nullopt at the epoch's end.
-  std::optional<std::vector<data::Batch>> next_step_batches(EpochPass& pass);
+  // over those a resumed epoch had trained, under the phase "step N: data" (timed); nullopt at
+  // the epoch's end.
+  std::optional<std::vector<data::Batch>> step_batches(EpochPass& pass);
   std::optional<data::Batch> next_batch(EpochPass& pass);  // one of them
-  // next_step_batches under the phase "step N: data", its time into `times.data_s`.
-  std::optional<std::vector<data::Batch>> timed_step_batches(EpochPass& pass, StepTimes& times);
-  // optimizer_step, its time into `times` (its collectives' into comm_s).
-  void timed_optimizer_step(StepTimes& times);
   // Forward and backward of a step's micro-batches (one without --grad-accum-steps): the last
   // backward reduces the sum of their gradients, each bucket all-reduced as it is ready. Returns
   // the step's loss times the sizes (float64, not synchronised) and its samples.
@@ -158,19 +155,6 @@ class Trainer : private ElasticTrainee {
   // --check-params-every: compares checksums of the parameters across ranks (a collective);
   // throws Error naming the first parameter that differs and the ranks where it does.
   void check_parameters();
-  // Whether the ranks exchange their step times (straggler.h): a threshold above 0, several
-  // ranks, and every rank in every step (not under --uneven, where a rank out of batches joins).
-  bool attributes_stragglers() const {
-    return config_.straggler_threshold > 0.0 && dist_.world_size() > 1 && !config_.uneven;
-  }
-  // Every rank's step times over the window that ends at this step (an all_gather of 5 doubles
-  // each, a collective); rank 0 names a straggler, or its recovery, and every rank's flight
-  // record keeps the verdict (the hang doctor's "before the stall").
-  void exchange_step_times();
-  // --timeline: this rank's window as a "step ms" counter.
-  void record_window() const;
-  // Rank 0, at the end of the run: each rank's mean step times over the windows exchanged.
-  void log_straggler_table() const;
   // --record-samples: every rank's sample ids of the step in flight (a collective), and the
   // counted step's line of samples.jsonl (rank 0 writes it); returns the line.
   std::vector<std::string> gather_sample_ids(const EpochPass& pass);
@@ -242,6 +226,7 @@ class Trainer : private ElasticTrainee {
   int64_t tuned_bucket_cap_bytes_ = 0;
   LrSchedule schedule_;
   std::unique_ptr<Timeline> timeline_;  // --timeline; nullptr without
+  StepTimer timer_;                     // where the steps' time goes, and who is slow
   ProgressStyle progress_style_ = ProgressStyle::kOff;
   int64_t step_ = 0;                   // optimizer steps taken
   int64_t start_epoch_ = 0;            // epochs done before this run (resume)
@@ -255,11 +240,6 @@ class Trainer : private ElasticTrainee {
   std::optional<MetricsWriter> metrics_file_;    // rank 0
   std::unique_ptr<std::ofstream> samples_file_;  // --record-samples, rank 0
   std::unique_ptr<ElasticMember> elastic_;       // does nothing without --elastic
-  // Straggler attribution: this rank's sums over the window in progress, and rank 0's record of
-  // the windows exchanged.
-  StepTimes window_;
-  int64_t window_steps_ = 0;
-  std::optional<StragglerRecord> stragglers_;  // rank 0, when attributes_stragglers()
 };
 
 }  // namespace ddp::train
