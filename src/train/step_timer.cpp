@@ -15,15 +15,7 @@
 #include "phase.h"
 
 namespace ddp::train {
-namespace {
-
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-}  // namespace
 
 StepTimer::StepTimer(const Distributed& dist, Options options, Timeline* timeline)
     : dist_(dist),
@@ -41,7 +33,7 @@ StepTimer::Timed::Timed(StepTimer& timer, StepPhase phase)
 }
 
 StepTimer::Timed::~Timed() {
-  const double seconds = seconds_since(start_);
+  const double seconds = std::chrono::duration<double>(Clock::now() - start_).count();
   StepTimes& step = timer_.step_;
   if (phase_ == StepPhase::kData) {  // no collective waits for data
     step.data_s = seconds;
