@@ -434,10 +434,13 @@ std::optional<std::vector<data::Batch>> Trainer::step_batches(EpochPass& pass) {
   // Its own label (the timeline's spans are each batch's): a rank stalled in its loader is seen
   // there by the flight record.
   const Phase phase(*dist_.group, fmt::format("step {}: data", step));
+  const auto next_batch = [&] {  // a span of the timeline each
+    const Phase wait(*dist_.group, "", timeline_.get(), "data wait", "data", step);
+    return pass.loader->next();
+  };
   std::vector<data::Batch> batches;
   while (static_cast<int64_t>(batches.size()) < config_.grad_accum_steps) {
-    const Phase wait(*dist_.group, "", timeline_.get(), "data wait", "data", step);
-    std::optional<data::Batch> batch = pass.loader->next();
+    std::optional<data::Batch> batch = next_batch();
     if (!batch) break;
     batches.push_back(std::move(*batch));
   }
