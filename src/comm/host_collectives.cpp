@@ -96,4 +96,17 @@ bool any_rank(ProcessGroup& group, bool mine, const c10::Device& device) {
   return all_reduce_scalar(group, mine ? 1.0 : 0.0, ReduceOp::kMax, device) != 0.0;
 }
 
+at::Tensor all_gather_rows(ProcessGroup& group, const at::Tensor& row, const c10::Device& device) {
+  const at::Tensor mine = row.reshape({-1}).to(device).contiguous();
+  auto all = at::empty({group.world_size() * mine.numel()}, mine.options());
+  group.all_gather(all, mine)->wait();
+  return all.cpu().view({group.world_size(), mine.numel()});
+}
+
+std::vector<int64_t> ranks_differing(const at::Tensor& rows, int64_t reference) {
+  const at::Tensor differ = rows.ne(rows[reference]).reshape({rows.size(0), -1}).any(1);
+  const at::Tensor ranks = differ.nonzero().view({-1}).contiguous();
+  return {ranks.data_ptr<int64_t>(), ranks.data_ptr<int64_t>() + ranks.numel()};
+}
+
 }  // namespace ddp::comm

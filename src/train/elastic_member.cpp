@@ -43,12 +43,22 @@ std::string heal_message(const Checkpoint& state,
   return out;
 }
 
-}  // namespace
-
-torch::Tensor ElasticPosition::rest() const {
-  if (!sequence.defined()) return torch::empty({0}, torch::kLong);
-  return sequence.narrow(0, trained, sequence.size(0) - trained).clone();
+// The watchdog of this rank's group: the stall warning after `stall_warning` seconds, and the
+// flight record to <output>/debug/rank<r>.json and to the launcher's DDP_FLIGHT_DIR.
+std::unique_ptr<comm::Watchdog> start_watchdog(const Distributed& dist, double stall_warning,
+                                               const std::string& output_dir) {
+  comm::WatchdogOptions options;
+  options.stall_warning = std::chrono::milliseconds(static_cast<int64_t>(stall_warning * 1000.0));
+  const std::string file = fmt::format("rank{}.json", dist.rank());
+  options.dump_path = (std::filesystem::path(output_dir) / "debug" / file).string();
+  const comm::Env env = comm::current_env();
+  if (auto dir = env.find("DDP_FLIGHT_DIR"); dir != env.end() && !dir->second.empty()) {
+    options.launcher_copy = (std::filesystem::path(dir->second) / file).string();
+  }
+  return std::make_unique<comm::Watchdog>(dist.group, options);
 }
+
+}  // namespace
 
 // Thrown out of a step (or the epoch's end) when this member leaves its generation: `failed`
 // when something failed (then the generation is given up by every member), not when it grows.
@@ -58,9 +68,13 @@ struct ElasticMember::Change {
   Clock::time_point seen = Clock::now();
 };
 
-ElasticMember::ElasticMember(Distributed& dist, ElasticTrainee& trainee, Timeline* timeline,
+ElasticMember::ElasticMember(Distributed& dist, TrainState& state, Timeline* timeline,
                              Options options)
-    : dist_(dist), trainee_(trainee), timeline_(timeline), options_(std::move(options)) {
+    : dist_(dist),
+      state_(state),
+      timeline_(timeline),
+      options_(std::move(options)),
+      watchdog_(start_watchdog(dist_, options_.stall_warning, options_.output_dir)) {
   // The first generation of a round holds the group's state from the start: they begin alike,
   // or from the same checkpoint (Note [Committed state has an owner]). A joiner holds none yet.
   holds_state_ = enabled() && !dist_.joining;
@@ -79,7 +93,7 @@ bool ElasticMember::attempt(const std::function<void()>& part) {
   } catch (const comm::CommError& e) {
     // A collective between steps (a check, the epoch's metrics, evaluation or checkpoint) failed;
     // every step up to the last counted was committed by all members.
-    reform({fmt::format("a collective after step {} failed ({})", trainee_.steps(), e.what())});
+    reform({fmt::format("a collective after step {} failed ({})", state_.step(), e.what())});
   }
   return false;
 }
@@ -99,10 +113,10 @@ void ElasticMember::commit(const std::function<void()>& reduce) {
   try {
     reduce();
   } catch (const comm::CommError& e) {
-    log::warn("elastic: step {} failed: {}", trainee_.steps() + 1, e.what());
+    log::warn("elastic: step {} failed: {}", state_.step() + 1, e.what());
     dist_.agent->abandon_vote();
     dist_.agent->vote(dist_.membership, ++vote_round_, false);  // "abort", for every member
-    leave(fmt::format("step {} dropped", trainee_.steps() + 1), true);
+    leave(fmt::format("step {} dropped", state_.step() + 1), true);
   }
   // Note [A step's vote travels during the next step]: the last step's decision, then this
   // step's vote, which the next step's computation hides.
@@ -110,11 +124,11 @@ void ElasticMember::commit(const std::function<void()>& reduce) {
   dist_.agent->vote_in_background(dist_.membership, ++vote_round_);
 }
 
-void ElasticMember::reached(ElasticPosition at, std::string samples_line) {
+void ElasticMember::reached(EpochPosition at, std::string samples_line) {
   if (!enabled()) return;
   position_ = std::move(at);
   if (!samples_line.empty()) {
-    recent_samples_.emplace_back(trainee_.steps(), std::move(samples_line));
+    recent_samples_.emplace_back(state_.step(), std::move(samples_line));
     if (recent_samples_.size() > 3) recent_samples_.pop_front();
   }
   // Not after an epoch's last step (the next generation would enter an epoch with nothing left
@@ -131,11 +145,11 @@ void ElasticMember::settle() {
   try {
     decision = dist_.agent->take_vote();
   } catch (const comm::CommError& e) {
-    leave(fmt::format("the vote on step {} failed ({})", trainee_.steps(), e.what()), true);
+    leave(fmt::format("the vote on step {} failed ({})", state_.step(), e.what()), true);
   }
   if (!decision) return;  // none in flight
   if (*decision == comm::StepDecision::kAbort) {
-    leave(fmt::format("a member failed after step {}", trainee_.steps()), false);
+    leave(fmt::format("a member failed after step {}", state_.step()), false);
   }
   if (*decision == comm::StepDecision::kCommitAndGrow && !grow_due_) {
     grow_due_ = true;
@@ -149,7 +163,7 @@ void ElasticMember::settle() {
     log::info(
         "elastic: step {} committed by generation {} of {} rank(s), {:.3f} s after the "
         "change was seen",
-        trainee_.steps(), record.generation, record.world_after, record.recovery_seconds);
+        state_.step(), record.generation, record.world_after, record.recovery_seconds);
     records_.push_back(std::move(record));
     recovering_.reset();
   }
@@ -167,6 +181,10 @@ std::vector<MembershipRecord> ElasticMember::take_records() {
   return std::exchange(records_, {});
 }
 
+std::string ElasticMember::dump_flight_record(const std::string& reason) {
+  return watchdog_ ? watchdog_->dump_flight_record(reason) : "";
+}
+
 void ElasticMember::leave(std::string why, bool failed) {
   throw Change{std::move(why), failed};
 }
@@ -181,8 +199,7 @@ void ElasticMember::reform(const Change& change) {
   grow_due_ = false;
   const int64_t generation = dist_.membership.generation;
   const int64_t world = dist_.world_size();
-  const Timeline::Scope span(timeline_, "elastic: re-forming the group", "elastic",
-                             trainee_.steps());
+  const Timeline::Scope span(timeline_, "elastic: re-forming the group", "elastic", state_.step());
   // A generation that loses a member while it forms (its group's connection, the state's
   // transfer) is given up for the next one, which the launcher publishes without that member.
   for (int failed = 0;; ++failed) {
@@ -200,27 +217,30 @@ void ElasticMember::reform(const Change& change) {
     }
   }
   const std::string lost = dist_.agent->lost_in(generation);
-  const ElasticPosition now = trainee_.state_position();  // the healed state's
+  const EpochPosition now = state_.position();  // the healed state's
   log::warn(
       "elastic: worker {} (pid {}): {} in generation {} of {} rank(s){}; generation {}: {} "
       "rank(s) ({}), batch {} per rank, going on after step {} ({} of epoch {}), {:.2f} s after",
       dist_.agent->id(), ::getpid(), change.why, generation, world,
       lost.empty() ? "" : " (lost: " + lost + ")", dist_.membership.generation, dist_.world_size(),
-      comm::format_members(dist_.membership.members), trainee_.batch_size(), trainee_.steps(),
+      comm::format_members(dist_.membership.members), state_.batch_size(), state_.step(),
       now.epoch_step, now.epoch + 1, seconds_after(start));
   // Timed from when the change was seen to the first step committed after it (settle()).
-  recovering_.emplace(MembershipRecord{trainee_.steps(), change.why, lost,
-                                       dist_.membership.generation, world, dist_.world_size(), 0.0},
+  recovering_.emplace(MembershipRecord{state_.step(), change.why, lost, dist_.membership.generation,
+                                       world, dist_.world_size(), 0.0},
                       change.seen);
 }
 
 void ElasticMember::form_next_generation() {
   dist_.agent->request_next_generation(dist_.membership);
-  trainee_.release_group();  // the old generation's group goes with the last use of it
+  // The old generation's group goes with the last use of it: the watchdog's, the state's.
+  watchdog_.reset();
+  state_.release_group();
   join_next_generation(dist_);
   log::init(dist_.rank(), options_.log_level);  // rank 0 may be another worker now
   vote_round_ = 0;
-  trainee_.adopt_group();
+  watchdog_ = start_watchdog(dist_, options_.stall_warning, options_.output_dir);
+  state_.adopt_group();
   heal();
 }
 
@@ -228,11 +248,8 @@ void ElasticMember::form_next_generation() {
 int ElasticMember::state_source() {
   const Phase phase(*dist_.group, fmt::format("elastic: generation {}: state holders",
                                               dist_.membership.generation));
-  const auto on_device = torch::TensorOptions(torch::kLong).device(dist_.device);
-  const auto mine = torch::tensor({holds_state_ ? int64_t{1} : 0, trainee_.steps()}, on_device);
-  at::Tensor all = torch::empty({dist_.world_size() * 2}, on_device);
-  dist_.group->all_gather(all, mine)->wait();
-  all = all.cpu().view({-1, 2});
+  const at::Tensor all = comm::all_gather_rows(
+      *dist_.group, torch::tensor({holds_state_ ? int64_t{1} : 0, state_.step()}), dist_.device);
   int source = -1;
   for (int r = 0; r < dist_.world_size(); ++r) {
     if (all[r][0].item<int64_t>() == 0) continue;
@@ -258,46 +275,46 @@ void ElasticMember::heal() {
     // world would have it.
     if (dist_.rank() == source)
       bytes = heal_message(
-          trainee_.state_at(position_ ? *position_ : trainee_.state_position(), dist_.world_size()),
+          state_.to_send(position_ ? *position_ : state_.position(), dist_.world_size()),
           recent_samples_);
     bytes = comm::broadcast_bytes(*dist_.group, bytes, source, dist_.device);
   }
   uint64_t size = 0;
   std::memcpy(&size, bytes.data(), sizeof size);
   const std::string origin = "elastic: the state of " + from;
-  const Checkpoint state =
-      checkpoint_from(parse_pt(std::string_view(bytes).substr(sizeof size, size), origin), origin);
-  trainee_.take_state(state, origin);
-  position_.reset();  // the state's own (state_position())
+  state_.take(
+      checkpoint_from(parse_pt(std::string_view(bytes).substr(sizeof size, size), origin), origin),
+      origin);
+  position_.reset();  // the state's own (state_.position())
   recent_samples_.clear();
   std::istringstream lines(bytes.substr(sizeof size + size));
   for (std::string line; std::getline(lines, line);) {
     recent_samples_.emplace_back(nlohmann::json::parse(line).at("step").get<int64_t>(), line);
   }
   complete_samples_record();
+  check_state(source, from);
+  if (!holds_state_) dist_.agent->announce_holds();
+  holds_state_ = true;
+}
 
+void ElasticMember::check_state(int source, const std::string& from) {
   // Every member now holds the source's parameters, buffers, optimizer and GradScaler state, RNG
-  // state and step, bitwise: checked before the generation's first step (a collective).
+  // state and step, bitwise: checked before the generation's first step.
+  const int64_t g = dist_.membership.generation;
   const Phase phase(*dist_.group, fmt::format("elastic: generation {}: state check", g));
-  const auto digest = static_cast<int64_t>(trainee_.state_digest());
-  const auto on_device = torch::TensorOptions(torch::kLong).device(dist_.device);
-  at::Tensor all = torch::empty({dist_.world_size()}, on_device);
-  dist_.group->all_gather(all, torch::tensor({digest}, on_device))->wait();
-  all = all.cpu();
-  const at::Tensor differ = all.ne(all[source]).nonzero().view({-1});
-  if (differ.numel() > 0) {
+  const auto digest = static_cast<int64_t>(state_.digest());
+  const std::vector<int64_t> differ = comm::ranks_differing(
+      comm::all_gather_rows(*dist_.group, torch::tensor({digest}), dist_.device), source);
+  if (!differ.empty()) {
     throw Error(fmt::format(
         "elastic: rank(s) {} of generation {} do not hold the state of {} after taking it "
         "(parameters, buffers, optimizer, GradScaler or RNG state differ)",
-        fmt::join(differ.data_ptr<int64_t>(), differ.data_ptr<int64_t>() + differ.numel(), ", "), g,
-        from));
+        fmt::join(differ, ", "), g, from));
   }
   log::info(
       "elastic: the {} rank(s) hold bitwise the same state before step {} (digest {:016x}), "
       "taken from {}",
-      dist_.world_size(), trainee_.steps() + 1, static_cast<uint64_t>(digest), from);
-  if (!holds_state_) dist_.agent->announce_holds();
-  holds_state_ = true;
+      dist_.world_size(), state_.step() + 1, static_cast<uint64_t>(digest), from);
 }
 
 void ElasticMember::complete_samples_record() {
@@ -306,7 +323,7 @@ void ElasticMember::complete_samples_record() {
   // lines of steps the group did not keep (a step it applied alone), or fewer than the source
   // applied; the source's last lines fill in.
   const std::string path = (std::filesystem::path(options_.output_dir) / "samples.jsonl").string();
-  const int64_t steps = trainee_.steps();
+  const int64_t steps = state_.step();
   const int64_t before_recent =
       recent_samples_.empty() ? steps : std::min(steps, recent_samples_.front().first - 1);
   std::string kept = std::filesystem::exists(path)

@@ -7,6 +7,8 @@
 #include <string>
 #include <utility>
 
+#include <fmt/format.h>
+
 #include "ddp/comm/process_group.h"
 #include "ddp/train/timeline.h"
 
@@ -31,5 +33,11 @@ class Phase {
  private:
   Timeline::Scope span_;  // not copyable, so neither is a Phase
 };
+
+// A phase of optimizer step `step`: the span `name` and the label "step <step>: <name>".
+inline Phase step_phase(comm::ProcessGroup& group, Timeline* timeline, const char* name,
+                        int64_t step) {
+  return Phase(group, fmt::format("step {}: {}", step, name), timeline, name, "compute", step);
+}
 
 }  // namespace ddp::train

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include "ddp/comm/diagnostics/collective_check.h"
+#include "ddp/comm/host_collectives.h"
 #include "errors.h"
 
 namespace {
@@ -70,6 +71,17 @@ TEST(CollectiveCheck, TorchDistributedDebugIsReadAsPyTorchReadsIt) {
               ddp::comm::debug_level({{"TORCH_DISTRIBUTED_DEBUG", "VERBOSE"}});
             }).find("TORCH_DISTRIBUTED_DEBUG=VERBOSE: expected OFF, INFO or DETAIL"),
             std::string::npos);
+}
+
+// The comparison behind the parameter check, the heal's digest check and the straggler figures'
+// step counts (host_collectives.h): the ranks whose row differs from the reference's.
+TEST(HostCollectives, RanksDifferingNamesEveryRankWhoseRowDiffersFromTheReference) {
+  const auto rows = torch::tensor({1.0, 2.0, 1.0, 2.0, 1.0, 3.0, 5.0, 2.0}).view({4, 2});
+  EXPECT_EQ(ddp::comm::ranks_differing(rows, 0), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(ddp::comm::ranks_differing(rows, 2), (std::vector<int64_t>{0, 1, 3}));
+  EXPECT_TRUE(ddp::comm::ranks_differing(rows.narrow(0, 0, 2), 1).empty());
+  const auto digests = torch::tensor(std::vector<int64_t>{7, 7, 9}).view({3, 1});
+  EXPECT_EQ(ddp::comm::ranks_differing(digests, 0), (std::vector<int64_t>{2}));
 }
 
 }  // namespace

@@ -5,9 +5,11 @@
 // own value. `device` is where the group's tensors live: the CPU for gloo, mpi and local, the
 // rank's GPU for nccl. The values are copied to it and back; the call returns when done.
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -33,5 +35,17 @@ double all_reduce_scalar(ProcessGroup& group, double value, ReduceOp op, const c
 
 // Whether `mine` is true on any rank (one all_reduce).
 bool any_rank(ProcessGroup& group, bool mine, const c10::Device& device);
+
+// Every rank's `row` (1-d, of the same length and dtype on every rank) as one host tensor
+// [world size, length], row r being rank r's (one all_gather). With ranks_differing(), the way
+// ranks compare what they hold (parameters' checksums, a state's digest, a count):
+//
+//   const at::Tensor rows = all_gather_rows(group, torch::tensor({digest}), device);
+//   for (int64_t r : ranks_differing(rows, source)) ...   // the ranks that hold another state
+at::Tensor all_gather_rows(ProcessGroup& group, const at::Tensor& row, const c10::Device& device);
+
+// The ranks whose row of `rows` (as all_gather_rows gives them) differs from row `reference` in
+// any element, ascending. A pure function.
+std::vector<int64_t> ranks_differing(const at::Tensor& rows, int64_t reference);
 
 }  // namespace ddp::comm

@@ -1,9 +1,11 @@
 #pragma once
-// The worker side of elastic training (--elastic; the protocol is Note [Elastic membership] in
+// This worker's place in its process group: the group's watchdog, and under --elastic the worker
+// side of elastic training (the protocol is Note [Elastic membership] in
 // ddp/comm/elastic/elastic_keys.h, the launcher's side launch/arbiter.h): where this member stands,
 // its vote on every step, the change of generation, the heal that gives every member one consistent
-// state, the group growing, and the records of it all. The Trainer calls it at named points and
-// never sees the agent, a vote or a generation:
+// state (a TrainState, sent whole by one member), the group growing, and the records of it all. The
+// member replaces the group (Distributed::group) and moves the state; the Trainer calls it at named
+// points and never sees the agent, a vote or a generation:
 //
 //   while (epoch < epochs) {
 //     const bool kept = elastic.attempt([&] {       // an epoch, and what follows it
@@ -13,7 +15,7 @@
 //       elastic.reached(position, samples_line);    // may re-form the group: a worker joins
 //       ...
 //     });
-//     epoch = kept ? epoch + 1 : trainer's epoch;   // re-formed: where the healed state is
+//     epoch = kept ? epoch + 1 : state's epoch;     // re-formed: where the healed state is
 //   }
 //   elastic.done_training();                        // no generation after this one
 //
@@ -36,52 +38,19 @@
 #include <chrono>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "ddp/train/checkpoint.h"
+#include "ddp/comm/diagnostics/watchdog.h"
 #include "ddp/train/distributed.h"
 #include "ddp/train/metrics.h"
 #include "ddp/train/timeline.h"
+#include "ddp/train/train_state.h"
 
 namespace ddp::train {
-
-// Where a member stood after its last counted step: where the next generation goes on.
-struct ElasticPosition {
-  int64_t epoch = 0;        // 0-based
-  int64_t epoch_step = 0;   // steps of the epoch done
-  int64_t epoch_steps = 0;  // of the whole epoch
-  // The epoch's pass: its sample ids in strides over its world (shared, not copied), and how many
-  // of them its steps trained.
-  torch::Tensor sequence;
-  int64_t trained = 0;
-  torch::Tensor rest() const;  // the epoch's untrained ids (a copy)
-};
-
-// What the member needs of the training it belongs to (Trainer).
-class ElasticTrainee {
- public:
-  virtual ~ElasticTrainee() = default;
-  // Before the generation's group goes: drop every use of it (DDP, watchdog, GradScaler).
-  virtual void release_group() = 0;
-  // The new generation's group (Distributed::group): DDP on it without DDP's broadcast, the
-  // watchdog, the GradScaler; the files rank 0 owns.
-  virtual void adopt_group() = 0;
-  // This member's state at `at`, as a checkpoint of a world of `world` ranks that another member
-  // can apply (the heal's message).
-  virtual Checkpoint state_at(const ElasticPosition& at, int world) = 0;
-  // As a resume would; `origin` names where it came from.
-  virtual void take_state(const Checkpoint& state, const std::string& origin) = 0;
-  // Equal on two members only when their training states are (bar a 64-bit collision).
-  virtual uint64_t state_digest() = 0;
-  // Where the state stands when no step was counted since it was set (its start, a resume, a
-  // heal): the position a member gives with it.
-  virtual ElasticPosition state_position() const = 0;
-  virtual int64_t steps() const = 0;       // optimizer steps taken
-  virtual int64_t batch_size() const = 0;  // per rank
-};
 
 class ElasticMember {
  public:
@@ -89,9 +58,11 @@ class ElasticMember {
     std::string output_dir;       // samples.jsonl's
     bool record_samples = false;  // --record-samples
     std::string log_level;        // log::init's, for a member that becomes rank 0
+    double stall_warning = 60.0;  // --stall-warning: the watchdog's, in seconds
   };
-  // `dist` and `trainee` outlive the member; `timeline` may be null.
-  ElasticMember(Distributed& dist, ElasticTrainee& trainee, Timeline* timeline, Options options);
+  // Starts the watchdog of `dist`'s group. `dist` and `state` outlive the member; `timeline` may
+  // be null.
+  ElasticMember(Distributed& dist, TrainState& state, Timeline* timeline, Options options);
 
   bool enabled() const { return dist_.agent != nullptr; }
 
@@ -100,7 +71,7 @@ class ElasticMember {
   // joined) and this member now holds the new generation's state, to go on from.
   bool attempt(const std::function<void()>& part);
   // A worker that joins a running group (Distributed::joining): takes the group's state, once
-  // the trainee is built (later calls, and other workers, do nothing).
+  // the state is built (later calls, and other workers, do nothing).
   void join();
   // The collectives of a step (its gradients' reduction, its sample ids): `reduce`. When one
   // fails, the step is dropped on every member (nobody applies it), and this member leaves its
@@ -110,7 +81,7 @@ class ElasticMember {
   // failure from here on goes on from. `samples_line` (a counted step's, with --record-samples):
   // its line of samples.jsonl, which the heal hands to a new rank 0. Leaves the generation after
   // a decision to grow, unless the epoch has no step left.
-  void reached(ElasticPosition at, std::string samples_line = "");
+  void reached(EpochPosition at, std::string samples_line = "");
   // Before collectives that are not a step's (the epoch's end, a stop): the last step's decision.
   void settle();
   // Rank 0 wrote a checkpoint (`which`): the launcher can go back to it if the group's state is
@@ -122,6 +93,9 @@ class ElasticMember {
   void done_training();
   // The changes not yet in metrics.jsonl.
   std::vector<MembershipRecord> take_records();
+  // The watchdog's flight record of this rank's last collectives, written with `reason`: its
+  // path ("" when none was written: an elastic member whose last generation never formed).
+  std::string dump_flight_record(const std::string& reason);
 
  private:
   struct Change;  // thrown out of a step when the group must re-form; attempt() catches it
@@ -130,14 +104,17 @@ class ElasticMember {
   void form_next_generation();
   void heal();
   int state_source();  // the rank the heal takes the state from (a collective)
+  // Every member holds the source's state (`from`, rank `source`), bitwise (a collective).
+  void check_state(int source, const std::string& from);
   void complete_samples_record();
 
   Distributed& dist_;
-  ElasticTrainee& trainee_;
+  TrainState& state_;
   Timeline* timeline_;
   Options options_;
-  // Where this member's state stands, since its last counted step (none: state_position()).
-  std::optional<ElasticPosition> position_;
+  std::unique_ptr<comm::Watchdog> watchdog_;  // of dist_.group; stops before the group goes
+  // Where this member's state stands, since its last counted step (none: state_.position()).
+  std::optional<EpochPosition> position_;
   bool holds_state_ = false;  // Note [Committed state has an owner]
   int64_t vote_round_ = 0;    // steps voted on in this generation
   bool grow_due_ = false;     // a decision said "grow", not yet done

@@ -1,0 +1,71 @@
+#pragma once
+// An optimizer's state (private to the train layer): as bytes in a checkpoint and back, --zero's
+// shards of another world size, and a digest of it that every process computes alike. Used by
+// TrainState (train_state.h).
+
+#include <ATen/core/Tensor.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddp/core/zero_redundancy_optimizer.h"
+#include "ddp/train/checkpoint.h"
+
+namespace ddp::train {
+
+// An optimizer of the run's kind over the parameters given (make_optimizer in train_state.h).
+using OptimizerFactory =
+    std::function<std::unique_ptr<torch::optim::Optimizer>(const std::vector<torch::Tensor>&)>;
+
+// The optimizer's own serialization (torch::save), as a checkpoint's optimizer_state holds it.
+std::string serialized(const torch::optim::Optimizer& optimizer);
+at::Tensor byte_tensor(const std::string& bytes);  // uint8, a copy
+
+// `optimizer` from its serialized `state`, onto `device` (InputError naming `path` when it does
+// not fit).
+void load_optimizer(torch::optim::Optimizer& optimizer, const at::Tensor& state,
+                    const std::string& path, const c10::Device& device);
+
+// The optimizer state rank `rank` loads: its --zero shard (`zero`), or the whole state
+// (InputError when the checkpoint and the run disagree on --zero).
+const at::Tensor& zero_state_of(const Checkpoint& checkpoint, const std::string& path, bool zero,
+                                int rank);
+
+// --zero from a checkpoint of another world size: `zero`'s shard of the state (rank `rank`'s),
+// taken from the saved shards of the ranks that owned its parameters (`params`, in order), each
+// read into an optimizer `make_optimizer` builds.
+// Returns the saved world size.
+int load_resharded_zero_state(const Checkpoint& checkpoint, const std::string& path,
+                              const OptimizerFactory& make_optimizer, ZeroRedundancyOptimizer& zero,
+                              const std::vector<torch::Tensor>& params, int rank,
+                              const c10::Device& device);
+
+// FNV-1a, 64 bits: a digest of bytes that is the same in every process (std::hash need not be).
+class Digest {
+ public:
+  void add(const void* data, size_t size) {
+    const auto* bytes = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < size; ++i) value_ = (value_ ^ bytes[i]) * 0x100000001b3ULL;
+  }
+  void add(const at::Tensor& t);
+  template <typename T>
+  void add_value(T v) {
+    add(&v, sizeof v);
+  }
+  uint64_t value() const { return value_; }
+
+ private:
+  uint64_t value_ = 0xcbf29ce484222325ULL;
+};
+
+// The per-parameter state of the optimizers make_optimizer() builds, in parameter order (Error for
+// another optimizer).
+void add_optimizer_state(Digest& d, const torch::optim::Optimizer& optimizer,
+                         const std::vector<torch::Tensor>& parameters);
+
+}  // namespace ddp::train
