@@ -42,7 +42,7 @@ def make_mlp():
                          nn.ReLU(), nn.Linear(256, 10))
 
 
-def parse_args():
+def parser():
     """The options of the MLP references (this one and ddp_reference.py), ddp_train's defaults."""
     p = argparse.ArgumentParser()
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
@@ -52,7 +52,11 @@ def parse_args():
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--train-subset", type=int, default=0, help="the first N samples only (0: all)")
-    return p.parse_args()
+    return p
+
+
+def parse_args():
+    return parser().parse_args()
 
 
 def main():
