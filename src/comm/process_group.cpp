@@ -271,6 +271,28 @@ WorkPtr ProcessGroup::barrier() {
   return recorded(info, [&] { return do_barrier(info); });
 }
 
+at::Tensor ProcessGroup::allocate_buffer(int64_t numel, const at::TensorOptions& options) {
+  DDP_CHECK(numel >= 0, "allocate_buffer of a negative size");
+  // Recorded as a collective: a backend may set the buffer up collectively.
+  const auto info = next_info(
+      fmt::format("allocate_buffer({}[{}])", dtype_name(c10::typeMetaToScalarType(options.dtype())), numel),
+      nullptr);
+  at::Tensor buffer;
+  try {
+    buffer = do_allocate_buffer(numel, options, info);
+  } catch (...) {
+    recorder_->finished(info.seq, false);
+    throw;
+  }
+  recorder_->finished(info.seq, true);
+  return buffer;
+}
+
+at::Tensor ProcessGroup::do_allocate_buffer(int64_t numel, const at::TensorOptions& options,
+                                            const CollectiveInfo& /*info*/) {
+  return at::zeros({numel}, options);
+}
+
 std::shared_ptr<ProcessGroup> ProcessGroup::new_group(std::vector<int> ranks) {
   ranks = checked_group_ranks(std::move(ranks), world_size_);
   // Recorded as a collective: the backends build the subgroup's communicator collectively.

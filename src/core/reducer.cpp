@@ -1,5 +1,7 @@
 #include "ddp/core/reducer.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -45,6 +47,7 @@ Reducer::Reducer(std::vector<torch::Tensor> params, std::vector<std::string> nam
       hooks_(std::make_unique<Hooks>()),
       passthrough_(group_->world_size() == 1 && !options_.gradient_as_bucket_view) {
   DDP_CHECK(params_.size() == names_.size(), "one name per parameter");
+  allocate_arenas();
   // Gradients arrive roughly in reverse registration order: bucket that way until the first
   // iteration shows the real order.
   assign(reverse_order(params_.size()));
@@ -87,27 +90,69 @@ void Reducer::set_bucket_cap(size_t bytes) {
   assign(order_);
 }
 
+namespace {
+
+// Buckets start on a cache line (the all-reduce's slices are whole lines): at most one bucket
+// per parameter, so this much room for padding each.
+int64_t line_elements(c10::ScalarType type) {
+  return std::max<int64_t>(1, 64 / static_cast<int64_t>(c10::elementSize(type)));
+}
+
+int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
+
+}  // namespace
+
+void Reducer::allocate_arenas() {
+  for (const auto& p : params_) {
+    auto arena = std::find_if(arenas_.begin(), arenas_.end(), [&](const Arena& a) {
+      return a.dtype == p.scalar_type() && a.device == p.device();
+    });
+    if (arena == arenas_.end()) arena = arenas_.insert(arenas_.end(), {p.scalar_type(), p.device(), {}, 0});
+    arena->used += round_up(p.numel(), line_elements(p.scalar_type()));
+  }
+  // In the order of the parameters, the same on every rank: allocate_buffer is a collective.
+  for (auto& arena : arenas_) {
+    arena.memory = group_->allocate_buffer(
+        arena.used, torch::TensorOptions().dtype(arena.dtype).device(arena.device));
+  }
+}
+
+torch::Tensor Reducer::carve(const torch::Tensor& like, int64_t numel) {
+  auto arena = std::find_if(arenas_.begin(), arenas_.end(), [&](const Arena& a) {
+    return a.dtype == like.scalar_type() && a.device == like.device();
+  });
+  DDP_CHECK(arena != arenas_.end(), "a bucket of a dtype and device the reducer has no arena for");
+  auto flat = arena->memory.narrow(0, arena->used, numel);
+  arena->used += round_up(numel, line_elements(like.scalar_type()));
+  return flat.zero_();
+}
+
 void Reducer::build_buckets(const std::vector<std::vector<size_t>>& assignment) {
+  // With gradient_as_bucket_view an existing .grad moves into its new slot and stays there; the
+  // old slots are in the same arenas, so their values are taken first.
+  std::vector<torch::Tensor> grads(params_.size());
+  for (size_t i = 0; options_.gradient_as_bucket_view && i < params_.size(); ++i) {
+    if (params_[i].grad().defined()) grads[i] = params_[i].grad().clone();
+  }
   bucket_indices_ = assignment;
   buckets_.clear();
+  for (auto& arena : arenas_) arena.used = 0;
   locator_.assign(params_.size(), {0, 0});
   for (size_t b = 0; b < assignment.size(); ++b) {
     Bucket bucket;
     bucket.params = assignment[b];
     int64_t total = 0;
     for (size_t i : bucket.params) total += params_[i].numel();
-    const auto& first = params_[bucket.params.front()];
-    bucket.flat = torch::zeros({total}, first.options().requires_grad(false));
+    bucket.flat = carve(params_[bucket.params.front()], total);
     int64_t offset = 0;
     for (size_t k = 0; k < bucket.params.size(); ++k) {
-      const auto& p = params_[bucket.params[k]];
-      bucket.views.push_back(bucket.flat.narrow(0, offset, p.numel()).view(p.sizes()));
-      locator_[bucket.params[k]] = {b, k};
-      offset += p.numel();
-      // With gradient_as_bucket_view an existing .grad moves into its slot and stays there.
-      if (options_.gradient_as_bucket_view && p.grad().defined()) {
-        bucket.views.back().copy_(p.grad());
-        params_[bucket.params[k]].mutable_grad() = bucket.views.back();
+      const size_t i = bucket.params[k];
+      bucket.views.push_back(bucket.flat.narrow(0, offset, params_[i].numel()).view(params_[i].sizes()));
+      locator_[i] = {b, k};
+      offset += params_[i].numel();
+      if (grads[i].defined()) {
+        bucket.views.back().copy_(grads[i]);
+        params_[i].mutable_grad() = bucket.views.back();
       }
     }
     buckets_.push_back(std::move(bucket));

@@ -124,6 +124,15 @@ class ProcessGroup {
   // backend has one), and this group's options (timeouts). It may outlive this group.
   std::shared_ptr<ProcessGroup> new_group(std::vector<int> ranks);
 
+  // A zero-filled buffer of `numel` elements for this group's collectives (DDP's buckets). A
+  // collective: every rank calls it with the same `numel` and `options`, in the same order
+  // relative to its other collectives. A backend whose ranks can address each other's memory
+  // places it there (shm: one segment that every rank maps), and its all-reduce of the buffer,
+  // or of any contiguous part of it, then reads and writes the ranks' copies in place. Otherwise
+  // (other backends and devices, a dtype the backend does not reduce, no room): at::zeros. Either
+  // way it is an ordinary tensor to everything else.
+  at::Tensor allocate_buffer(int64_t numel, const at::TensorOptions& options);
+
   // Sequence number of the last collective issued (0 before the first).
   uint64_t last_seq() const { return seq_; }
   // Bytes handed to collectives so far: the input tensor's bytes of each (the payload, not what
@@ -178,6 +187,9 @@ class ProcessGroup {
   virtual WorkPtr do_all_to_all(at::Tensor& output, const at::Tensor& input,
                                 const CollectiveInfo& info) = 0;
   virtual WorkPtr do_barrier(const CollectiveInfo& info) = 0;
+  // at::zeros, for the backends without buffers of their own.
+  virtual at::Tensor do_allocate_buffer(int64_t numel, const at::TensorOptions& options,
+                                        const CollectiveInfo& info);
   // `ranks` are valid and sorted; returns nullptr where this rank is not among them.
   virtual std::shared_ptr<ProcessGroup> do_new_group(const std::vector<int>& ranks,
                                                      const CollectiveInfo& info) = 0;

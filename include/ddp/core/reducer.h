@@ -117,6 +117,18 @@ class Reducer {
   };
   enum class Phase { kIdle, kBackward };
 
+  // The buckets' memory: one buffer of the group per (dtype, device) of the parameters, where
+  // the group's all-reduce finds the other ranks' copies (ProcessGroup::allocate_buffer). The
+  // buckets are carved from it, again at each re-bucketing.
+  struct Arena {
+    c10::ScalarType dtype;
+    c10::Device device;
+    torch::Tensor memory;
+    int64_t used;  // elements carved so far (while allocating: elements needed)
+  };
+  void allocate_arenas();
+  torch::Tensor carve(const torch::Tensor& like, int64_t numel);  // zeroed, like's dtype and device
+
   void assign(std::vector<int64_t> order);  // buckets in this order, with options_'s caps
   void build_buckets(const std::vector<std::vector<size_t>>& assignment);
   torch::Tensor& slot(size_t param);  // the parameter's view into its bucket
@@ -144,6 +156,7 @@ class Reducer {
 
   std::vector<int64_t> order_;  // the visiting order of the last assignment
   std::vector<std::vector<size_t>> bucket_indices_;
+  std::vector<Arena> arenas_;
   std::vector<Bucket> buckets_;
   std::vector<std::pair<size_t, size_t>> locator_;  // param -> (bucket, position in bucket)
 

@@ -6,7 +6,9 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <random>
@@ -25,6 +27,7 @@ namespace {
 // The region of one group: a budget that /dev/shm's usual sizes hold (Docker's default is 64 MB,
 // shared with a data loader's workers), in slots of up to 4 MiB.
 constexpr size_t kRegionBudget = size_t{32} << 20;
+constexpr size_t kPage = 4096;
 
 std::optional<shm::DType> shm_dtype(at::ScalarType type) {
   switch (type) {
@@ -117,6 +120,13 @@ class ShmProcessGroup : public ProcessGroup {
   WorkPtr do_all_reduce(at::Tensor& tensor, ReduceOp op, const CollectiveInfo& info) override {
     const auto type = shm_dtype(tensor.scalar_type());
     if (!serves(tensor) || !type) return inner_->all_reduce(tensor, op);
+    if (auto place = in_buffers(tensor)) {
+      return post(info, [this, t = tensor, type = *type, op, place = std::move(*place)]() mutable {
+        channel_->all_reduce_in_place(place.copies.data(), static_cast<size_t>(t.numel()), type,
+                                      shm_op(op), place.buffer, place.offset);
+        if (op == ReduceOp::kAvg) sum_to_average(t, world_size());
+      });
+    }
     return post(info, [this, t = tensor, type = *type, op]() mutable {
       channel_->all_reduce(t.data_ptr(), static_cast<size_t>(t.numel()), type, shm_op(op));
       if (op == ReduceOp::kAvg) sum_to_average(t, world_size());
@@ -157,6 +167,8 @@ class ShmProcessGroup : public ProcessGroup {
     if (!channel_) return inner_->barrier();
     return post(info, [this] { channel_->barrier(); });
   }
+  at::Tensor do_allocate_buffer(int64_t numel, const at::TensorOptions& options,
+                                const CollectiveInfo& info) override;
   std::shared_ptr<ProcessGroup> do_new_group(const std::vector<int>& ranks,
                                              const CollectiveInfo& /*info*/) override {
     // The members' group over inner's subgroup: shared memory again where they share a host
@@ -174,58 +186,58 @@ class ShmProcessGroup : public ProcessGroup {
     return std::make_shared<ShmWork>(thread_.post(std::move(job)), info, timeout_message(info));
   }
 
-  // Every rank on one host: rank 0 creates the segment, the others map it, every rank unlinks it
-  // (Note [Nothing left in /dev/shm]). Where any step fails anywhere, every rank stays on inner,
-  // and rank 0 says why.
+  // Every rank on one host: the segment of the channel (set_up_segment). Where any step fails
+  // anywhere, every rank stays on inner, and rank 0 says why.
   void attach();
   // The segment's name, chosen by rank 0, where every rank of the group is on this host.
   std::optional<std::string> segment_name_on_one_host();
-  // The last exchange, of each rank's outcome (`mine`: "" or why it failed): where any rank
-  // failed, every rank drops its channel and segment.
-  void keep_if_all_attached(const std::string& mine);
-  void warn_not_used(int rank, const std::string& why) const;
-  void make_channel(size_t slot);
+  // A segment of `bytes` that every rank maps, named `name` (known to every rank): rank 0
+  // creates it, the others map it, `then` runs where it is mapped, and a last exchange of the
+  // ranks' outcomes keeps it where all got through. Where any failed, every rank drops it
+  // (`undo` where `then` ran), and rank 0 warns why and what follows (`instead`). Every rank
+  // removes the name however it ends (Note [Nothing left in /dev/shm]).
+  std::optional<shm::Segment> set_up_segment(const std::string& name, size_t bytes,
+                                             const std::string& instead,
+                                             const std::function<void(shm::Segment&)>& then,
+                                             const std::function<void()>& undo);
+  void make_channel(shm::Segment& segment, size_t slot);
   void drop_channel();
+
+  // The group's buffers (allocate_buffer): rank r's copy of buffer `id` is at base + r * stride,
+  // in one segment that every rank maps; the tensors handed out keep it mapped.
+  struct Buffer {
+    int id;
+    std::weak_ptr<shm::Segment> segment;  // expired: every tensor of it is gone, its memory too
+    uint8_t* base;
+    size_t stride;
+    size_t bytes;
+  };
+  // Where a tensor lies whole in one of the buffers: every rank's copy of it.
+  struct Place {
+    int buffer;
+    uint64_t offset;
+    std::vector<uint8_t*> copies;
+  };
+  std::optional<Place> in_buffers(const at::Tensor& t) const;
 
   std::shared_ptr<ProcessGroup> inner_;
   std::optional<shm::Segment> segment_;
+  std::vector<Buffer> buffers_;
+  int next_buffer_ = 0;
   std::unique_ptr<shm::Channel> channel_;
   JobThread thread_;  // last: stopped first, before the channel and its memory go
 };
 
 void ShmProcessGroup::attach() {
-  const c10::Device cpu(c10::kCPU);
   const auto name = segment_name_on_one_host();
   if (!name) return;  // several hosts: inner's (and the hierarchy's host groups)
-  const SegmentName remove_at_the_end{*name};
   const size_t slot = shm::Channel::slot_bytes_for(world_size(), kRegionBudget);
-  const size_t bytes = shm::Channel::region_bytes(world_size(), slot);
-  // Each rank's outcome: "" or why it failed.
-  std::string mine;
-  const auto step = [&](auto make) {
-    try {
-      segment_.emplace(make());
-    } catch (const Error& e) {
-      mine = e.what();
-    }
-  };
-  if (rank() == 0) step([&] { return shm::Segment::create(*name, bytes); });
-  if (any_rank(*inner_, !mine.empty(), cpu)) {  // rank 0 could not create it
-    if (rank() == 0) warn_not_used(0, mine);
-    segment_.reset();
-    return;
-  }
-  if (rank() != 0) step([&] { return shm::Segment::open(*name, bytes); });
   // The channel before the last exchange: a rank lost after it has its life in the segment
   // already, and the others' first collective sees it gone.
-  if (segment_) {
-    try {
-      make_channel(slot);
-    } catch (const Error& e) {
-      mine = e.what();
-    }
-  }
-  keep_if_all_attached(mine);
+  segment_ = set_up_segment(
+      *name, shm::Channel::region_bytes(world_size(), slot),
+      fmt::format("collectives go through {}", inner_->backend_name()),
+      [&](shm::Segment& segment) { make_channel(segment, slot); }, [&] { drop_channel(); });
 }
 
 std::optional<std::string> ShmProcessGroup::segment_name_on_one_host() {
@@ -240,28 +252,48 @@ std::optional<std::string> ShmProcessGroup::segment_name_on_one_host() {
   return records.front().substr(records.front().find('\n') + 1);
 }
 
-void ShmProcessGroup::keep_if_all_attached(const std::string& mine) {
+std::optional<shm::Segment> ShmProcessGroup::set_up_segment(
+    const std::string& name, size_t bytes, const std::string& instead,
+    const std::function<void(shm::Segment&)>& then, const std::function<void()>& undo) {
+  const c10::Device cpu(c10::kCPU);
+  const SegmentName remove_at_the_end{name};
+  std::optional<shm::Segment> segment;
+  std::string mine;  // "" or why this rank failed
+  const auto step = [&](auto make) {
+    try {
+      make();
+    } catch (const Error& e) {
+      mine = e.what();
+    }
+  };
+  if (rank() == 0) step([&] { segment.emplace(shm::Segment::create(name, bytes)); });
+  if (any_rank(*inner_, !mine.empty(), cpu)) {  // rank 0 could not create it
+    if (rank() == 0) log::warn("shared memory: rank 0: {}; {}", mine, instead);
+    return std::nullopt;
+  }
+  if (rank() != 0) step([&] { segment.emplace(shm::Segment::open(name, bytes)); });
+  if (segment) step([&] { then(*segment); });
   std::vector<std::string> outcomes;
   try {
-    outcomes = all_gather_bytes(*inner_, mine, c10::Device(c10::kCPU));
+    outcomes = all_gather_bytes(*inner_, mine, cpu);
   } catch (...) {
-    drop_channel();
+    undo();
     throw;
   }
   for (size_t r = 0; r < outcomes.size(); ++r) {
     if (outcomes[r].empty()) continue;
-    if (rank() == 0) warn_not_used(static_cast<int>(r), outcomes[r]);
-    drop_channel();
-    segment_.reset();
-    return;
+    if (rank() == 0) log::warn("shared memory: rank {}: {}; {}", r, outcomes[r], instead);
+    undo();
+    return std::nullopt;
   }
+  return segment;
 }
 
 // Made and unmade on the group's thread: Note [A rank's life is a robust mutex].
-void ShmProcessGroup::make_channel(size_t slot) {
+void ShmProcessGroup::make_channel(shm::Segment& segment, size_t slot) {
   thread_
       .post([&] {
-        channel_ = std::make_unique<shm::Channel>(segment_->data(), rank(), world_size(), slot,
+        channel_ = std::make_unique<shm::Channel>(segment.data(), rank(), world_size(), slot,
                                                   options().timeout);
       })
       .get();
@@ -271,9 +303,47 @@ void ShmProcessGroup::drop_channel() {
   if (channel_) thread_.post([this] { channel_.reset(); }).get();
 }
 
-void ShmProcessGroup::warn_not_used(int rank, const std::string& why) const {
-  log::warn("shared memory: rank {}: {}; collectives go through {}", rank, why,
-            inner_->backend_name());
+at::Tensor ShmProcessGroup::do_allocate_buffer(int64_t numel, const at::TensorOptions& options,
+                                               const CollectiveInfo& info) {
+  const at::ScalarType type = c10::typeMetaToScalarType(options.dtype());
+  if (!channel_ || !options.device().is_cpu() || !shm_dtype(type) || numel == 0) {
+    return ProcessGroup::do_allocate_buffer(numel, options, info);
+  }
+  // Each copy on its own pages: a rank's writes never share a page with another copy's.
+  const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(type);
+  const size_t stride = (bytes + kPage - 1) / kPage * kPage;
+  const auto names = all_gather_bytes(*inner_, rank() == 0 ? segment_name() : "", c10::Device(c10::kCPU));
+  auto segment = set_up_segment(
+      names.front(), stride * static_cast<size_t>(world_size()),
+      fmt::format("the buffer of {} bytes a rank is ordinary memory, its all-reduces staged", bytes),
+      [](shm::Segment&) {}, [] {});
+  if (!segment) return ProcessGroup::do_allocate_buffer(numel, options, info);
+  auto mapped = std::make_shared<shm::Segment>(std::move(*segment));
+  auto* base = static_cast<uint8_t*>(mapped->data());
+  // Forget the buffers whose memory is gone: an address of theirs may belong to another now.
+  buffers_.erase(std::remove_if(buffers_.begin(), buffers_.end(),
+                                [](const Buffer& b) { return b.segment.expired(); }),
+                 buffers_.end());
+  buffers_.push_back(Buffer{next_buffer_++, mapped, base, stride, bytes});
+  return at::from_blob(base + static_cast<size_t>(rank()) * stride, {numel},
+                       [mapped](void*) mutable { mapped.reset(); }, options);
+}
+
+std::optional<ShmProcessGroup::Place> ShmProcessGroup::in_buffers(const at::Tensor& t) const {
+  if (!t.is_contiguous()) return std::nullopt;
+  const auto* data = static_cast<const uint8_t*>(t.data_ptr());
+  for (const Buffer& b : buffers_) {
+    const uint8_t* mine = b.base + static_cast<size_t>(rank()) * b.stride;
+    // A live tensor inside a buffer keeps it mapped: one that lies there is of this buffer,
+    // unless the buffer has expired and its addresses were given to other memory.
+    if (data < mine || data + t.nbytes() > mine + b.bytes || b.segment.expired()) continue;
+    Place place{b.id, static_cast<uint64_t>(data - mine), {}};
+    for (int r = 0; r < world_size(); ++r) {
+      place.copies.push_back(b.base + static_cast<size_t>(r) * b.stride + place.offset);
+    }
+    return place;
+  }
+  return std::nullopt;
 }
 
 }  // namespace

@@ -83,6 +83,7 @@ struct SharedCall {
   std::atomic<uint32_t> op;
   std::atomic<int32_t> root;
   std::atomic<uint64_t> count;
+  std::atomic<uint64_t> offset;
 };
 
 struct alignas(kLine) Channel::Control {
@@ -296,6 +297,12 @@ std::string Channel::describe(const Call& call) {
       return fmt::format("{}({}, {}[{}])", call.kind == Kind::kAllReduce ? "all_reduce" : "reduce_scatter",
                          kOps[static_cast<int>(call.op)], dtype_name(call.type), call.count);
     }
+    case Kind::kAllReduceInPlace: {
+      static constexpr const char* kOps[] = {"sum", "min", "max"};
+      return fmt::format("all_reduce({}, {}[{}]) in place at byte {} of buffer {}",
+                         kOps[static_cast<int>(call.op)], dtype_name(call.type), call.count,
+                         call.offset, call.root);
+    }
     case Kind::kBroadcast: return fmt::format("broadcast(root {}, {} bytes)", call.root, call.count);
     case Kind::kAllGather: return fmt::format("all_gather({} bytes)", call.count);
     case Kind::kAllToAll: return fmt::format("all_to_all({} bytes)", call.count);
@@ -340,6 +347,7 @@ void Channel::arrive(uint64_t round, const Call& call) {
   mine.op.store(static_cast<uint32_t>(call.op), std::memory_order_relaxed);
   mine.root.store(call.root, std::memory_order_relaxed);
   mine.count.store(call.count, std::memory_order_relaxed);
+  mine.offset.store(call.offset, std::memory_order_relaxed);
   publish(kArrived, round);
   wait_all(kArrived, round, call);
   // Set `set` is rewritten only after the next round's barrier, which this rank has not passed.
@@ -352,6 +360,7 @@ void Channel::arrive(uint64_t round, const Call& call) {
     c.op = static_cast<Op>(theirs.op.load(std::memory_order_relaxed));
     c.root = theirs.root.load(std::memory_order_relaxed);
     c.count = theirs.count.load(std::memory_order_relaxed);
+    c.offset = theirs.offset.load(std::memory_order_relaxed);
   }
   // Every rank sees the same calls and fails alike; breaking the channel too ends any wait of a
   // rank that has not looked yet.
@@ -382,17 +391,44 @@ void Channel::reduce_round(uint8_t* data, size_t count, const Call& call, uint64
     reduce(type, op, data, inputs.data(), world_, count);
     return;
   }
-  // This rank's slice of the chunk, whole cache lines, combined into the result area.
-  const size_t line = std::max<size_t>(1, kLine / size);
-  const size_t per = align_up((count + static_cast<size_t>(world_) - 1) / world_, line);
-  const size_t lo = std::min(count, static_cast<size_t>(rank_) * per);
-  const size_t hi = std::min(count, lo + per);
+  // This rank's slice of the chunk, combined into the result area.
+  const auto [lo, hi] = slice(count, size);
   for (int r = 0; r < world_; ++r) inputs[static_cast<size_t>(r)] = buffer(set, r) + lo * size;
   uint8_t* result = buffer(set, world_);
   reduce(type, op, result + lo * size, inputs.data(), world_, hi - lo);
   publish(kReduced, round);
   wait_all(kReduced, round, call);
   std::memcpy(data, result, count * size);
+}
+
+std::pair<size_t, size_t> Channel::slice(size_t count, size_t element_bytes) const {
+  // Whole cache lines: no two ranks write the same line.
+  const size_t line = std::max<size_t>(1, kLine / element_bytes);
+  const size_t per = align_up((count + static_cast<size_t>(world_) - 1) / world_, line);
+  const size_t lo = std::min(count, static_cast<size_t>(rank_) * per);
+  return {lo, std::min(count, lo + per)};
+}
+
+void Channel::all_reduce_in_place(uint8_t* const* copies, size_t count, DType type, Op op,
+                                  int buffer, uint64_t offset) {
+  const Call call{Kind::kAllReduceInPlace, type, op, buffer, count, offset};
+  const uint64_t round = begin_round(call);
+  arrive(round, call);  // every copy holds its rank's input (published with its arrival)
+  const size_t size = dtype_size(type);
+  const auto [lo, hi] = slice(count, size);
+  // A block at a time, so that the result is still in the cache when it is copied to the other
+  // ranks' copies: the slice is read from memory once and written once per copy.
+  constexpr size_t kBlockBytes = 16 << 10;
+  const size_t block = std::max<size_t>(1, kBlockBytes / size);
+  std::vector<const void*> inputs(static_cast<size_t>(world_));
+  for (size_t begin = lo; begin < hi; begin += block) {
+    const size_t n = std::min(block, hi - begin);
+    for (int r = 0; r < world_; ++r) inputs[static_cast<size_t>(r)] = copies[r] + begin * size;
+    reduce(type, op, copies[0] + begin * size, inputs.data(), world_, n);
+    for (int r = 1; r < world_; ++r) std::memcpy(copies[r] + begin * size, copies[0] + begin * size, n * size);
+  }
+  publish(kReduced, round);
+  wait_all(kReduced, round, call);
 }
 
 void Channel::broadcast(void* data, size_t bytes, int root) {

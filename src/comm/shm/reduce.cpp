@@ -33,27 +33,35 @@ T combine(Op op, T a, T b) {
   return a;
 }
 
+// out[i] = a[i] op b[i]; `out` may be `a`.
+template <class T>
+void combine_into(Op op, T* out, const T* a, const T* b, size_t count) {
+  switch (op) {
+    case Op::kSum:
+      for (size_t i = 0; i < count; ++i) out[i] = static_cast<T>(a[i] + b[i]);
+      break;
+    case Op::kMin:
+      for (size_t i = 0; i < count; ++i) out[i] = std::min(a[i], b[i]);
+      break;
+    case Op::kMax:
+      for (size_t i = 0; i < count; ++i) out[i] = std::max(a[i], b[i]);
+      break;
+  }
+}
+
 // Plain element types: combined in their own type, rank by rank. The loop over elements is
-// inner, so the compiler vectorises it; the order over ranks stays fixed.
+// inner, so the compiler vectorises it; the order over ranks stays fixed. The first two ranks
+// are combined in one pass (no copy of rank 0's values first): at two ranks that is all.
 template <class T>
 void reduce_plain(Op op, void* out, const void* const* inputs, int n, size_t count) {
   T* o = static_cast<T*>(out);
   const T* first = static_cast<const T*>(inputs[0]);
-  if (o != first) std::memcpy(o, first, count * sizeof(T));
-  for (int r = 1; r < n; ++r) {
-    const T* in = static_cast<const T*>(inputs[r]);
-    switch (op) {
-      case Op::kSum:
-        for (size_t i = 0; i < count; ++i) o[i] = static_cast<T>(o[i] + in[i]);
-        break;
-      case Op::kMin:
-        for (size_t i = 0; i < count; ++i) o[i] = std::min(o[i], in[i]);
-        break;
-      case Op::kMax:
-        for (size_t i = 0; i < count; ++i) o[i] = std::max(o[i], in[i]);
-        break;
-    }
+  if (n == 1) {
+    if (o != first) std::memcpy(o, first, count * sizeof(T));
+    return;
   }
+  combine_into(op, o, first, static_cast<const T*>(inputs[1]), count);
+  for (int r = 2; r < n; ++r) combine_into(op, o, o, static_cast<const T*>(inputs[r]), count);
 }
 
 // Integers wrap: summed as their unsigned type (signed overflow is undefined in C++).

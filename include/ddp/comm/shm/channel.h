@@ -14,6 +14,12 @@
 //      into the result area, publishes reduced = k, waits for every rank's, and copies the
 //      whole result out.
 //
+// An all-reduce of buffers that every rank can address (its own and the others' copies, at the
+// same place of one region each rank maps: the group's buffers, shm_backend.cpp) needs no slot:
+// after the round's barrier each rank combines its slice of every copy, in rank order, writes the
+// result into every copy, publishes reduced = k and waits for every rank's. Each byte is read
+// once and written once per rank it belongs to: a memcpy's traffic, the floor.
+//
 // A rank writes set k % 2 in round k only after round k - 1's barrier, which every rank passes
 // only once it has finished round k - 2, the last to use that set: two sets are enough, and a
 // round costs one barrier (two for a sliced all-reduce). Published values are release stores
@@ -92,6 +98,11 @@ class Channel {
 
   // In place over `count` elements of `type`: data = data(0) op ... op data(world-1).
   void all_reduce(void* data, size_t count, DType type, Op op);
+  // The same over copies that every rank can address: copies[r] is rank r's, in this process's
+  // memory, and every rank passes its own view of the same copies (the same `buffer`, the same
+  // byte `offset` in it: checked as the call). Afterwards every copy holds the reduction.
+  void all_reduce_in_place(uint8_t* const* copies, size_t count, DType type, Op op, int buffer,
+                           uint64_t offset);
   // `bytes` of root's data to every rank.
   void broadcast(void* data, size_t bytes, int root);
   // Rank r's `bytes` of `in` at out + r * bytes.
@@ -105,16 +116,20 @@ class Channel {
   void barrier();
 
   // One rank's call, as the others see it. `count`: elements for the reductions, bytes for the
-  // others.
-  enum class Kind : uint32_t { kAllReduce = 1, kBroadcast, kAllGather, kReduceScatter, kAllToAll, kBarrier };
+  // others. kAllReduceInPlace: `root` is the buffer, `offset` the byte in it.
+  enum class Kind : uint32_t {
+    kAllReduce = 1, kBroadcast, kAllGather, kReduceScatter, kAllToAll, kBarrier, kAllReduceInPlace
+  };
   struct Call {
     Kind kind = Kind::kBarrier;
     DType type = DType::kUInt8;
     Op op = Op::kSum;
     int root = -1;
     uint64_t count = 0;
+    uint64_t offset = 0;
     bool operator==(const Call& o) const {
-      return kind == o.kind && type == o.type && op == o.op && root == o.root && count == o.count;
+      return kind == o.kind && type == o.type && op == o.op && root == o.root &&
+             count == o.count && offset == o.offset;
     }
   };
   // "all_reduce(sum, float32[3])", "broadcast(root 0, 40 bytes)", ... A pure function.
@@ -159,6 +174,8 @@ class Channel {
   std::string ended(int rank) const;
   [[noreturn]] void fail(const std::string& why, int culprit, bool timed_out);
   void reduce_round(uint8_t* data, size_t count, const Call& call, uint64_t round);
+  // This rank's slice of `count` elements, whole cache lines: [first, second).
+  std::pair<size_t, size_t> slice(size_t count, size_t element_bytes) const;
   // Writes this rank's call for the round, publishes its arrival, waits for every rank's, and
   // throws ChannelError (every rank does) where their calls differ.
   void arrive(uint64_t round, const Call& call);
