@@ -2,8 +2,11 @@
 // all_reduce_perf. Start it as the ranks of a job (mpirun, the launcher, or the env contract):
 //   mpirun -np 2 build/ddp_bench_allreduce --backend mpi
 // Prints, on rank 0, one row per size: bytes, elements, time (us), algbw and busbw (GB/s),
-// where busbw = algbw * 2 (n - 1) / n is comparable across world sizes, and the time of one
-// memcpy of the same bytes on rank 0 (this machine's memory bandwidth, for the shm backend).
+// where busbw = algbw * 2 (n - 1) / n is comparable across world sizes, the time of one memcpy of
+// the same bytes on rank 0 alone (this machine's memory bandwidth, for the shm backend), and the
+// slowest rank's when every rank runs that memcpy at once (memcpy-all: they share the memory bus).
+// --buffers all-reduces buffers the group allocated (ProcessGroup::allocate_buffer), as DDP's
+// buckets are: on shm, in place.
 // TORCH_DISTRIBUTED_DEBUG=DETAIL checks each all-reduce across the ranks first
 // (ddp/comm/diagnostics/collective_check.h), as in ddp_train.
 #include <ATen/ATen.h>
@@ -54,6 +57,36 @@ double time_memcpy(int64_t bytes, int iters) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters;
 }
 
+// The same memcpy run by every rank at once (they share the memory bus): the slowest rank's time,
+// the unit of an all-reduce's floor when every rank moves its bytes at the same moment.
+double time_memcpy_on_every_rank(ddp::comm::ProcessGroup& pg, int64_t bytes, int iters,
+                                 const at::Device& device) {
+  pg.barrier()->wait();
+  auto slowest = at::full({1}, time_memcpy(bytes, iters), at::kDouble).to(device);
+  pg.all_reduce(slowest, ddp::comm::ReduceOp::kMax)->wait();
+  return slowest.cpu().item<double>();
+}
+
+// One row: the all-reduce of `bytes` (of a buffer the group allocated with `buffers`), and the
+// memcpys beside it.
+void measure(ddp::comm::ProcessGroup& pg, int64_t bytes, const at::Device& device, bool buffers,
+             const cxxopts::ParseResult& args) {
+  const int iters = args["iters"].as<int>();
+  const int64_t count = bytes / 4;
+  const auto options = at::TensorOptions(at::kFloat).device(device);
+  auto t = buffers ? pg.allocate_buffer(count, options).fill_(1) : at::ones({count}, options);
+  const double seconds = time_all_reduce(pg, t, args["warmup"].as<int>(), iters);
+  const double algbw = static_cast<double>(bytes) / seconds / 1e9;
+  const int n = pg.world_size();
+  const double busbw = algbw * 2.0 * (n - 1) / n;
+  const double together = time_memcpy_on_every_rank(pg, bytes, iters, device);
+  if (pg.rank() == 0) {
+    const double copy = time_memcpy(bytes, iters);
+    std::cout << fmt::format("{:>12} {:>12} {:>12.1f} {:>10.3f} {:>10.3f} {:>12.1f} {:>12.1f}\n",
+                             bytes, count, seconds * 1e6, algbw, busbw, copy * 1e6, together * 1e6);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -66,8 +99,9 @@ int main(int argc, char** argv) {
       "warmup", "untimed iterations per size", cxxopts::value<int>()->default_value("3"))(
       "iters", "timed iterations per size", cxxopts::value<int>()->default_value("20"))(
       "device", "cpu or cuda", cxxopts::value<std::string>()->default_value("cpu"))(
-      "threads", "intra-op threads", cxxopts::value<int>()->default_value("1"))("h,help",
-                                                                                "print this help");
+      "threads", "intra-op threads", cxxopts::value<int>()->default_value("1"))(
+      "buffers", "all-reduce buffers the group allocates (ProcessGroup::allocate_buffer), as DDP's "
+      "buckets are")("h,help", "print this help");
   try {
     auto args = options.parse(argc, argv);
     if (args.count("help") != 0U) {
@@ -92,24 +126,15 @@ int main(int argc, char** argv) {
     const int n = pg->world_size();
     if (pg->rank() == 0) {
       std::cout << fmt::format(
-          "# ddp_bench_allreduce: backend {}, {} ranks, float32 sum, {} iterations{}\n",
-          pg->backend_name(), n, args["iters"].as<int>(), detail ? ", DETAIL" : "");
-      std::cout << fmt::format("{:>12} {:>12} {:>12} {:>10} {:>10} {:>12}\n", "bytes", "elements",
-                               "time(us)", "algbw", "busbw", "memcpy(us)");
+          "# ddp_bench_allreduce: backend {}, {} ranks, float32 sum, {} iterations{}{}\n",
+          pg->backend_name(), n, args["iters"].as<int>(), detail ? ", DETAIL" : "",
+          args["buffers"].as<bool>() ? ", the group's buffers" : "");
+      std::cout << fmt::format("{:>12} {:>12} {:>12} {:>10} {:>10} {:>12} {:>12}\n", "bytes",
+                               "elements", "time(us)", "algbw", "busbw", "memcpy(us)", "memcpy-all");
     }
     for (int64_t bytes = args["min-bytes"].as<int64_t>(); bytes <= args["max-bytes"].as<int64_t>();
          bytes *= args["factor"].as<int64_t>()) {
-      const int64_t count = bytes / 4;
-      auto t = at::ones({count}, at::TensorOptions(at::kFloat).device(device));
-      const double seconds =
-          time_all_reduce(*pg, t, args["warmup"].as<int>(), args["iters"].as<int>());
-      const double algbw = static_cast<double>(bytes) / seconds / 1e9;
-      const double busbw = algbw * 2.0 * (n - 1) / n;
-      if (pg->rank() == 0) {
-        const double copy = time_memcpy(bytes, args["iters"].as<int>());
-        std::cout << fmt::format("{:>12} {:>12} {:>12.1f} {:>10.3f} {:>10.3f} {:>12.1f}\n", bytes,
-                                 count, seconds * 1e6, algbw, busbw, copy * 1e6);
-      }
+      measure(*pg, bytes, device, args["buffers"].as<bool>(), args);
     }
     return 0;
   } catch (const ddp::Error& e) {

@@ -1,11 +1,13 @@
 #!/usr/bin/python3
 """All-reduce of 2 MiB and 32 MiB (float32 sum) between the ranks of one host: our shared memory
-(shm) against gloo (loopback TCP) and Open MPI (mpirun, its vader shared memory), and this
-machine's memcpy of the same bytes (ddp_bench_allreduce's memcpy column, on rank 0).
+(shm) on buffers the group allocated (as DDP's buckets are: reduced in place) and on any other
+tensor (staged through the channel's slots), against gloo (loopback TCP) and Open MPI (mpirun,
+its vader shared memory); beside them, this machine's memcpy of the same bytes run by every rank
+at once (memcpy-all: the ranks share the memory bus, so that is the floor's unit) and by one
+process alone (ddp_bench_allreduce's memcpy columns).
 
-Each round runs the three jobs (the order rotates); per size, the medians of the rounds, and
-each time as a multiple of the memcpy's: an all-reduce of 2 ranks reads and writes each byte a
-few times (into the segment, combined, out), so a few memcpys is the floor.
+Each round runs the jobs (the order rotates); per size, the medians of the rounds, and each time
+as a multiple of memcpy-all's, taken within its round.
 
   bench/shm_allreduce.py --rounds 5 [--world 2]
 """
@@ -20,20 +22,23 @@ from benchlib import env_job
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SIZES = ["--min-bytes", str(2 << 20), "--max-bytes", str(32 << 20), "--factor", "16"]
+JOBS = {"shm-buffers": ("shm", ["--buffers"]), "shm-staged": ("shm", []), "gloo": ("gloo", []),
+        "mpi": ("mpi", [])}
 
 
 def table(text):
-    """{bytes: (time us, memcpy us)} from ddp_bench_allreduce's output."""
+    """{bytes: (time us, memcpy us, memcpy-all us)} from ddp_bench_allreduce's output."""
     rows = {}
     for line in text.splitlines():
         fields = line.split()
-        if len(fields) >= 6 and fields[0].isdigit():
-            rows[int(fields[0])] = (float(fields[2]), float(fields[5]))
+        if len(fields) >= 7 and fields[0].isdigit():
+            rows[int(fields[0])] = (float(fields[2]), float(fields[5]), float(fields[6]))
     return rows
 
 
-def run(backend, args):
-    cmd = [args.binary, "--backend", backend, "--iters", str(args.iters), *SIZES]
+def run(job, args):
+    backend, extra = JOBS[job]
+    cmd = [args.binary, "--backend", backend, "--iters", str(args.iters), *SIZES, *extra]
     if backend == "mpi":
         mpirun = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "self,vader",
                   "-np", str(args.world)]
@@ -49,25 +54,29 @@ def main():
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--iters", type=int, default=20)
     args = p.parse_args()
-    backends = ["shm", "gloo", "mpi"]
-    times = collections.defaultdict(list)    # (backend, bytes) -> us
-    copies = collections.defaultdict(list)   # bytes -> memcpy us
+    jobs = list(JOBS)
+    times = collections.defaultdict(list)    # (job, bytes) -> us
+    ratios = collections.defaultdict(list)   # (job, bytes) -> time / memcpy-all of its run
+    copies = collections.defaultdict(list)   # bytes -> (memcpy us, memcpy-all us)
     for r in range(args.rounds):
-        for backend in backends[r % 3:] + backends[:r % 3]:
-            for size, (t, copy) in run(backend, args).items():
-                times[(backend, size)].append(t)
-                copies[size].append(copy)
+        for job in jobs[r % len(jobs):] + jobs[:r % len(jobs)]:
+            for size, (t, copy, together) in run(job, args).items():
+                times[(job, size)].append(t)
+                ratios[(job, size)].append(t / together)
+                copies[size].append((copy, together))
         print(f"round {r} done", file=sys.stderr)
     print(f"{args.world} ranks, float32 sum, {args.rounds} rounds of {args.iters} all-reduces\n")
-    print("| bytes | memcpy (us) | " + " | ".join(f"{b} (us) | {b}/memcpy" for b in backends) + " |")
-    print("|---|---|" + "---|---|" * len(backends))
+    print("| bytes | memcpy alone (us) | memcpy-all (us) | "
+          + " | ".join(f"{j} (us) | {j}/memcpy-all" for j in jobs) + " |")
+    print("|---|---|---|" + "---|---|" * len(jobs))
     for size in sorted(copies):
-        copy = statistics.median(copies[size])
+        alone = statistics.median(c[0] for c in copies[size])
+        together = statistics.median(c[1] for c in copies[size])
         cells = []
-        for b in backends:
-            t = statistics.median(times[(b, size)])
-            cells += [f"{t:.0f}", f"{t / copy:.1f}"]
-        print(f"| {size} | {copy:.0f} | " + " | ".join(cells) + " |")
+        for j in jobs:
+            cells += [f"{statistics.median(times[(j, size)]):.0f}",
+                      f"{statistics.median(ratios[(j, size)]):.2f}"]
+        print(f"| {size} | {alone:.0f} | {together:.0f} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
