@@ -1,12 +1,15 @@
 // The shared-memory channel (comm/shm/channel.h): every collective against closed forms, at 2, 3
-// and 4 ranks, from 0 bytes to several rounds of odd sizes; the same bits on every rank; a rank
-// that never comes, breaks the channel or dies. Ranks are threads of this process on one region
-// (what ThreadSanitizer checks), and forked processes on a real segment.
+// and 4 ranks, from 0 bytes to several rounds of odd sizes; the same bits on every rank; the
+// in-place all-reduce of copies the ranks share against the staged one and the pure reduction,
+// among rounds of every other kind; ranks that disagree; a rank that never comes, breaks the
+// channel or dies. Ranks are threads of this process on one region (what ThreadSanitizer
+// checks), and forked processes on a real segment.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -32,10 +35,13 @@ using std::chrono::milliseconds;
 
 constexpr size_t kSlot = 4096;  // the smallest slot: a few KB already take several rounds
 
-// A zeroed, page-aligned region for `world` ranks, shared by threads.
-struct Region {
-  explicit Region(int world, size_t slot = kSlot)
-      : bytes(Channel::region_bytes(world, slot)),
+// `bytes` rounded up to whole pages, at least one.
+size_t whole_pages(size_t bytes) { return (std::max<size_t>(bytes, 1) + 4095) / 4096 * 4096; }
+
+// Zeroed memory of whole pages, page-aligned.
+struct Memory {
+  explicit Memory(size_t at_least)
+      : bytes(whole_pages(at_least)),
         memory(static_cast<uint8_t*>(std::aligned_alloc(4096, bytes)), &std::free) {
     std::memset(memory.get(), 0, bytes);
   }
@@ -43,9 +49,33 @@ struct Region {
   std::unique_ptr<uint8_t, decltype(&std::free)> memory;
 };
 
-// Runs `body(channel)` on `world` threads, one rank each, and rethrows the first failure.
-void run_ranks(int world, const std::function<void(Channel&)>& body, size_t slot = kSlot,
-               milliseconds timeout = milliseconds(20000)) {
+// A region for `world` ranks, shared by threads.
+struct Region : Memory {
+  explicit Region(int world, size_t slot = kSlot) : Memory(Channel::region_bytes(world, slot)) {}
+};
+
+// Copies that every rank can address, as a group's buffer holds them: rank r's `stride` bytes
+// (whole pages) at r * stride of one allocation.
+struct SharedCopies {
+  SharedCopies(int world, size_t bytes)
+      : world(world), stride(whole_pages(bytes)), memory(static_cast<size_t>(world) * stride) {}
+  uint8_t* of(size_t rank) const { return memory.memory.get() + rank * stride; }
+  // What every rank passes: the copies from byte `offset` on, rank r's at r.
+  std::vector<uint8_t*> at(uint64_t offset) const {
+    std::vector<uint8_t*> copies;
+    for (size_t r = 0; r < static_cast<size_t>(world); ++r) copies.push_back(of(r) + offset);
+    return copies;
+  }
+  int world;
+  size_t stride;
+  Memory memory;
+};
+
+// Runs `body(channel)` on `world` threads, one rank each: what each threw (null where nothing).
+std::vector<std::exception_ptr> run_ranks_catching(int world,
+                                                   const std::function<void(Channel&)>& body,
+                                                   size_t slot = kSlot,
+                                                   milliseconds timeout = milliseconds(20000)) {
   Region region(world, slot);
   std::vector<std::thread> threads;
   std::vector<std::exception_ptr> errors(static_cast<size_t>(world));
@@ -60,16 +90,68 @@ void run_ranks(int world, const std::function<void(Channel&)>& body, size_t slot
     });
   }
   for (auto& t : threads) t.join();
-  for (auto& e : errors) {
+  return errors;
+}
+
+// The same, rethrowing the first failure.
+void run_ranks(int world, const std::function<void(Channel&)>& body, size_t slot = kSlot,
+               milliseconds timeout = milliseconds(20000)) {
+  for (auto& e : run_ranks_catching(world, body, slot, timeout)) {
     if (e) std::rethrow_exception(e);
   }
 }
 
 // Sizes in elements: none, one, odd ones below a round, and several rounds of 4 KB with a
-// remainder (for 8-byte elements, 1500 is 3 rounds), and one of several MB.
+// remainder (for 8-byte elements, 1500 is 3 rounds), and one of several MB, the largest, last.
 const std::vector<size_t> kCounts = {0, 1, 7, 255, 1500, 4099, (size_t{3} << 20) / 4 + 3};
 
 class ShmChannel : public ::testing::TestWithParam<int> {};
+
+const std::vector<DType> kDTypes = {DType::kFloat32, DType::kFloat64, DType::kFloat16,
+                                    DType::kBFloat16, DType::kInt8,    DType::kUInt8,
+                                    DType::kInt16,   DType::kInt32,   DType::kInt64,
+                                    DType::kBool};
+const std::vector<Op> kOps = {Op::kSum, Op::kMin, Op::kMax};
+
+// Random bits of `type` for each of `world` ranks (floats from a range that rounds), the same on
+// every run: inputs[r] is rank r's `count` elements. Each rank's result must be the reduction of
+// all inputs, bit for bit.
+std::vector<std::vector<uint8_t>> random_inputs(DType type, int world, size_t count) {
+  const size_t size = ddp::comm::shm::dtype_size(type);
+  std::vector<std::vector<uint8_t>> inputs(static_cast<size_t>(world),
+                                           std::vector<uint8_t>(count * size));
+  for (int r = 0; r < world; ++r) {
+    uint32_t x = 12345u + static_cast<uint32_t>(r) * 7919u;
+    for (size_t i = 0; i < count; ++i) {
+      x = x * 1664525u + 1013904223u;
+      const double v = (static_cast<double>(x >> 8) / (1 << 24) - 0.5) * 1000.0;
+      uint8_t* p = inputs[static_cast<size_t>(r)].data() + i * size;
+      switch (type) {
+        case DType::kFloat32: { const float g = static_cast<float>(v); std::memcpy(p, &g, 4); break; }
+        case DType::kFloat64: std::memcpy(p, &v, 8); break;
+        case DType::kFloat16: { const uint16_t h = ddp::comm::shm::float_to_half(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
+        case DType::kBFloat16: { const uint16_t h = ddp::comm::shm::float_to_bfloat16(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
+        case DType::kBool: *p = static_cast<uint8_t>(x >> 31); break;
+        default: {  // the low bytes of x twice over (int64's high half too)
+          const uint64_t bits = (uint64_t{x} << 32) | x;
+          std::memcpy(p, &bits, size);
+          break;
+        }
+      }
+    }
+  }
+  return inputs;
+}
+
+// The pure reduction of `inputs` (count elements each), in rank order.
+std::vector<uint8_t> reduced(DType type, Op op, const std::vector<std::vector<uint8_t>>& inputs,
+                             size_t count) {
+  std::vector<const void*> ptrs;
+  for (const auto& in : inputs) ptrs.push_back(in.data());
+  std::vector<uint8_t> out(count * ddp::comm::shm::dtype_size(type));
+  ddp::comm::shm::reduce(type, op, out.data(), ptrs.data(), static_cast<int>(ptrs.size()), count);
+  return out;
+}
 
 TEST_P(ShmChannel, AllReduceSumsMinimaAndMaximaToClosedForms) {
   const int world = GetParam();
@@ -99,40 +181,11 @@ TEST_P(ShmChannel, AllReduceSumsMinimaAndMaximaToClosedForms) {
 
 TEST_P(ShmChannel, EveryDTypeIsReducedAsTheReductionOfTheInputsInRankOrder) {
   const int world = GetParam();
-  // Random bits of every type (floats from a range that rounds), the same on every run: each
-  // rank's result must be the reduction of all inputs, bit for bit.
-  for (DType type : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16,
-                     DType::kInt8, DType::kUInt8, DType::kInt16, DType::kInt32, DType::kInt64,
-                     DType::kBool}) {
-    const size_t size = ddp::comm::shm::dtype_size(type);
+  for (DType type : kDTypes) {
     const size_t count = 3001;  // several rounds of 4 KB, and sliced rounds at 3 and 4 ranks
-    std::vector<std::vector<uint8_t>> inputs(static_cast<size_t>(world),
-                                             std::vector<uint8_t>(count * size));
-    for (int r = 0; r < world; ++r) {
-      uint32_t x = 12345u + static_cast<uint32_t>(r) * 7919u;
-      for (size_t i = 0; i < count; ++i) {
-        x = x * 1664525u + 1013904223u;
-        const double v = (static_cast<double>(x >> 8) / (1 << 24) - 0.5) * 1000.0;
-        uint8_t* p = inputs[r].data() + i * size;
-        switch (type) {
-          case DType::kFloat32: { const float g = static_cast<float>(v); std::memcpy(p, &g, 4); break; }
-          case DType::kFloat64: std::memcpy(p, &v, 8); break;
-          case DType::kFloat16: { const uint16_t h = ddp::comm::shm::float_to_half(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
-          case DType::kBFloat16: { const uint16_t h = ddp::comm::shm::float_to_bfloat16(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
-          case DType::kBool: *p = static_cast<uint8_t>(x >> 31); break;
-          default: {  // the low bytes of x twice over (int64's high half too)
-            const uint64_t bits = (uint64_t{x} << 32) | x;
-            std::memcpy(p, &bits, size);
-            break;
-          }
-        }
-      }
-    }
-    for (Op op : {Op::kSum, Op::kMin, Op::kMax}) {
-      std::vector<const void*> ptrs;
-      for (const auto& in : inputs) ptrs.push_back(in.data());
-      std::vector<uint8_t> expected(count * size);
-      ddp::comm::shm::reduce(type, op, expected.data(), ptrs.data(), world, count);
+    const auto inputs = random_inputs(type, world, count);
+    for (Op op : kOps) {
+      const std::vector<uint8_t> expected = reduced(type, op, inputs, count);
       run_ranks(world, [&](Channel& c) {
         std::vector<uint8_t> data = inputs[static_cast<size_t>(c.rank())];
         c.all_reduce(data.data(), count, type, op);
@@ -191,6 +244,185 @@ TEST_P(ShmChannel, BroadcastAllGatherAllToAllAndReduceScatterMoveEveryByte) {
   });
 }
 
+// Where the `bytes` bytes at `a` and at `b` first differ; `bytes` where they do not.
+size_t first_difference(const uint8_t* a, const uint8_t* b, size_t bytes) {
+  if (bytes == 0 || std::memcmp(a, b, bytes) == 0) return bytes;  // memcmp: at memory's speed
+  return static_cast<size_t>(std::mismatch(a, a + bytes, b).first - a);
+}
+
+std::string what(DType type, Op op, size_t count, int rank) {
+  return std::string(ddp::comm::shm::dtype_name(type)) + " op " +
+         std::to_string(static_cast<int>(op)) + " count " + std::to_string(count) + " rank " +
+         std::to_string(rank);
+}
+
+// One all-reduce of InPlaceAllReduceIsTheStagedOneAndThePureReductionOnEveryCopy.
+struct ReduceCase {
+  size_t count;
+  Op op;
+  std::vector<std::vector<uint8_t>> inputs;  // rank r's at r
+  std::vector<uint8_t> expected;             // their pure reduction
+};
+
+// Every count of kCounts with every operation, but the several MB (many blocks a slice) only as
+// a float32 sum and a bfloat16 maximum: each of them takes about as long under ThreadSanitizer as
+// all the smaller counts together.
+std::vector<ReduceCase> reduce_cases(DType type, int world) {
+  const size_t many = kCounts.back();
+  const auto several_mb = [&](Op op) {
+    return (type == DType::kFloat32 && op == Op::kSum) ||
+           (type == DType::kBFloat16 && op == Op::kMax);
+  };
+  std::vector<ReduceCase> cases;
+  for (size_t count : kCounts) {
+    std::vector<Op> ops;
+    for (Op op : kOps) {
+      if (count != many || several_mb(op)) ops.push_back(op);
+    }
+    if (ops.empty()) continue;
+    const auto inputs = random_inputs(type, world, count);
+    for (Op op : ops) cases.push_back({count, op, inputs, reduced(type, op, inputs, count)});
+  }
+  return cases;
+}
+
+// The in-place all-reduce against the staged one of the same inputs (on a private copy, in the
+// same channel) and the pure reduction: every rank's copy ends with their bytes. The staged one
+// in rounds of a larger slot, of which several MB take a few, not thousands.
+TEST_P(ShmChannel, InPlaceAllReduceIsTheStagedOneAndThePureReductionOnEveryCopy) {
+  const int world = GetParam();
+  for (DType type : kDTypes) {
+    const size_t size = ddp::comm::shm::dtype_size(type);
+    const std::vector<ReduceCase> cases = reduce_cases(type, world);
+    const SharedCopies copies(world, kCounts.back() * size);
+    run_ranks(world, [&](Channel& c) {
+      const auto me = static_cast<size_t>(c.rank());
+      uint8_t* mine = copies.of(me);
+      for (const ReduceCase& rc : cases) {
+        const size_t bytes = rc.count * size;
+        std::copy(rc.inputs[me].begin(), rc.inputs[me].end(), mine);
+        std::vector<uint8_t> staged = rc.inputs[me];
+        c.all_reduce_in_place(copies.at(0).data(), rc.count, type, rc.op, 0, 0);
+        c.all_reduce(staged.data(), rc.count, type, rc.op);
+        const std::string at = what(type, rc.op, rc.count, c.rank());
+        ASSERT_EQ(first_difference(mine, staged.data(), bytes), bytes) << at;
+        ASSERT_EQ(first_difference(mine, rc.expected.data(), bytes), bytes) << at;
+      }
+    }, size_t{256} << 10);
+  }
+}
+
+// Copies that are a part of larger ones (as DDP's buckets are of the group's buffers), from
+// offsets on a cache line and off one: that part is reduced, every byte around it stays.
+TEST_P(ShmChannel, InPlaceAllReduceOfAPartOfTheCopiesChangesOnlyThatPart) {
+  const int world = GetParam();
+  const SharedCopies copies(world, 48 << 10);
+  int buffer = 0;
+  for (DType type : {DType::kFloat32, DType::kFloat64, DType::kBFloat16, DType::kUInt8}) {
+    const size_t size = ddp::comm::shm::dtype_size(type);
+    for (size_t count : {size_t{1}, size_t{255}, size_t{4099}}) {
+      const size_t bytes = count * size;
+      const auto inputs = random_inputs(type, world, count);
+      const std::vector<uint8_t> expected = reduced(type, Op::kSum, inputs, count);
+      for (size_t first : {size_t{0}, size_t{1}, size_t{3}, size_t{16}, size_t{1001}}) {
+        const uint64_t offset = first * size;  // the elements before it
+        ++buffer;
+        run_ranks(world, [&](Channel& c) {
+          const auto me = static_cast<size_t>(c.rank());
+          uint8_t* whole = copies.of(me);
+          const auto around = static_cast<uint8_t>(0xA5 + me);
+          std::memset(whole, around, copies.stride);
+          std::copy(inputs[me].begin(), inputs[me].end(), whole + offset);
+          c.all_reduce_in_place(copies.at(offset).data(), count, type, Op::kSum, buffer, offset);
+          const std::string at =
+              what(type, Op::kSum, count, c.rank()) + " offset " + std::to_string(offset);
+          ASSERT_EQ(first_difference(whole + offset, expected.data(), bytes), bytes) << at;
+          EXPECT_EQ(std::count(whole, whole + offset, around), static_cast<ptrdiff_t>(offset))
+              << at;
+          EXPECT_EQ(std::count(whole + offset + bytes, whole + copies.stride, around),
+                    static_cast<ptrdiff_t>(copies.stride - offset - bytes))
+              << at;
+        });
+      }
+    }
+  }
+}
+
+// Element j of rank r at step i of InPlaceRoundsInterleaveWithEveryOtherKind is (r + 1) (i + j):
+// over w ranks the sum is (i + j) w (w + 1) / 2, the minimum i + j, the maximum w (i + j).
+int32_t step_value(int rank, int64_t i, size_t j) {
+  return static_cast<int32_t>((rank + 1) * (i + static_cast<int64_t>(j)));
+}
+int32_t step_reduced(Op op, int world, int64_t i, size_t j) {
+  const int64_t m = i + static_cast<int64_t>(j);
+  const int64_t w = world;
+  switch (op) {
+    case Op::kSum: return static_cast<int32_t>(m * w * (w + 1) / 2);
+    case Op::kMin: return static_cast<int32_t>(m);
+    case Op::kMax: return static_cast<int32_t>(m * w);
+  }
+  return 0;
+}
+
+// Step i of a kind: 's' a staged all-reduce, 'i' an in-place one, 'b' a broadcast, 'B' a
+// barrier; of 1 to 3000 int32 (up to three rounds of a slot) or 1 to 10000 bytes.
+::testing::AssertionResult step(Channel& c, const SharedCopies& copies, char kind, int64_t i) {
+  const auto me = static_cast<size_t>(c.rank());
+  const size_t count = 1 + static_cast<size_t>(i * 997) % 3000;
+  const Op op = kOps[static_cast<size_t>(i) % kOps.size()];
+  std::vector<int32_t> staged(count);
+  int32_t* data = staged.data();
+  if (kind == 'i') {
+    const uint64_t offset = static_cast<uint64_t>(i % 5) * 4;  // off a cache line but at 0
+    data = reinterpret_cast<int32_t*>(copies.of(me) + offset);
+    for (size_t j = 0; j < count; ++j) data[j] = step_value(c.rank(), i, j);
+    c.all_reduce_in_place(copies.at(offset).data(), count, DType::kInt32, op, 1, offset);
+  } else if (kind == 's') {
+    for (size_t j = 0; j < count; ++j) data[j] = step_value(c.rank(), i, j);
+    c.all_reduce(data, count, DType::kInt32, op);
+  } else if (kind == 'b') {
+    const int root = static_cast<int>(i % c.world());
+    const auto byte = [&](size_t j) {
+      return static_cast<uint8_t>(root * 31 + static_cast<int64_t>(j) * 7 + i);
+    };
+    std::vector<uint8_t> b(1 + static_cast<size_t>(i * 389) % 10000);
+    for (size_t j = 0; j < b.size() && c.rank() == root; ++j) b[j] = byte(j);
+    c.broadcast(b.data(), b.size(), root);
+    for (size_t j = 0; j < b.size(); ++j) {
+      if (b[j] != byte(j))
+        return ::testing::AssertionFailure() << "broadcast " << i << " byte " << j;
+    }
+    return ::testing::AssertionSuccess();
+  } else {
+    c.barrier();
+    return ::testing::AssertionSuccess();
+  }
+  for (size_t j = 0; j < count; ++j) {
+    if (data[j] != step_reduced(op, c.world(), i, j)) {
+      return ::testing::AssertionFailure() << kind << " step " << i << " element " << j << ": "
+                                           << data[j] << " rank " << c.rank();
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Rounds of every kind in turn, many times over, in-place ones back to back too: they share the
+// channel's round numbering, in which an in-place round counts but uses no slot. Each against
+// its closed form; what ThreadSanitizer should see racing if anything does.
+TEST_P(ShmChannel, InPlaceRoundsInterleaveWithEveryOtherKind) {
+  const int world = GetParam();
+  const SharedCopies copies(world, 3000 * sizeof(int32_t) + 64);
+  const std::vector<std::string> orders = {"sibB", "iisb", "bisiB", "Biis"};
+  run_ranks(world, [&](Channel& c) {
+    for (int64_t i = 0; i < 160; ++i) {
+      const std::string& order = orders[static_cast<size_t>(i) % orders.size()];
+      for (size_t k = 0; k < order.size(); ++k) {
+        ASSERT_TRUE(step(c, copies, order[k], i * 8 + static_cast<int64_t>(k)));
+      }
+    }
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(World, ShmChannel, ::testing::Values(2, 3, 4),
                          [](const auto& info) { return "ranks" + std::to_string(info.param); });
 
@@ -231,7 +463,10 @@ TEST(ShmChannelFailures, ARankThatNeverComesIsNamedAtTheTimeout) {
   EXPECT_THROW(zero.barrier(), ChannelError);
 }
 
-TEST(ShmChannelFailures, ARankThatBreaksTheChannelEndsTheOthersWaitNamingIt) {
+// Rank 1 of 2 breaks the channel (abort) while rank 0 waits in `collective`, which `described`
+// describes: rank 0's wait ends at once, naming rank 1 and the collective.
+void expect_the_breaker_named(const std::function<void(Channel&)>& collective,
+                              const std::string& described) {
   Region region(2);
   Channel zero(region.memory.get(), 0, 2, kSlot, milliseconds(60000));
   Channel one(region.memory.get(), 1, 2, kSlot, milliseconds(60000));
@@ -240,19 +475,32 @@ TEST(ShmChannelFailures, ARankThatBreaksTheChannelEndsTheOthersWaitNamingIt) {
     one.abort();
   });
   const auto start = std::chrono::steady_clock::now();
-  std::vector<float> data(10000, 1.0f);
   try {
-    zero.all_reduce(data.data(), data.size(), DType::kFloat32, Op::kSum);
-    ADD_FAILURE() << "the all_reduce passed without rank 1";
+    collective(zero);
+    ADD_FAILURE() << described << " passed without rank 1";
   } catch (const ChannelError& e) {
     EXPECT_EQ(e.culprit(), 1);
     EXPECT_FALSE(e.timed_out());
-    EXPECT_NE(std::string(e.what()).find("rank 1 left the shared-memory channel during all_reduce"),
-              std::string::npos)
-        << e.what();
+    EXPECT_EQ(std::string(e.what()), "rank 1 left the shared-memory channel during " + described);
   }
   breaker.join();
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+
+TEST(ShmChannelFailures, ARankThatBreaksTheChannelEndsTheOthersWaitNamingIt) {
+  std::vector<float> data(10000, 1.0f);
+  expect_the_breaker_named(
+      [&](Channel& c) { c.all_reduce(data.data(), data.size(), DType::kFloat32, Op::kSum); },
+      "all_reduce(sum, float32[10000])");
+}
+
+TEST(ShmChannelFailures, ARankThatBreaksTheChannelDuringAnInPlaceAllReduceIsNamed) {
+  const SharedCopies copies(2, 10000 * sizeof(float));
+  expect_the_breaker_named(
+      [&](Channel& c) {
+        c.all_reduce_in_place(copies.at(64).data(), 9000, DType::kFloat32, Op::kSum, 3, 64);
+      },
+      "all_reduce(sum, float32[9000]) in place at byte 64 of buffer 3");
 }
 
 // Many short lives: 6 ranks (more than this machine's cores) each leave the channel as their
@@ -280,41 +528,95 @@ std::string unique_name(const char* what) {
   return "/ddp-test-" + std::string(what) + "-" + std::to_string(::getpid());
 }
 
+// What each of `world` ranks running `body` threw: its ChannelError's message and the rank it
+// names ("" and -1 where it threw nothing).
+struct Thrown {
+  std::string what;
+  int culprit = -1;
+};
+std::vector<Thrown> channel_errors(int world, const std::function<void(Channel&)>& body) {
+  std::vector<Thrown> thrown;
+  for (const auto& error : run_ranks_catching(world, body)) {
+    thrown.emplace_back();
+    try {
+      if (error) std::rethrow_exception(error);
+    } catch (const ChannelError& e) {
+      thrown.back() = {e.what(), e.culprit()};
+    }
+  }
+  return thrown;
+}
+
+// Every rank of `world` running `body` fails saying `expected`, naming `culprit`, long before
+// the timeout.
+void expect_all_fail(int world, const std::function<void(Channel&)>& body,
+                     const std::string& expected, int culprit) {
+  const auto start = std::chrono::steady_clock::now();
+  for (const Thrown& t : channel_errors(world, body)) {
+    EXPECT_EQ(t.what, expected);
+    EXPECT_EQ(t.culprit, culprit);
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+
 // Ranks that issue different collectives (rank 1 an extra all_reduce of 3 floats while the others
 // reduce 1000 doubles) all fail at the first round, naming both calls and the odd rank, long
 // before the timeout; no rank reads bytes of another call.
 TEST(ShmChannelFailures, RanksThatCallDifferentCollectivesAllFailNamingBothCalls) {
-  const std::string expected =
-      "ranks disagree: rank 1 calls all_reduce(sum, float32[3]), ranks 0 and 2 call "
-      "all_reduce(sum, float64[1000])";
-  Region region(3);
-  std::vector<std::string> seen(3);
-  std::vector<int> culprits(3, -1);
-  const auto start = std::chrono::steady_clock::now();
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 3; ++r) {
-    threads.emplace_back([&, r] {
-      Channel channel(region.memory.get(), r, 3, kSlot, milliseconds(20000));
-      std::vector<float> odd(3, 1.0f);
-      std::vector<double> data(1000, 1.0);
-      try {
-        if (r == 1) {
-          channel.all_reduce(odd.data(), odd.size(), DType::kFloat32, Op::kSum);
-        } else {
-          channel.all_reduce(data.data(), data.size(), DType::kFloat64, Op::kSum);
-        }
-      } catch (const ChannelError& e) {
-        seen[static_cast<size_t>(r)] = e.what();
-        culprits[static_cast<size_t>(r)] = e.culprit();
+  expect_all_fail(3, [](Channel& c) {
+    std::vector<float> odd(3, 1.0f);
+    std::vector<double> data(1000, 1.0);
+    if (c.rank() == 1) {
+      c.all_reduce(odd.data(), odd.size(), DType::kFloat32, Op::kSum);
+    } else {
+      c.all_reduce(data.data(), data.size(), DType::kFloat64, Op::kSum);
+    }
+  }, "ranks disagree: rank 1 calls all_reduce(sum, float32[3]), ranks 0 and 2 call "
+     "all_reduce(sum, float64[1000])", 1);
+}
+
+// An in-place all-reduce is a call of its own: against the staged one of the same count, or of
+// the copies at another offset or of another buffer, every rank fails at once naming both calls,
+// and no copy changes.
+TEST(ShmChannelFailures, InPlaceAllReducesThatDifferFromTheOthersCallsAllFailNamingBoth) {
+  const SharedCopies copies(3, 1000 * sizeof(float) + 64);
+  for (size_t r = 0; r < 3; ++r) std::memset(copies.of(r), static_cast<int>(r + 1), copies.stride);
+  // The call of `odd` differs: the staged one, or in place at `offset` of `buffer`.
+  const auto with = [&](int odd, bool staged, uint64_t offset, int buffer) {
+    return [=, &copies](Channel& c) {
+      std::vector<float> data(1000, 1.0f);
+      if (c.rank() == odd && staged) {
+        c.all_reduce(data.data(), data.size(), DType::kFloat32, Op::kSum);
+      } else if (c.rank() == odd) {
+        c.all_reduce_in_place(copies.at(offset).data(), 1000, DType::kFloat32, Op::kSum, buffer,
+                              offset);
+      } else {
+        c.all_reduce_in_place(copies.at(0).data(), 1000, DType::kFloat32, Op::kSum, 0, 0);
       }
-    });
+    };
+  };
+  const std::string in_place = "all_reduce(sum, float32[1000]) in place at byte 0 of buffer 0";
+  expect_all_fail(
+      3, with(1, true, 0, 0),
+      "ranks disagree: rank 1 calls all_reduce(sum, float32[1000]), ranks 0 and 2 call " + in_place,
+      1);
+  expect_all_fail(
+      3, with(2, false, 64, 0),
+      "ranks disagree: rank 2 calls all_reduce(sum, float32[1000]) in place at byte 64 of "
+      "buffer 0, ranks 0 and 1 call " +
+          in_place,
+      2);
+  expect_all_fail(
+      3, with(0, false, 0, 1),
+      "ranks disagree: rank 0 calls all_reduce(sum, float32[1000]) in place at byte 0 of "
+      "buffer 1, ranks 1 and 2 call " +
+          in_place,
+      0);
+  for (size_t r = 0; r < 3; ++r) {
+    EXPECT_EQ(std::count(copies.of(r), copies.of(r) + copies.stride, r + 1),
+              static_cast<ptrdiff_t>(copies.stride))
+        << r;
   }
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < 3; ++r) {
-    EXPECT_EQ(seen[static_cast<size_t>(r)].rfind(expected, 0), 0u) << seen[static_cast<size_t>(r)];
-    EXPECT_EQ(culprits[static_cast<size_t>(r)], 1);
-  }
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
 }
 
 TEST(ShmChannelFailures, CallsAreDescribedAndGroupedByRank) {
@@ -340,6 +642,21 @@ TEST(ShmChannelFailures, CallsAreDescribedAndGroupedByRank) {
   // A different root is a different call.
   const Call other_root{Kind::kBroadcast, DType::kUInt8, Op::kSum, 1, 40};
   EXPECT_EQ(Channel::mismatch({bcast, other_root, bcast})->second, 1);
+  // In place: `root` is the buffer. Not the staged call of the same count; another offset or
+  // buffer is another call.
+  const Call in_place{Kind::kAllReduceInPlace, DType::kFloat32, Op::kSum, 2, 1000, 4100};
+  EXPECT_EQ(Channel::describe(in_place),
+            "all_reduce(sum, float32[1000]) in place at byte 4100 of buffer 2");
+  const Call staged{Kind::kAllReduce, DType::kFloat32, Op::kSum, -1, 1000};
+  EXPECT_EQ(Channel::mismatch({in_place, staged, in_place})->first,
+            "rank 1 calls all_reduce(sum, float32[1000]), ranks 0 and 2 call all_reduce(sum, "
+            "float32[1000]) in place at byte 4100 of buffer 2");
+  Call moved = in_place;
+  moved.offset = 4164;
+  EXPECT_EQ(Channel::mismatch({in_place, in_place, moved})->second, 2);
+  Call other_buffer = in_place;
+  other_buffer.root = 3;
+  EXPECT_EQ(Channel::mismatch({other_buffer, in_place, in_place})->second, 0);
 }
 
 TEST(ShmSegment, IsCreatedOpenedUnlinkedAndNamesWhatFailed) {

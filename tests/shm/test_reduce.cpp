@@ -68,6 +68,36 @@ TEST(ShmReduce, IntegersWrapAndBoolsAreLogical) {
   EXPECT_EQ(reduced<uint8_t>(DType::kBool, Op::kMin, flags), (std::vector<uint8_t>{0, 0, 0, 1}));
 }
 
+TEST(ShmReduce, TheOutputMayBeTheFirstInputAndOneInputIsCopied) {
+  // The channel's in-place all-reduce writes over rank 0's copy while reading it: the same as
+  // into memory of its own, from 1 to 4 inputs, for each kind of element (plain, 16-bit, bool).
+  const auto check = [](auto zero, DType type) {
+    using T = decltype(zero);
+    for (int n = 1; n <= 4; ++n) {
+      std::vector<std::vector<T>> ranks(static_cast<size_t>(n), std::vector<T>(37));
+      for (int r = 0; r < n; ++r) {
+        for (int i = 0; i < 37; ++i) {
+          const auto v = static_cast<uint16_t>((r + 1) * (i - 10) * 331 + r);
+          ranks[static_cast<size_t>(r)][static_cast<size_t>(i)] =
+              type == DType::kBool ? static_cast<T>(v % 3 == 0) : static_cast<T>(v);
+        }
+      }
+      for (Op op : {Op::kSum, Op::kMin, Op::kMax}) {
+        const std::vector<T> apart = reduced<T>(type, op, ranks);
+        std::vector<std::vector<T>> over = ranks;
+        std::vector<const void*> inputs;
+        for (const auto& r : over) inputs.push_back(r.data());
+        reduce(type, op, over[0].data(), inputs.data(), n, over[0].size());
+        EXPECT_EQ(over[0], apart) << ddp::comm::shm::dtype_name(type) << " " << n;
+      }
+    }
+  };
+  check(int32_t{}, DType::kInt32);
+  check(double{}, DType::kFloat64);
+  check(uint16_t{}, DType::kBFloat16);  // the bits of small bfloat16 numbers and of NaNs
+  check(uint8_t{}, DType::kBool);
+}
+
 TEST(ShmReduce, FloatsAreAddedInRankOrder) {
   // 1e8 + 1 - 1e8 over three ranks: in rank order (1e8 + 1) rounds to 1e8, so the sum is 0; in
   // any other order it would be 1. The order is the contract (Note [A fixed reduction order]).
