@@ -9,8 +9,8 @@
 //           a whole buffer and of views at odd offsets against closed forms, several dtypes and
 //           sizes, bit for bit the staged all_reduce of the same values; buffers all-reduced in
 //           flight together; a buffer that outlives its group
-//       shm-buffer=NUMEL     a buffer of NUMEL float32 a rank in that group: closed forms (a
-//           test makes /dev/shm too small for it)
+//       shm-buffer=NUMEL     a buffer of NUMEL float32 a rank in that group: whether it is
+//           shared memory, and closed forms (a test makes /dev/shm too small for it)
 //       versus-gloo          that shared-memory group and the gloo group under it: every
 //           collective of both on the same inputs, random floats included; shm's sums are the
 //           rank-order sums of every rank's input, bit for bit, and equal gloo's (exactly where the
@@ -55,6 +55,7 @@
 #include "ddp/comm/hierarchical.h"
 #include "ddp/comm/rendezvous.h"
 #include "scenario_runner.h"
+#include "shared_segments.h"
 
 namespace {
 
@@ -564,7 +565,8 @@ void check_ops_in_place(ddp::comm::ProcessGroup& pg, at::Tensor t, const std::st
   };
   const std::vector<Case> cases = {
       {ReduceOp::kSum, base * (r + 1), sum},
-      {ReduceOp::kAvg, base * (r + 1), at::isIntegralType(dtype, false) ? sum.div(w, "floor") : sum / w},
+      {ReduceOp::kAvg, base * (r + 1),
+       at::isIntegralType(dtype, false) ? sum.div(w, "floor") : sum / w},
       {ReduceOp::kMin, base + r, base},
       {ReduceOp::kMax, base + r, base + (w - 1)}};
   for (const auto& c : cases) {
@@ -574,8 +576,8 @@ void check_ops_in_place(ddp::comm::ProcessGroup& pg, at::Tensor t, const std::st
   }
 }
 
-// Random values in `t` (a buffer or a view of one, of `n` elements) reduced in place equal, bit
-// for bit, the staged all-reduce of the same values in a plain tensor, and the rank-order sum.
+// Random values in `t` (a buffer or a view of one) reduced in place equal, bit for bit, the staged
+// all-reduce of the same values in a plain tensor, and the rank-order sum.
 void check_in_place_is_staged(ddp::comm::ProcessGroup& pg, at::Tensor t, const std::string& tag) {
   const auto mine = random_input(pg.rank(), t.numel(), t.scalar_type());
   t.copy_(mine);
@@ -588,10 +590,10 @@ void check_in_place_is_staged(ddp::comm::ProcessGroup& pg, at::Tensor t, const s
 }
 
 // Views of `buffer` at odd offsets (off any cache line and any vector width), each reduced in
-// place while the rest of this rank's copy keeps its marker.
+// place while the rest of this rank's copy keeps its marker (exact in bfloat16 too).
 void check_views(ddp::comm::ProcessGroup& pg, at::Tensor& buffer, const std::string& tag) {
   const int64_t n = buffer.numel();
-  const double marker = 1000 + pg.rank();
+  const double marker = 64 + pg.rank();
   for (const auto& [offset, length] : std::vector<std::pair<int64_t, int64_t>>{
            {1, n - 2}, {3, 5}, {17, n / 2}, {n / 3 + 1, n / 3}}) {
     if (length < 1 || offset + length > n) continue;
@@ -621,6 +623,7 @@ void check_buffers(ddp::comm::ProcessGroup& pg) {
       buffers.push_back(pg.allocate_buffer(n, at::TensorOptions(dtype)));
       at::Tensor& buffer = buffers.back();
       expect_true(buffer.numel() == n && buffer.eq(0).all().item<bool>(), tag + " is zero-filled");
+      expect_true(ddp::testing::in_shared_segment(buffer.data_ptr()), tag + " is shared memory");
       check_ops_in_place(pg, buffer, tag);
       check_in_place_is_staged(pg, buffer, tag);
       check_views(pg, buffer, tag);
@@ -634,8 +637,9 @@ void check_buffers(ddp::comm::ProcessGroup& pg) {
   for (auto& work : works) work->wait();
   for (size_t k = 0; k < buffers.size(); ++k) {
     const double want = static_cast<double>(k % 8) * w + w * (w - 1) / 2;
-    expect_true(buffers[k].eq(want).all().item<bool>(),
-                fmt::format("buffer {} of {}, all-reduced with the others in flight", k, buffers.size()));
+    expect_true(
+        buffers[k].eq(want).all().item<bool>(),
+        fmt::format("buffer {} of {}, all-reduced with the others in flight", k, buffers.size()));
   }
 }
 
@@ -654,15 +658,20 @@ void check_buffer_outlives_its_group(ddp::comm::ProcessGroup& pg) {
     group->all_reduce(kept)->wait();
   }
   const double sum = w * (w + 1) / 2.0;
+  expect_true(ddp::testing::in_shared_segment(kept.data_ptr()),
+              "a buffer after its group is gone is still mapped");
   expect_equal(kept, at::full({1001}, sum, at::kDouble), "a buffer after its group is gone");
   kept.add_(1);
   expect_equal(kept, at::full({1001}, sum + 1, at::kDouble), "a buffer written after its group");
 }
 
-// A buffer of `numel` float32 elements a rank: where it does not fit (a test's small /dev/shm),
-// ordinary memory, and its all-reduces still right.
+// A buffer of `numel` float32 elements a rank, which says where it lies: where it does not fit (a
+// test's small /dev/shm), ordinary memory, and its all-reduces still right.
 void check_buffer_of(ddp::comm::ProcessGroup& pg, int64_t numel) {
   auto buffer = pg.allocate_buffer(numel, at::TensorOptions(at::kFloat));
+  std::cout << "rank " << pg.rank() << ": the buffer is "
+            << (ddp::testing::in_shared_segment(buffer.data_ptr()) ? "shared" : "ordinary")
+            << " memory" << std::endl;
   expect_true(buffer.numel() == numel && buffer.eq(0).all().item<bool>(), "zero-filled");
   check_ops_in_place(pg, buffer, fmt::format("a buffer of {} float32", numel));
 }
@@ -836,10 +845,11 @@ int run_group_scenarios(const std::string& backend, const std::vector<std::strin
     } else if (scenario == "shm-buffers" || scenario == "shm-buffer") {
       ddp::comm::ProcessGroup* group = shm_group();
       expect_true(group != nullptr, "a shared-memory group over " + backend);
-      if (group != nullptr && scenario == "shm-buffer") check_buffer_of(*group, std::stoll(argument));
       if (group != nullptr && scenario == "shm-buffers") {
         check_buffers(*group);
         check_buffer_outlives_its_group(*group);
+      } else if (group != nullptr) {
+        check_buffer_of(*group, std::stoll(argument));
       }
     } else if (scenario == "versus-gloo") {
       expect_true(backend == "gloo", "versus-gloo runs on gloo, not " + backend);

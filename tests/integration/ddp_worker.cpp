@@ -22,9 +22,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <fstream>
 #include <iostream>
-#include <sstream>
 
 #include "ddp/comm/rendezvous.h"
 #include "ddp/core/activation_checkpoint.h"
@@ -36,6 +34,7 @@
 #include "ddp/train/pt_file.h"
 #include "diloco_reference.h"
 #include "scenario_runner.h"
+#include "shared_segments.h"
 #include "tensor_compare.h"
 
 namespace {
@@ -426,28 +425,6 @@ int check_diloco(const std::shared_ptr<ddp::comm::ProcessGroup>& group, const st
 }
 
 // The sgd family: DDP with `scenario`'s options against one process on the global batch.
-// How many of `params`' gradients lie in this process's mappings of the group's shared-memory
-// segments (/dev/shm/ddp-..., unlinked once mapped): on shm, DDP carves its buckets from the
-// group's buffers (ProcessGroup::allocate_buffer), and gradient_as_bucket_view makes each .grad
-// a view of its bucket.
-size_t gradients_in_shared_memory(const std::vector<torch::Tensor>& params) {
-  std::vector<std::pair<uintptr_t, uintptr_t>> shared;
-  std::ifstream maps("/proc/self/maps");
-  for (std::string line; std::getline(maps, line);) {
-    if (line.find(" /dev/shm/ddp-") == std::string::npos) continue;
-    std::istringstream range(line);
-    uintptr_t begin = 0, end = 0;
-    char dash = 0;
-    range >> std::hex >> begin >> dash >> end;
-    shared.emplace_back(begin, end);
-  }
-  return static_cast<size_t>(std::count_if(params.begin(), params.end(), [&](const torch::Tensor& p) {
-    const auto at = reinterpret_cast<uintptr_t>(p.grad().data_ptr());
-    return std::any_of(shared.begin(), shared.end(),
-                       [&](const auto& m) { return at >= m.first && at < m.second; });
-  }));
-}
-
 int check_training(const std::shared_ptr<ddp::comm::ProcessGroup>& group,
                    const std::string& scenario, const std::string& record) {
   const int world = group->world_size();
@@ -536,11 +513,15 @@ int check_training(const std::shared_ptr<ddp::comm::ProcessGroup>& group,
     }
   }
   if (scenario == "bucket-view" && group->backend_name() == "shm") {
+    // On shm, DDP carves its buckets from the group's buffers (ProcessGroup::allocate_buffer),
+    // and gradient_as_bucket_view makes each .grad a view of its bucket.
     const auto params = net->parameters();
-    const size_t shared = gradients_in_shared_memory(params);
+    const auto shared = std::count_if(params.begin(), params.end(), [](const torch::Tensor& p) {
+      return ddp::testing::in_shared_segment(p.grad().data_ptr());
+    });
     std::cout << fmt::format("rank {}: {} of {} gradients in the group's shared memory\n", rank,
                              shared, params.size());
-    if (shared != params.size()) return 8;
+    if (shared != static_cast<std::ptrdiff_t>(params.size())) return 8;
   }
   const double error = max_relative_error(net->parameters(), reference->parameters());
   const double tolerance = scenario == "fp16" ? 2e-2 : scenario == "bf16" ? 5e-2 : 1e-5;

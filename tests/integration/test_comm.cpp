@@ -543,11 +543,11 @@ TEST(Shm, ABufferThatDoesNotFitInDevShmIsOrdinaryMemoryAndStillReduces) {
   constexpr int64_t kNumel = int64_t{4} << 20;  // float32: 16 MiB a rank
   const std::string small_dev_shm =
       "mount -t tmpfs -o size=40m tmpfs /dev/shm || exit 125; exec \"$0\" \"$@\"";
-  const auto r = ddp::testing::run_process(
-      {"unshare", "--mount", "--propagation", "private", "sh", "-c", small_dev_shm,
-       DDP_LAUNCHER_BIN, "--nproc", "2", DDP_COMM_WORKER_BIN, "gloo",
-       fmt::format("shm-buffer={}", kNumel)},
-      {}, std::chrono::seconds(120));
+  const auto r =
+      ddp::testing::run_process({"unshare", "--mount", "--propagation", "private", "sh", "-c",
+                                 small_dev_shm, DDP_LAUNCHER_BIN, "--nproc", "2",
+                                 DDP_COMM_WORKER_BIN, "gloo", fmt::format("shm-buffer={}", kNumel)},
+                                {}, std::chrono::seconds(120));
   ASSERT_NE(r.exit_code, 125)
       << "needs root and unshare --mount (CAP_SYS_ADMIN), as CI has; a container build step has "
          "not (docker/Dockerfile.cpu leaves this test out):\n"
@@ -560,6 +560,9 @@ TEST(Shm, ABufferThatDoesNotFitInDevShmIsOrdinaryMemoryAndStillReduces) {
       << r.output;
   const std::string lines = ddp::testing::scenario_lines(r.output, "shm-buffer");
   for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_NE(lines.find(fmt::format("rank {}: the buffer is ordinary memory", rank)),
+              std::string::npos)
+        << r.output;
     EXPECT_TRUE(std::regex_search(
         lines, std::regex(fmt::format("rank {}/2: [0-9]+ checks, 0 failures", rank))))
         << r.output;
