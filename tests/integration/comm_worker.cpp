@@ -5,6 +5,12 @@
 //       (support/scenario_runner.h); exits 0 only if every one passed. SCENARIO:
 //       collectives          every collective against closed forms
 //       shm-collectives      the same through the shared-memory group over the group (gloo's)
+//       shm-buffers          that shared-memory group's buffers (allocate_buffer): every op of
+//           a whole buffer and of views at odd offsets against closed forms, several dtypes and
+//           sizes, bit for bit the staged all_reduce of the same values; buffers all-reduced in
+//           flight together; a buffer that outlives its group
+//       shm-buffer=NUMEL     a buffer of NUMEL float32 a rank in that group: whether it is
+//           shared memory, and closed forms (a test makes /dev/shm too small for it)
 //       versus-gloo          that shared-memory group and the gloo group under it: every
 //           collective of both on the same inputs, random floats included; shm's sums are the
 //           rank-order sums of every rank's input, bit for bit, and equal gloo's (exactly where the
@@ -20,12 +26,17 @@
 //       every one failed with InputError (TORCH_DISTRIBUTED_DEBUG=DETAIL: at once)
 //   comm_worker shm die-in-all-reduce   the last rank kills itself (SIGKILL) at all_reduce #2;
 //       the others report how their all_reduce ended
+//   comm_worker shm die-in-buffer-all-reduce   the same, all-reducing a buffer of the group
+//       (allocate_buffer, collective #1), so that the kill is at collective #3
+//   comm_worker shm buffer-mismatch   rank 0 all-reduces a buffer of the group, the others a
+//       plain tensor of its size: each rank says how its all_reduce ended
 //   comm_worker BACKEND all-reduce-until-error TIMEOUT_MS   all_reduces until one fails (a test
 //       stops, resumes or kills a rank from outside), a line every 200 ms saying how many passed
 //   comm_worker gloo shm-set-up-fault RANK K kill|fail   the shared-memory group made over a
-//       gloo group whose rank RANK, at the set-up's K-th collective there, kills itself (SIGKILL)
-//       or throws instead (K past the set-up's: it kills itself once the group is made); every
-//       rank says how its set-up ended (Note [Nothing left in /dev/shm])
+//       gloo group, then a buffer of it allocated, where rank RANK, at the K-th collective over
+//       gloo, kills itself (SIGKILL) or throws instead (K past the set-up's: it kills itself once
+//       the buffer is made); every rank says how its set-up ended (Note [Nothing left in
+//       /dev/shm])
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -44,6 +55,7 @@
 #include "ddp/comm/hierarchical.h"
 #include "ddp/comm/rendezvous.h"
 #include "scenario_runner.h"
+#include "shared_segments.h"
 
 namespace {
 
@@ -529,9 +541,145 @@ void versus_gloo(ddp::comm::ProcessGroup* gloo, ddp::comm::ProcessGroup* shm) {
   shm->barrier()->wait();
 }
 
+// ---- The group's buffers (ProcessGroup::allocate_buffer) on shared memory ----
+
+// One rank's input for the buffers' closed forms, exact in every dtype checked: i % 97, or for
+// bfloat16 (i % 7) / 2, whose sums and averages bfloat16 holds exactly (check_16bit_reductions).
+at::Tensor exact_base(int64_t n, at::ScalarType dtype) {
+  const auto i = at::arange(n, at::kLong);
+  return dtype == at::kBFloat16 ? i.remainder(7).to(at::kDouble).mul(0.5)
+                                : i.remainder(97).to(at::kDouble);
+}
+
+// `t`, a buffer of `pg` or a view of one, all-reduced by every op against the closed forms.
+void check_ops_in_place(ddp::comm::ProcessGroup& pg, at::Tensor t, const std::string& tag) {
+  const int w = pg.world_size();
+  const int r = pg.rank();
+  const auto dtype = t.scalar_type();
+  const auto base = exact_base(t.numel(), dtype);
+  const auto sum = base * (w * (w + 1) / 2);
+  struct Case {
+    ReduceOp op;
+    at::Tensor mine;
+    at::Tensor want;
+  };
+  const std::vector<Case> cases = {
+      {ReduceOp::kSum, base * (r + 1), sum},
+      {ReduceOp::kAvg, base * (r + 1),
+       at::isIntegralType(dtype, false) ? sum.div(w, "floor") : sum / w},
+      {ReduceOp::kMin, base + r, base},
+      {ReduceOp::kMax, base + r, base + (w - 1)}};
+  for (const auto& c : cases) {
+    t.copy_(c.mine);
+    pg.all_reduce(t, c.op)->wait();
+    expect_equal(t, c.want.to(dtype), fmt::format("all_reduce({}) of {}", to_string(c.op), tag));
+  }
+}
+
+// Random values in `t` (a buffer or a view of one) reduced in place equal, bit for bit, the staged
+// all-reduce of the same values in a plain tensor, and the rank-order sum.
+void check_in_place_is_staged(ddp::comm::ProcessGroup& pg, at::Tensor t, const std::string& tag) {
+  const auto mine = random_input(pg.rank(), t.numel(), t.scalar_type());
+  t.copy_(mine);
+  auto plain = mine.clone();
+  pg.all_reduce(t)->wait();
+  pg.all_reduce(plain)->wait();
+  expect_equal(t, plain, "in place equals staged, " + tag);
+  expect_equal(t, rank_order_sum(pg.world_size(), t.numel(), t.scalar_type()),
+               "in place is the rank-order sum, " + tag);
+}
+
+// Views of `buffer` at odd offsets (off any cache line and any vector width), each reduced in
+// place while the rest of this rank's copy keeps its marker (exact in bfloat16 too).
+void check_views(ddp::comm::ProcessGroup& pg, at::Tensor& buffer, const std::string& tag) {
+  const int64_t n = buffer.numel();
+  const double marker = 64 + pg.rank();
+  for (const auto& [offset, length] : std::vector<std::pair<int64_t, int64_t>>{
+           {1, n - 2}, {3, 5}, {17, n / 2}, {n / 3 + 1, n / 3}}) {
+    if (length < 1 || offset + length > n) continue;
+    const std::string what = fmt::format("{} at {} of {}", length, offset, tag);
+    buffer.fill_(marker);
+    auto view = buffer.narrow(0, offset, length);
+    check_ops_in_place(pg, view, what);
+    check_in_place_is_staged(pg, view, what);
+    ++g_checks;
+    if (!buffer.narrow(0, 0, offset).eq(marker).all().item<bool>() ||
+        !buffer.narrow(0, offset + length, n - offset - length).eq(marker).all().item<bool>()) {
+      ++g_failures;
+      std::cout << "MISMATCH the all_reduce of " << what << " wrote outside it" << std::endl;
+    }
+  }
+}
+
+// Buffers of every size and dtype, kept alive together: each all-reduced whole and in views,
+// then all of them at once, in flight together.
+void check_buffers(ddp::comm::ProcessGroup& pg) {
+  const int w = pg.world_size();
+  const int r = pg.rank();
+  std::vector<at::Tensor> buffers;
+  for (auto dtype : {at::kFloat, at::kDouble, at::kLong, at::kBFloat16}) {
+    for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{1000}, (int64_t{1} << 20) + 3}) {
+      const std::string tag = fmt::format("a buffer of {} {}", n, ddp::comm::dtype_name(dtype));
+      buffers.push_back(pg.allocate_buffer(n, at::TensorOptions(dtype)));
+      at::Tensor& buffer = buffers.back();
+      expect_true(buffer.numel() == n && buffer.eq(0).all().item<bool>(), tag + " is zero-filled");
+      expect_true(ddp::testing::in_shared_segment(buffer.data_ptr()), tag + " is shared memory");
+      check_ops_in_place(pg, buffer, tag);
+      check_in_place_is_staged(pg, buffer, tag);
+      check_views(pg, buffer, tag);
+    }
+  }
+  std::vector<ddp::comm::WorkPtr> works;
+  for (size_t k = 0; k < buffers.size(); ++k) {
+    buffers[k].fill_(static_cast<double>(k % 8 + r));
+    works.push_back(pg.all_reduce(buffers[k]));
+  }
+  for (auto& work : works) work->wait();
+  for (size_t k = 0; k < buffers.size(); ++k) {
+    const double want = static_cast<double>(k % 8) * w + w * (w - 1) / 2;
+    expect_true(
+        buffers[k].eq(want).all().item<bool>(),
+        fmt::format("buffer {} of {}, all-reduced with the others in flight", k, buffers.size()));
+  }
+}
+
+// A buffer of a group that is then destroyed (a subgroup of every rank, shared memory again):
+// the tensor keeps its memory mapped, readable and writable.
+void check_buffer_outlives_its_group(ddp::comm::ProcessGroup& pg) {
+  const int w = pg.world_size();
+  std::vector<int> everyone(static_cast<size_t>(w));
+  for (int q = 0; q < w; ++q) everyone[static_cast<size_t>(q)] = q;
+  at::Tensor kept;
+  {
+    auto group = pg.new_group(everyone);
+    expect_true(group->backend_name() == "shm", "the subgroup of every rank shares memory");
+    kept = group->allocate_buffer(1001, at::TensorOptions(at::kDouble));
+    kept.fill_(pg.rank() + 1);
+    group->all_reduce(kept)->wait();
+  }
+  const double sum = w * (w + 1) / 2.0;
+  expect_true(ddp::testing::in_shared_segment(kept.data_ptr()),
+              "a buffer after its group is gone is still mapped");
+  expect_equal(kept, at::full({1001}, sum, at::kDouble), "a buffer after its group is gone");
+  kept.add_(1);
+  expect_equal(kept, at::full({1001}, sum + 1, at::kDouble), "a buffer written after its group");
+}
+
+// A buffer of `numel` float32 elements a rank, which says where it lies: where it does not fit (a
+// test's small /dev/shm), ordinary memory, and its all-reduces still right.
+void check_buffer_of(ddp::comm::ProcessGroup& pg, int64_t numel) {
+  auto buffer = pg.allocate_buffer(numel, at::TensorOptions(at::kFloat));
+  std::cout << "rank " << pg.rank() << ": the buffer is "
+            << (ddp::testing::in_shared_segment(buffer.data_ptr()) ? "shared" : "ordinary")
+            << " memory" << std::endl;
+  expect_true(buffer.numel() == numel && buffer.eq(0).all().item<bool>(), "zero-filled");
+  check_ops_in_place(pg, buffer, fmt::format("a buffer of {} float32", numel));
+}
+
 // The last rank dies at the second all_reduce; the others print how theirs ended.
-void die_in_all_reduce(ddp::comm::ProcessGroup& pg) {
-  auto t = at::ones({1000}, at::kFloat);
+void die_in_all_reduce(ddp::comm::ProcessGroup& pg, bool in_buffer) {
+  auto t = in_buffer ? pg.allocate_buffer(1000, at::TensorOptions(at::kFloat)).fill_(1)
+                     : at::ones({1000}, at::kFloat);
   pg.all_reduce(t)->wait();
   std::cout << "rank " << pg.rank() << ": pid " << ::getpid() << ", backend " << pg.backend_name()
             << std::endl;
@@ -539,13 +687,21 @@ void die_in_all_reduce(ddp::comm::ProcessGroup& pg) {
   const auto start = std::chrono::steady_clock::now();
   try {
     pg.all_reduce(t)->wait();
-    std::cout << "rank " << pg.rank() << ": all_reduce #2 returned" << std::endl;
+    std::cout << "rank " << pg.rank() << ": the last all_reduce returned" << std::endl;
   } catch (const ddp::comm::CommError& e) {
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
         std::chrono::steady_clock::now() - start);
     std::cout << "rank " << pg.rank() << ": after " << ms.count() << " ms: " << e.what() << std::endl;
     throw;
   }
+}
+
+// Rank 0 all-reduces a buffer of the group, the others a plain tensor of the same size.
+void buffer_mismatch(ddp::comm::ProcessGroup& pg) {
+  auto buffer = pg.allocate_buffer(1000, at::TensorOptions(at::kFloat));
+  auto t = pg.rank() == 0 ? buffer : at::ones({1000}, at::kFloat);
+  pg.all_reduce(t)->wait();
+  std::cout << "rank " << pg.rank() << ": all_reduce returned" << std::endl;
 }
 
 void all_reduce_until_error(ddp::comm::ProcessGroup& pg) {
@@ -631,6 +787,7 @@ int shm_set_up_fault(const std::shared_ptr<ddp::comm::ProcessGroup>& gloo, int r
   auto faulty = std::make_shared<FaultAtCollective>(gloo, rank, k, mode);
   try {
     auto shm = ddp::comm::make_shm_process_group(faulty, gloo->options());
+    auto buffer = shm->allocate_buffer(1000, at::TensorOptions(at::kFloat));
     faulty->fault_if_not_yet();
     std::cout << "rank " << gloo->rank() << ": set-up done, backend " << shm->backend_name()
               << std::endl;
@@ -685,6 +842,15 @@ int run_group_scenarios(const std::string& backend, const std::vector<std::strin
       ddp::comm::ProcessGroup* group = shm_group();
       expect_true(group != nullptr, "a shared-memory group over " + backend);
       if (group != nullptr) check_all_collectives(*group);
+    } else if (scenario == "shm-buffers" || scenario == "shm-buffer") {
+      ddp::comm::ProcessGroup* group = shm_group();
+      expect_true(group != nullptr, "a shared-memory group over " + backend);
+      if (group != nullptr && scenario == "shm-buffers") {
+        check_buffers(*group);
+        check_buffer_outlives_its_group(*group);
+      } else if (group != nullptr) {
+        check_buffer_of(*group, std::stoll(argument));
+      }
     } else if (scenario == "versus-gloo") {
       expect_true(backend == "gloo", "versus-gloo runs on gloo, not " + backend);
       versus_gloo(pg.get(), shm_group());
@@ -715,8 +881,13 @@ int main(int argc, char** argv) {
       return mismatch(backend, std::vector<std::string>(argv + 4, argv + argc),
                       std::chrono::milliseconds(std::stoll(argv[3])));
     }
-    const std::vector<std::string> single = {"skip", "setup", "die-in-all-reduce",
-                                             "all-reduce-until-error", "shm-set-up-fault"};
+    const std::vector<std::string> single = {"skip",
+                                             "setup",
+                                             "die-in-all-reduce",
+                                             "die-in-buffer-all-reduce",
+                                             "buffer-mismatch",
+                                             "all-reduce-until-error",
+                                             "shm-set-up-fault"};
     if (std::find(single.begin(), single.end(), scenario) == single.end()) {
       return run_group_scenarios(backend, std::vector<std::string>(argv + 2, argv + argc));
     }
@@ -731,8 +902,12 @@ int main(int argc, char** argv) {
       return shm_set_up_fault(pg, std::stoi(argv[3]), std::stoi(argv[4]), argv[5]);
     }
     if (scenario == "all-reduce-until-error") all_reduce_until_error(*pg);
-    if (scenario == "die-in-all-reduce") {
-      die_in_all_reduce(*pg);
+    if (scenario == "die-in-all-reduce" || scenario == "die-in-buffer-all-reduce") {
+      die_in_all_reduce(*pg, scenario == "die-in-buffer-all-reduce");
+      return 0;
+    }
+    if (scenario == "buffer-mismatch") {
+      buffer_mismatch(*pg);
       return 0;
     }
     if (scenario == "skip") {

@@ -12,6 +12,8 @@
 //   diloco: rank r replays worker r of tests/python/diloco_reference.py through ddp::DiLoCo
 //       (DiLoCo, local SGD, DiLoCo with a delay) and checks every synchronization's parameters
 //       against the reference's to 1e-6
+//   bucket-view on shm: every .grad also lies in the group's shared memory (DDP's buckets are
+//       carved from the group's buffers)
 //   clip: the reduced gradients clipped to a 2-norm of kMaxNorm before each step; rank 0 writes
 //       the first step's before and after, and the norm, to RECORD (for
 //       tests/python/clip_check.py).
@@ -19,6 +21,7 @@
 #include <fmt/ranges.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <iostream>
 
 #include "ddp/comm/rendezvous.h"
@@ -31,6 +34,7 @@
 #include "ddp/train/pt_file.h"
 #include "diloco_reference.h"
 #include "scenario_runner.h"
+#include "shared_segments.h"
 #include "tensor_compare.h"
 
 namespace {
@@ -507,6 +511,17 @@ int check_training(const std::shared_ptr<ddp::comm::ProcessGroup>& group,
     } catch (const ddp::Error& e) {
       std::cout << "second hook refused: " << e.what() << "\n";
     }
+  }
+  if (scenario == "bucket-view" && group->backend_name() == "shm") {
+    // On shm, DDP carves its buckets from the group's buffers (ProcessGroup::allocate_buffer),
+    // and gradient_as_bucket_view makes each .grad a view of its bucket.
+    const auto params = net->parameters();
+    const auto shared = std::count_if(params.begin(), params.end(), [](const torch::Tensor& p) {
+      return ddp::testing::in_shared_segment(p.grad().data_ptr());
+    });
+    std::cout << fmt::format("rank {}: {} of {} gradients in the group's shared memory\n", rank,
+                             shared, params.size());
+    if (shared != static_cast<std::ptrdiff_t>(params.size())) return 8;
   }
   const double error = max_relative_error(net->parameters(), reference->parameters());
   const double tolerance = scenario == "fp16" ? 2e-2 : scenario == "bf16" ? 5e-2 : 1e-5;

@@ -88,6 +88,7 @@ ProcessResult run_mpirun(int np, const std::vector<std::string>& args, std::chro
 // and tests/CMakeLists.txt registers the tests of these launches as one ctest test each.
 std::vector<std::string> gloo_scenarios(int world) {
   std::vector<std::string> scenarios = {"gloo", "collectives", "shm-collectives", "versus-gloo"};
+  if (world < 4) scenarios.push_back("shm-buffers");
   if (world == 4) scenarios.push_back("hierarchical=a,a,b,b");
   return scenarios;
 }
@@ -364,6 +365,19 @@ TEST_P(GlooRanks, SharedMemoryEqualsGlooAndTheRankOrderSum) {
   for (int r = 0; r < world; ++r) expect_scenario_passes(results[r], "versus-gloo", r, world);
 }
 
+// The group's buffers (allocate_buffer) on shared memory: every op of a whole buffer and of views
+// at odd offsets against closed forms, bit for bit the staged all-reduce of the same values,
+// several buffers in flight, a buffer that outlives its group.
+class ShmBuffers : public ::testing::TestWithParam<int> {};
+
+TEST_P(ShmBuffers, AllReducedInPlaceMatchClosedFormsAndTheStagedAllReduce) {
+  if (!compiled("shm")) GTEST_FAIL() << "shm backend not compiled in";
+  const int world = GetParam();
+  const auto& results = gloo_launch(world);
+  for (int r = 0; r < world; ++r) expect_scenario_passes(results[r], "shm-buffers", r, world);
+}
+INSTANTIATE_TEST_SUITE_P(Worlds, ShmBuffers, ::testing::Values(2, 3));
+
 // The same checks on the world-size-1 backend (subgroups of the one rank).
 TEST(Local, CollectivesMatchClosedForms) {
   auto results = run_env_ranks(1, {"local", "collectives"}, std::chrono::seconds(120));
@@ -389,10 +403,12 @@ TEST(Gloo, RankThatNeverJoinsTimesOutTheOthers) {
 }
 
 // A rank killed inside an all_reduce through shared memory: the others end within a second,
-// well before the 60 s timeout, naming it; the segment was unlinked long before.
-TEST(Shm, ARankKilledInAnAllReduceIsNamedAtOnceAndLeavesNothingInDevShm) {
+// well before the 60 s timeout, naming it; the segments were unlinked long before. `scenario`
+// all-reduces a plain tensor (collective #2 the last), or a buffer of the group, which the others
+// name as reduced in place (its allocation collective #1, the last all_reduce #3).
+void expect_a_killed_rank_named(const std::string& scenario, int last, const std::string& call) {
   const auto start = Clock::now();
-  auto results = run_env_ranks(3, {"shm", "die-in-all-reduce", "60000"}, std::chrono::seconds(60));
+  auto results = run_env_ranks(3, {"shm", scenario, "60000"}, std::chrono::seconds(60));
   EXPECT_EQ(results[2].exit_code, 128 + SIGKILL) << results[2].output;
   std::smatch pid;
   ASSERT_TRUE(std::regex_search(results[2].output, pid, std::regex("rank 2: pid ([0-9]+)")))
@@ -400,14 +416,41 @@ TEST(Shm, ARankKilledInAnAllReduceIsNamedAtOnceAndLeavesNothingInDevShm) {
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(results[r].exit_code, 1) << results[r].output;
     EXPECT_NE(results[r].output.find(fmt::format(
-                  "rank {}: all_reduce(sum) #2 failed on backend shm: rank 2 (process {}) ended "
-                  "during all_reduce",
-                  r, pid[1].str())),
+                  "rank {}: all_reduce(sum) #{} failed on backend shm: rank 2 (process {}) ended "
+                  "during {}",
+                  r, last, pid[1].str(), call)),
               std::string::npos)
         << results[r].output;
   }
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(20));
   EXPECT_EQ(segments_of_rank_zero(results[0].output), "");
+}
+
+TEST(Shm, ARankKilledInAnAllReduceIsNamedAtOnceAndLeavesNothingInDevShm) {
+  expect_a_killed_rank_named("die-in-all-reduce", 2, "all_reduce");
+}
+
+TEST(Shm, ARankKilledInAnAllReduceOfABufferIsNamedAtOnceAndLeavesNothingInDevShm) {
+  expect_a_killed_rank_named("die-in-buffer-all-reduce", 3,
+                             "all_reduce(sum, float32[1000]) in place at byte 0 of buffer 0");
+}
+
+// Rank 0 all-reduces a buffer of the group, rank 1 a plain tensor of its size: both fail at once,
+// naming both calls, rank 0's in place (the path a buffer takes).
+TEST(Shm, ABufferAllReducedAgainstAPlainTensorNamesBothCalls) {
+  const auto start = Clock::now();
+  auto results = run_env_ranks(2, {"shm", "buffer-mismatch", "60000"}, std::chrono::seconds(60));
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(results[r].exit_code, 1) << results[r].output;
+    EXPECT_NE(results[r].output.find(fmt::format(
+                  "rank {}: all_reduce(sum) #2 failed on backend shm: "
+                  "ranks disagree: rank 1 calls all_reduce(sum, float32[1000]), rank 0 calls "
+                  "all_reduce(sum, float32[1000]) in place at byte 0 of buffer 0",
+                  r)),
+              std::string::npos)
+        << results[r].output;
+  }
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(20));
 }
 
 // A rank in its own PID namespace (a container that shares /dev/shm with the others, not its
@@ -458,17 +501,24 @@ TEST(Shm, ARankInItsOwnPidNamespaceIsNamedWhenKilledNotWhenPaused) {
   EXPECT_EQ(segments_of_rank_zero(r.output), "");
 }
 
-// The set-up of the shared-memory group fails on a rank at each of its collectives over gloo (it
-// dies there, or throws), or the rank dies once the group is made: every rank ends, and the
-// segment's name is gone from /dev/shm (Note [Nothing left in /dev/shm]).
+// The set-up of the shared-memory group, then of a buffer of it (allocate_buffer), fails on a rank
+// at each of their collectives over gloo (it dies there, or throws), or the rank dies once the
+// buffer is made: every rank ends, and the segments' names are gone from /dev/shm (Note [Nothing
+// left in /dev/shm]).
 TEST(Shm, ASetUpThatFailsAnywhereLeavesNothingInDevShm) {
   if (!compiled("shm")) GTEST_FAIL() << "shm backend not compiled in";
-  constexpr int kSetUpCollectives = 5;  // all_gather_bytes, any_rank, all_gather_bytes
+  // The group's: all_gather_bytes (the segment's name), any_rank, all_gather_bytes; the
+  // buffer's the same.
+  constexpr int kGroupSetUp = 5;
+  constexpr int kSetUpCollectives = 2 * kGroupSetUp;
   std::vector<std::tuple<int, int, std::string>> faults;
   for (int k = 1; k <= kSetUpCollectives + 1; ++k) {
     for (int rank : {0, 1}) faults.emplace_back(rank, k, "kill");
   }
-  for (int k = 3; k <= kSetUpCollectives; ++k) faults.emplace_back(0, k, "fail");
+  // Throws where a rank's own step can fail: from the first any_rank of each set-up on.
+  for (int k : {3, 4, 5, kGroupSetUp + 3, kGroupSetUp + 4, kGroupSetUp + 5}) {
+    faults.emplace_back(0, k, "fail");
+  }
   for (const auto& [rank, k, mode] : faults) {
     const std::string what = fmt::format("rank {} ({}) at set-up collective {}", rank, mode, k);
     const auto results =
@@ -483,6 +533,41 @@ TEST(Shm, ASetUpThatFailsAnywhereLeavesNothingInDevShm) {
         << what << "\n" << results[other].output;
     EXPECT_EQ(segments_of_rank_zero(results[0].output), "") << what;
   }
+}
+
+// A buffer that /dev/shm cannot hold: 2 ranks in a mount namespace whose /dev/shm is a tmpfs of
+// 40 MB, where the channel's segment (about 24 MB) fits and a buffer of 16 MB a rank (32 MB)
+// does not. Rank 0 names the fallback, and the buffer, ordinary memory, all-reduces right.
+TEST(Shm, ABufferThatDoesNotFitInDevShmIsOrdinaryMemoryAndStillReduces) {
+  if (!compiled("shm")) GTEST_FAIL() << "shm backend not compiled in";
+  constexpr int64_t kNumel = int64_t{4} << 20;  // float32: 16 MiB a rank
+  const std::string small_dev_shm =
+      "mount -t tmpfs -o size=40m tmpfs /dev/shm || exit 125; exec \"$0\" \"$@\"";
+  const auto r =
+      ddp::testing::run_process({"unshare", "--mount", "--propagation", "private", "sh", "-c",
+                                 small_dev_shm, DDP_LAUNCHER_BIN, "--nproc", "2",
+                                 DDP_COMM_WORKER_BIN, "gloo", fmt::format("shm-buffer={}", kNumel)},
+                                {}, std::chrono::seconds(120));
+  ASSERT_NE(r.exit_code, 125)
+      << "needs root and unshare --mount (CAP_SYS_ADMIN), as CI has; a container build step has "
+         "not (docker/Dockerfile.cpu leaves this test out):\n"
+      << r.output;
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(fmt::format("the buffer of {} bytes a rank is ordinary memory, its "
+                                      "all-reduces staged",
+                                      kNumel * 4)),
+            std::string::npos)
+      << r.output;
+  const std::string lines = ddp::testing::scenario_lines(r.output, "shm-buffer");
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_NE(lines.find(fmt::format("rank {}: the buffer is ordinary memory", rank)),
+              std::string::npos)
+        << r.output;
+    EXPECT_TRUE(std::regex_search(
+        lines, std::regex(fmt::format("rank {}/2: [0-9]+ checks, 0 failures", rank))))
+        << r.output;
+  }
+  EXPECT_EQ(count_of(r.output, "shared memory: rank "), 1) << r.output;  // not the channel's
 }
 
 // The same through shared memory: the message every backend gives, and which rank did not come.

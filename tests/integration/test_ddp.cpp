@@ -1,12 +1,12 @@
-// DistributedDataParallel with real ranks (gloo with the env contract, mpi with mpirun):
+// DistributedDataParallel with real ranks (gloo and shm with the env contract, mpi with mpirun):
 // N ranks with batch B equal one process with batch N * B; no_sync; Adam; compression;
 // unused parameters; mismatched models; overlap of all-reduce with backward.
 //
 // The scenarios that look inside one process group share one launch of ranks per backend and
 // world size (support/scenarios.h): each test asserts its own scenario's lines, and tests/
 // CMakeLists.txt registers the tests of one launch as one ctest test (GlooDdp.OneLaunchPerWorld,
-// MpiDdp.OneLaunchPerWorld). A launch of its own is kept where a test looks at a process boundary
-// (the exit code of a refused model), or crosses to PyTorch.
+// ShmDdp.OneLaunchPerWorld, MpiDdp.OneLaunchPerWorld). A launch of its own is kept where a test
+// looks at a process boundary (the exit code of a refused model), or crosses to PyTorch.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -65,6 +65,11 @@ const std::map<int, std::vector<std::string>> kGlooScenarios = {
 const std::map<int, std::vector<std::string>> kMpiScenarios = {
     {2, {"sgd", "nosync", "adam", "fp16", "custom-hook", "two-forwards", "checkpoint-twice", "zero"}},
     {3, {"sgd", "nosync", "adam", "bf16", "grad-scaler"}}};
+// On shared memory (over gloo), whose all-reduces read DDP's buckets in place: they lie in the
+// group's buffers (ProcessGroup::allocate_buffer).
+const std::map<int, std::vector<std::string>> kShmScenarios = {
+    {2, {"sgd", "nosync", "bucket-view", "unused-find", "adam", "bf16"}},
+    {3, {"sgd", "nosync", "bucket-view", "unused-find", "adam", "bf16"}}};
 const std::vector<std::string> kGlooOnly = {"overlap", "no-buffers", "buffers"};
 
 std::vector<Case> cases_of(const std::map<int, std::vector<std::string>>& scenarios) {
@@ -88,10 +93,17 @@ std::vector<std::string> launch_words(const std::string& backend,
   return words;
 }
 
-// One gloo launch per world size, and one mpirun launch (every rank's lines in one output).
+// One gloo launch and one shm launch per world size, and one mpirun launch (every rank's lines
+// in one output).
 const std::vector<ProcessResult>& gloo_launch(int world) {
   return ddp::testing::once_per_world(world, [](int w) {
     return ddp::testing::run_env_ranks(w, launch_words("gloo", kGlooScenarios, w),
+                                       std::chrono::seconds(300));
+  });
+}
+const std::vector<ProcessResult>& shm_launch(int world) {
+  return ddp::testing::once_per_world(world, [](int w) {
+    return ddp::testing::run_env_ranks(w, launch_words("shm", kShmScenarios, w),
                                        std::chrono::seconds(300));
   });
 }
@@ -128,6 +140,22 @@ TEST_P(GlooDdp, EqualsOneProcessWithTheGlobalBatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Scenarios, GlooDdp, ::testing::ValuesIn(cases_of(kGlooScenarios)),
+                         case_name);
+
+class ShmDdp : public ::testing::TestWithParam<Case> {};
+
+// bucket-view: the gradients, views of DDP's buckets, lie in the group's shared memory.
+TEST_P(ShmDdp, EqualsOneProcessWithTheGlobalBatch) {
+  const auto lines = expect_scenario_passes(shm_launch(GetParam().world), GetParam().scenario);
+  if (GetParam().scenario != "bucket-view") return;
+  for (size_t r = 0; r < lines.size(); ++r) {
+    EXPECT_TRUE(std::regex_search(lines[r], std::regex("rank [0-9]+: ([0-9]+) of \\1 gradients in "
+                                                       "the group's shared memory")))
+        << lines[r];
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Scenarios, ShmDdp, ::testing::ValuesIn(cases_of(kShmScenarios)),
                          case_name);
 
 class MpiDdp : public ::testing::TestWithParam<Case> {};
