@@ -38,7 +38,8 @@ int main(int argc, char** argv) {
   const std::string weights_path = argc > 2 ? argv[2] : "custom_model.pt";
   try {
     // ddp: the process group of however we were started (launcher, torchrun, mpirun, Slurm or
-    // none): gloo under the launcher, mpi under mpirun, local alone. Python: init_process_group().
+    // none): shared memory on one host (mpi across hosts under mpirun), local alone. Python:
+    // init_process_group().
     auto group = ddp::init_process_group();
     const int rank = group->rank(), world = group->world_size();
     ddp::log::init(rank, "info");  // ddp: info on rank 0; others warnings and errors only

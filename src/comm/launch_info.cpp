@@ -221,7 +221,10 @@ std::string host_key(const std::string& host_name, const Env& env) {
 std::string default_backend(const LaunchInfo& launch, bool cuda_device) {
   if (cuda_device) return "nccl";
   if (launch.world_size == 1) return "local";
-  return launch.launcher == Launcher::kMpirun ? "mpi" : "shm";
+  // Under mpirun shared memory over the mpi group where every rank is on this host (faster than
+  // Open MPI's own there: docs/benchmarks.md); across hosts mpi itself, as shm would be anyway.
+  if (launch.launcher == Launcher::kMpirun && launch.local_world_size != launch.world_size) return "mpi";
+  return "shm";
 }
 
 }  // namespace ddp::comm

@@ -287,8 +287,8 @@ std::vector<ConfigKey> make_keys() {
       string_key("device", &C::device, {"auto", "cpu", "cuda"}, "",
                  "device (auto: cuda if available)"),
       string_key("backend", &C::backend, {"auto", "local", "gloo", "shm", "mpi", "nccl"}, "",
-                 "process-group backend (auto: nccl on CUDA; on CPU mpi under mpirun, else shm, "
-                 "which is gloo across hosts; local at world size 1)"),
+                 "process-group backend (auto: nccl on CUDA; on CPU shm, which is gloo across "
+                 "hosts, mpi under mpirun across hosts; local at world size 1)"),
       float_key("comm-timeout", &C::comm_timeout, 0.0, true,
                 "seconds a collective waits for the other ranks before failing"),
       float_key("rendezvous-timeout", &C::rendezvous_timeout, 0.0, true,

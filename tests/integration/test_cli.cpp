@@ -45,8 +45,8 @@ TEST(Cli, HelpListsEveryKeyWithItsDefault) {
   EXPECT_NE(r.output.find("(default: 64)"), std::string::npos);
   // --backend auto as comm::default_backend decides it (test_comm.cpp's Launch tests).
   EXPECT_NE(ddp::train::find_config_key("backend")->help.find(
-                "auto: nccl on CUDA; on CPU mpi under mpirun, else shm, which is gloo across "
-                "hosts; local at world size 1"),
+                "auto: nccl on CUDA; on CPU shm, which is gloo across hosts, mpi under mpirun "
+                "across hosts; local at world size 1"),
             std::string::npos);
 }
 

@@ -166,8 +166,15 @@ TEST(Launch, Mpirun) {
   EXPECT_EQ(info.launcher, Launcher::kMpirun);
   EXPECT_EQ(info.rank, 1);
   EXPECT_EQ(info.world_size, 2);
-  EXPECT_EQ(ddp::comm::default_backend(info, false), "mpi");
+  EXPECT_EQ(ddp::comm::default_backend(info, false), "shm");  // every rank on this host
   EXPECT_EQ(ddp::comm::default_backend(info, true), "nccl");
+  // Across hosts: mpi.
+  const auto two_hosts = detect_launch({{"OMPI_COMM_WORLD_RANK", "1"},
+                                        {"OMPI_COMM_WORLD_SIZE", "4"},
+                                        {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                        {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
+  EXPECT_EQ(ddp::comm::default_backend(two_hosts, false), "mpi");
+  EXPECT_EQ(ddp::comm::default_backend(two_hosts, true), "nccl");
 }
 
 TEST(Launch, Slurm) {

@@ -46,6 +46,7 @@ TEST(Launcher, FourWorkersTrainAsMpirunsFourRanks) {
   EXPECT_NE(launched.output.find("4 rank(s), backend shm"), std::string::npos) << launched.output;
   std::vector<std::string> under_mpirun = mlp_args(b.path(), 1);
   under_mpirun.insert(under_mpirun.begin(), DDP_TRAIN_BIN);
+  under_mpirun.insert(under_mpirun.end(), {"--backend", "mpi"});  // Open MPI's own reduction
   auto mpi = ddp::testing::run_mpirun(4, under_mpirun, seconds(240));
   ASSERT_EQ(mpi.exit_code, 0) << mpi.output;
   const auto ma = ddp::testing::read_file(a.file("metrics.jsonl"));

@@ -63,8 +63,9 @@ std::string first_slurm_host(const std::string& nodelist);
 // 24999). Throws InputError naming SLURM_JOB_ID when it is not a number.
 int slurm_port(const std::string& job_id);
 
-// The backend for this launch and device: nccl on CUDA; on CPU local for world size 1, mpi under
-// mpirun, shm (shared memory within a host, over gloo) under the env contract or Slurm.
+// The backend for this launch and device: nccl on CUDA; on CPU local for world size 1, shm
+// (shared memory within a host, over gloo; over mpi under mpirun) where there are several, but
+// mpi under mpirun across hosts. A pure function.
 std::string default_backend(const LaunchInfo& launch, bool cuda_device);
 
 // A CUDA device this process sees (rendezvous.h's list_cuda_devices(); a rank's device is

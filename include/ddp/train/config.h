@@ -81,7 +81,7 @@ struct Config {
   // Where and how it runs.
   int64_t seed = 0;
   std::string device = "auto";
-  std::string backend = "auto";       // auto: nccl on CUDA, mpi under mpirun, gloo, local
+  std::string backend = "auto";       // auto: comm::default_backend's
   double comm_timeout = 600.0;        // seconds a collective may wait for the other ranks
   double rendezvous_timeout = 300.0;  // seconds ranks wait for each other at start-up
   double stall_warning = 60.0;        // seconds a collective waits before a warning (0: none)
