@@ -28,7 +28,7 @@ def ours(binary, world, launcher, out_dir):
         env_job(cmd + ["--backend", "gloo" if launcher == "env" else "shm"], world)
     else:
         subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "self,vader",
-                        "-np", str(world)] + cmd, check=True)
+                        "-np", str(world)] + cmd + ["--backend", "mpi"], check=True)
     with open(os.path.join(out_dir, "metrics.jsonl")) as f:
         return json.loads(f.readline())["samples_per_s"]
 

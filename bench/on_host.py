@@ -3,10 +3,10 @@
 
 One epoch of the MLP on Fashion-MNIST, batch 64 per rank, one thread per rank, evaluation
 excluded. The ceiling: two single-process runs of ddp_train started at once on the same cores
-(their samples/s summed): the same work, nothing shared. Against it: world 2 under mpirun (mpi,
-Open MPI's shared memory), under our launcher with its default backend (shm: our shared memory)
-and under our launcher with --backend gloo (gloo over loopback TCP); with --settings also under
-mpirun with --backend shm (mpirun-shm). Interleaved rounds
+(their samples/s summed): the same work, nothing shared. Against it: world 2 under mpirun with
+--backend mpi (Open MPI's shared memory), under our launcher with its default backend (shm: our
+shared memory) and under our launcher with --backend gloo (gloo over loopback TCP); with
+--settings also under mpirun with --backend shm (mpirun-shm, its default on one host). Interleaved rounds
 (the order rotates); each ratio is taken within its round. A last run of each with --timeline
 gives the breakdown of a step (rank 0's means): forward, backward's computation, the wait for
 the all-reduces at backward's end, the optimizer, the rest (loading the batch, zeroing
@@ -50,8 +50,7 @@ def run(args, setting, timeline=None):
         if setting.startswith("mpirun"):
             cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl",
                    "self,vader", "-np", "2", *command(args, a, timeline)]
-            if setting == "mpirun-shm":
-                cmd += ["--backend", "shm"]
+            cmd += ["--backend", "shm" if setting == "mpirun-shm" else "mpi"]
         else:
             cmd = [os.path.join(args.build, "launcher"), "--nproc", "2",
                    *command(args, a, timeline)]

@@ -161,6 +161,7 @@ TEST(Hosts, MpirunAcrossTwoNamespacesTrainsWithTheMpiBackend) {
 
   std::vector<std::string> under_mpirun = mlp_args(one_host.path(), 2);
   under_mpirun.insert(under_mpirun.begin(), DDP_TRAIN_BIN);
+  under_mpirun.insert(under_mpirun.end(), {"--backend", "mpi"});  // not one host's default, shm
   const ProcessResult one = ddp::testing::run_mpirun(4, under_mpirun, seconds(180));
   ASSERT_EQ(one.exit_code, 0) << one.output;
   // Open MPI's allreduce picks its algorithm by the communicator's size and the message's, not by

@@ -130,7 +130,9 @@ class ProcessGroup {
   // places it there (shm: one segment that every rank maps), and its all-reduce of the buffer,
   // or of any contiguous part of it, then reads and writes the ranks' copies in place. Otherwise
   // (other backends and devices, a dtype the backend does not reduce, no room): at::zeros. Either
-  // way it is an ordinary tensor to everything else.
+  // way it is an ordinary tensor to everything else. A group that wraps another (a decorator)
+  // hands it to the inner group, as it does its collectives: on some ranks a collective of the
+  // inner group's and on others none would leave the ranks waiting in different calls.
   at::Tensor allocate_buffer(int64_t numel, const at::TensorOptions& options);
 
   // Sequence number of the last collective issued (0 before the first).
