@@ -273,23 +273,11 @@ WorkPtr ProcessGroup::barrier() {
 
 at::Tensor ProcessGroup::allocate_buffer(int64_t numel, const at::TensorOptions& options) {
   DDP_CHECK(numel >= 0, "allocate_buffer of a negative size");
-  // Recorded as a collective: a backend may set the buffer up collectively.
-  const auto info = next_info(
-      fmt::format("allocate_buffer({}[{}])", dtype_name(c10::typeMetaToScalarType(options.dtype())), numel),
-      nullptr);
-  at::Tensor buffer;
-  try {
-    buffer = do_allocate_buffer(numel, options, info);
-  } catch (...) {
-    recorder_->finished(info.seq, false);
-    throw;
-  }
-  recorder_->finished(info.seq, true);
-  return buffer;
+  // Not numbered: the collectives are the user's (the backend's set-up, if any, is its own).
+  return do_allocate_buffer(numel, options);
 }
 
-at::Tensor ProcessGroup::do_allocate_buffer(int64_t numel, const at::TensorOptions& options,
-                                            const CollectiveInfo& /*info*/) {
+at::Tensor ProcessGroup::do_allocate_buffer(int64_t numel, const at::TensorOptions& options) {
   return at::zeros({numel}, options);
 }
 

@@ -27,7 +27,7 @@
 //   comm_worker shm die-in-all-reduce   the last rank kills itself (SIGKILL) at all_reduce #2;
 //       the others report how their all_reduce ended
 //   comm_worker shm die-in-buffer-all-reduce   the same, all-reducing a buffer of the group
-//       (allocate_buffer, collective #1), so that the kill is at collective #3
+//       (allocate_buffer, not a numbered collective: the kill is at all_reduce #2 again)
 //   comm_worker shm buffer-mismatch   rank 0 all-reduces a buffer of the group, the others a
 //       plain tensor of its size: each rank says how its all_reduce ended
 //   comm_worker BACKEND all-reduce-until-error TIMEOUT_MS   all_reduces until one fails (a test

@@ -411,8 +411,8 @@ TEST(Gloo, RankThatNeverJoinsTimesOutTheOthers) {
 
 // A rank killed inside an all_reduce through shared memory: the others end within a second,
 // well before the 60 s timeout, naming it; the segments were unlinked long before. `scenario`
-// all-reduces a plain tensor (collective #2 the last), or a buffer of the group, which the others
-// name as reduced in place (its allocation collective #1, the last all_reduce #3).
+// all-reduces a plain tensor or a buffer of the group (collective #2 the last), which the others
+// name as reduced in place.
 void expect_a_killed_rank_named(const std::string& scenario, int last, const std::string& call) {
   const auto start = Clock::now();
   auto results = run_env_ranks(3, {"shm", scenario, "60000"}, std::chrono::seconds(60));
@@ -438,7 +438,7 @@ TEST(Shm, ARankKilledInAnAllReduceIsNamedAtOnceAndLeavesNothingInDevShm) {
 }
 
 TEST(Shm, ARankKilledInAnAllReduceOfABufferIsNamedAtOnceAndLeavesNothingInDevShm) {
-  expect_a_killed_rank_named("die-in-buffer-all-reduce", 3,
+  expect_a_killed_rank_named("die-in-buffer-all-reduce", 2,
                              "all_reduce(sum, float32[1000]) in place at byte 0 of buffer 0");
 }
 
@@ -450,7 +450,7 @@ TEST(Shm, ABufferAllReducedAgainstAPlainTensorNamesBothCalls) {
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(results[r].exit_code, 1) << results[r].output;
     EXPECT_NE(results[r].output.find(fmt::format(
-                  "rank {}: all_reduce(sum) #2 failed on backend shm: "
+                  "rank {}: all_reduce(sum) #1 failed on backend shm: "
                   "ranks disagree: rank 1 calls all_reduce(sum, float32[1000]), rank 0 calls "
                   "all_reduce(sum, float32[1000]) in place at byte 0 of buffer 0",
                   r)),

@@ -279,8 +279,7 @@ class FaultyGroup : public ddp::comm::ProcessGroup {
   std::shared_ptr<ProcessGroup> do_new_group(const std::vector<int>& ranks, const Info&) override {
     return inner_->new_group(ranks);
   }
-  at::Tensor do_allocate_buffer(int64_t numel, const at::TensorOptions& options,
-                                const Info&) override {
+  at::Tensor do_allocate_buffer(int64_t numel, const at::TensorOptions& options) override {
     return inner_->allocate_buffer(numel, options);  // a collective of inner's (shm's)
   }
 

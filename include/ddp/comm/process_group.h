@@ -190,8 +190,7 @@ class ProcessGroup {
                                 const CollectiveInfo& info) = 0;
   virtual WorkPtr do_barrier(const CollectiveInfo& info) = 0;
   // at::zeros, for the backends without buffers of their own.
-  virtual at::Tensor do_allocate_buffer(int64_t numel, const at::TensorOptions& options,
-                                        const CollectiveInfo& info);
+  virtual at::Tensor do_allocate_buffer(int64_t numel, const at::TensorOptions& options);
   // `ranks` are valid and sorted; returns nullptr where this rank is not among them.
   virtual std::shared_ptr<ProcessGroup> do_new_group(const std::vector<int>& ranks,
                                                      const CollectiveInfo& info) = 0;

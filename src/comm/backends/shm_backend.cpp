@@ -167,8 +167,7 @@ class ShmProcessGroup : public ProcessGroup {
     if (!channel_) return inner_->barrier();
     return post(info, [this] { channel_->barrier(); });
   }
-  at::Tensor do_allocate_buffer(int64_t numel, const at::TensorOptions& options,
-                                const CollectiveInfo& info) override;
+  at::Tensor do_allocate_buffer(int64_t numel, const at::TensorOptions& options) override;
   std::shared_ptr<ProcessGroup> do_new_group(const std::vector<int>& ranks,
                                              const CollectiveInfo& /*info*/) override {
     // The members' group over inner's subgroup: shared memory again where they share a host
@@ -303,11 +302,10 @@ void ShmProcessGroup::drop_channel() {
   if (channel_) thread_.post([this] { channel_.reset(); }).get();
 }
 
-at::Tensor ShmProcessGroup::do_allocate_buffer(int64_t numel, const at::TensorOptions& options,
-                                               const CollectiveInfo& info) {
+at::Tensor ShmProcessGroup::do_allocate_buffer(int64_t numel, const at::TensorOptions& options) {
   const at::ScalarType type = c10::typeMetaToScalarType(options.dtype());
   if (!channel_ || !options.device().is_cpu() || !shm_dtype(type) || numel == 0) {
-    return ProcessGroup::do_allocate_buffer(numel, options, info);
+    return ProcessGroup::do_allocate_buffer(numel, options);
   }
   // Each copy on its own pages: a rank's writes never share a page with another copy's.
   const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(type);
@@ -317,7 +315,7 @@ at::Tensor ShmProcessGroup::do_allocate_buffer(int64_t numel, const at::TensorOp
       names.front(), stride * static_cast<size_t>(world_size()),
       fmt::format("the buffer of {} bytes a rank is ordinary memory, its all-reduces staged", bytes),
       [](shm::Segment&) {}, [] {});
-  if (!segment) return ProcessGroup::do_allocate_buffer(numel, options, info);
+  if (!segment) return ProcessGroup::do_allocate_buffer(numel, options);
   auto mapped = std::make_shared<shm::Segment>(std::move(*segment));
   auto* base = static_cast<uint8_t*>(mapped->data());
   // Forget the buffers whose memory is gone: an address of theirs may belong to another now.

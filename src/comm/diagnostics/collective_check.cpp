@@ -124,8 +124,7 @@ class CheckedGroup : public ProcessGroup {
     check(signature(Kind::kBarrier, 0, nullptr, info.seq), info);
     return inner_->barrier();
   }
-  at::Tensor do_allocate_buffer(int64_t numel, const at::TensorOptions& options,
-                                const CollectiveInfo& /*info*/) override {
+  at::Tensor do_allocate_buffer(int64_t numel, const at::TensorOptions& options) override {
     return inner_->allocate_buffer(numel, options);  // inner's buffers, for inner's collectives
   }
   std::shared_ptr<ProcessGroup> do_new_group(const std::vector<int>& ranks,
