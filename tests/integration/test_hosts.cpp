@@ -150,6 +150,10 @@ TEST(Hosts, MpirunAcrossTwoNamespacesTrainsWithTheMpiBackend) {
                                    DDP_TRAIN_BIN};
   const auto args = mlp_args(across.path(), 2);
   argv.insert(argv.end(), args.begin(), args.end());
+  // Named, not left to the default: Open MPI 5 counts the two namespaces as one node in its
+  // local size too (the same host name), so the one-host default, shm, would apply; a real
+  // second host has its own name and the default there is mpi (Launch.Mpirun tests the rule).
+  argv.insert(argv.end(), {"--backend", "mpi"});
   const ProcessResult r = ddp::testing::run_process(argv, {}, seconds(180));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("launched by mpirun: 4 rank(s), backend mpi"), std::string::npos)
