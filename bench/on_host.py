@@ -6,11 +6,11 @@ excluded. The ceiling: two single-process runs of ddp_train started at once on t
 (their samples/s summed): the same work, nothing shared. Against it: world 2 under mpirun with
 --backend mpi (Open MPI's shared memory), under our launcher with its default backend (shm: our
 shared memory) and under our launcher with --backend gloo (gloo over loopback TCP); with
---settings also under mpirun with --backend shm (mpirun-shm, its default on one host). Interleaved rounds
-(the order rotates); each ratio is taken within its round. A last run of each with --timeline
-gives the breakdown of a step (rank 0's means): forward, backward's computation, the wait for
-the all-reduces at backward's end, the optimizer, the rest (loading the batch, zeroing
-gradients); and each bucket's all-reduce from launch to completion.
+--settings also under mpirun with --backend shm (mpirun-shm, its default on one host).
+Interleaved rounds (the order rotates); each ratio is taken within its round. A last run of
+each with --timeline gives the breakdown of a step (rank 0's means): forward, backward's
+computation, the wait for the all-reduces at backward's end, the optimizer, the rest (loading
+the batch, zeroing gradients); and each bucket's all-reduce from launch to completion.
 
   bench/on_host.py --rounds 3 [--extra --gradient-as-bucket-view]
 """

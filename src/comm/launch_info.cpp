@@ -223,7 +223,8 @@ std::string default_backend(const LaunchInfo& launch, bool cuda_device) {
   if (launch.world_size == 1) return "local";
   // Under mpirun shared memory over the mpi group where every rank is on this host (faster than
   // Open MPI's own there: docs/benchmarks.md); across hosts mpi itself, as shm would be anyway.
-  if (launch.launcher == Launcher::kMpirun && launch.local_world_size != launch.world_size) return "mpi";
+  const bool across_hosts = launch.local_world_size != launch.world_size;
+  if (launch.launcher == Launcher::kMpirun && across_hosts) return "mpi";
   return "shm";
 }
 

@@ -49,7 +49,8 @@ def main():
         os.makedirs(data)
         cut_dataset(data, {"train": 4, "t10k": 4})
         subprocess.run([python, os.path.join(source, "bench", "compare_gpu_ddp.py"), "--device", "cpu",
-                        "--rounds", "1", "--warmup", "0", "--train-subset", "4", "--epochs", "1", "--data", data,
+                        "--rounds", "1", "--warmup", "0", "--train-subset", "4", "--epochs", "1",
+                        "--data", data,
                         "--binary", os.path.join(build, "ddp_train"), "--python", python,
                         "--out", out], check=True)
         with open(os.path.join(out, "summary.md")) as f:
