@@ -17,6 +17,7 @@ extern const char* const ddp_comm_worker_bin;
 extern const char* const ddp_ddp_worker_bin;
 extern const char* const ddp_powersgd_worker_bin;
 extern const char* const ddp_join_worker_bin;
+extern const char* const ddp_fsdp_worker_bin;
 extern const char* const ddp_sync_bn_worker_bin;
 extern const char* const ddp_two_gpu_worker_bin;
 

@@ -1,0 +1,181 @@
+#pragma once
+// Fully sharded data parallelism, as PyTorch's FSDP2 (`fully_shard`): each of N ranks holds 1/N of
+// every unit's parameters, of their gradients and of the optimizer's state. A unit's parameters
+// exist whole only while its forward or its backward runs: they are all-gathered before (the next
+// unit's gather issued while this one computes), freed after; its gradients are reduce-scattered
+// (averaged) into their owners' shards while the backward goes on, and the optimizer steps on the
+// shards.
+//
+// A model that is a torch::nn::Sequential needs no change: its children are the units and the
+// wrapper's forward runs them in order, as Sequential's does.
+//
+//   torch::nn::Sequential net = make_net();
+//   ddp::FullyShardedDataParallel model(net, group);
+//   torch::optim::Adam optimizer(model.parameters(), 1e-3);   // the shards
+//   auto loss = loss_fn(model.forward(x), y);
+//   loss.backward();      // returns with each shard's gradient averaged over the ranks
+//   optimizer.step();
+//
+// Any other model names its units, and its forward calls each through ddp::fsdp::call, one line
+// per unit: `x = block(x)` becomes `x = ddp::fsdp::call(block, x)`. That is what LibTorch's lack of
+// forward hooks forces (PyTorch's FSDP gathers a unit in a forward pre-hook; a C++ module's
+// forward is an ordinary method nobody can intercept). Outside a sharded model's forward,
+// ddp::fsdp::call is the plain call, so the model still runs unwrapped:
+//
+//   ddp::FullyShardedDataParallel model(net, {net->encoder, net->decoder}, group);
+//   auto y = model.forward_with([&] { return net->forward(x); });
+//
+// Parameters that belong to no unit (an embedding before the units, a head after them) form the
+// root unit: gathered at the start of each forward, kept until the backward has reduced them.
+//
+// Note [Same graph on every rank]
+// Gathers and reduce-scatters are collectives issued from the forward and from autograd's hooks,
+// so every rank must call the same units in the same order and give gradients to the same
+// parameters (as PyTorch's FSDP requires). A unit is called at most once per forward.
+//
+// Buffers (BatchNorm's running statistics) are not sharded: each rank keeps its own, as under
+// DistributedDataParallel with broadcast_buffers(false).
+
+#include <torch/arg.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/types.h>
+
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ddp/comm/process_group.h"
+
+namespace ddp {
+
+struct FullyShardOptions {
+  // The next unit's all-gather is issued before this unit computes (in forward and in backward).
+  TORCH_ARG(bool, prefetch) = true;
+  // Units free their gathered parameters after their forward (and gather again for the backward).
+  // false: kept from the forward to the end of the backward (less communication, more memory), as
+  // FSDP2's reshard_after_forward=False.
+  TORCH_ARG(bool, reshard_after_forward) = true;
+  // Rank 0's parameters and buffers broadcast to every rank before sharding, as FSDP's
+  // sync_module_states.
+  TORCH_ARG(bool, init_sync) = true;
+};
+
+namespace fsdp {
+
+// How a unit's parameters lie in its flat buffer: each at an offset, in registration order, the
+// total padded to a multiple of the world size so that every rank's shard is as long. A pure
+// function.
+struct FlatLayout {
+  std::vector<int64_t> offsets;  // of each parameter in the flat buffer
+  int64_t numel = 0;             // of the parameters together
+  int64_t padded = 0;            // numel rounded up to a multiple of world_size
+  int64_t shard = 0;             // padded / world_size: each rank's part
+};
+FlatLayout plan_flat_layout(const std::vector<int64_t>& numels, int world_size);
+
+class Unit;
+
+// What the sharded model whose forward runs now does around a unit's call (ddp::fsdp::call). One
+// per thread: a sharded model's forward installs itself for its duration.
+class UnitCalls {
+ public:
+  virtual ~UnitCalls() = default;
+  // The unit `module` is, or nullptr when it is none of this model's.
+  virtual Unit* find(const torch::nn::Module& module) = 0;
+  // Before the unit's forward: its parameters gathered, the next unit's gather issued.
+  virtual void before(Unit& unit) = 0;
+  // After it: the gather for the backward arranged on `output`, the parameters freed.
+  virtual torch::Tensor after(Unit& unit, torch::Tensor output) = 0;
+
+  static UnitCalls* current();
+};
+
+// `module`'s forward with `args`, with the gathers around it when a sharded model's forward is
+// running and `module` is one of its units; the plain call otherwise. `module`: a module holder
+// (torch::nn::Linear, a TORCH_MODULE) or a shared_ptr to a module; its forward returns a Tensor.
+template <class M, class... Args>
+torch::Tensor call(M& module, Args&&... args) {
+  UnitCalls* calls = UnitCalls::current();
+  Unit* unit = calls != nullptr ? calls->find(*module) : nullptr;
+  if (unit == nullptr) return module->forward(std::forward<Args>(args)...);
+  calls->before(*unit);
+  return calls->after(*unit, module->forward(std::forward<Args>(args)...));
+}
+
+}  // namespace fsdp
+
+class FullyShardedDataParallel {
+ public:
+  // A Sequential: each child with parameters is a unit, run in order by forward(). A collective
+  // (the init_sync broadcasts). Throws InputError for a unit whose parameters mix dtypes or
+  // devices, or one that does not require grad.
+  FullyShardedDataParallel(torch::nn::Sequential module, std::shared_ptr<comm::ProcessGroup> group,
+                           FullyShardOptions options = {});
+  // Any module, with `units` among its descendants (each called through ddp::fsdp::call by the
+  // module's forward); their parameters are sharded unit by unit, the others as the root unit.
+  FullyShardedDataParallel(std::shared_ptr<torch::nn::Module> module,
+                           std::vector<std::shared_ptr<torch::nn::Module>> units,
+                           std::shared_ptr<comm::ProcessGroup> group,
+                           FullyShardOptions options = {});
+  ~FullyShardedDataParallel();
+  FullyShardedDataParallel(const FullyShardedDataParallel&) = delete;
+  FullyShardedDataParallel& operator=(const FullyShardedDataParallel&) = delete;
+
+  // The Sequential's forward, unit by unit (constructed from a Sequential only).
+  torch::Tensor forward(torch::Tensor input);
+  // Installs the model as fsdp::UnitCalls::current() for one forward.
+  class Forward {
+   public:
+    // Gathers the root unit; throws InputError inside another sharded model's forward.
+    explicit Forward(FullyShardedDataParallel& model);
+    // After the forward returned: frees what no backward needs.
+    void finish();
+    // Without finish() (the forward threw): frees everything it gathered.
+    ~Forward();
+    Forward(const Forward&) = delete;
+    Forward& operator=(const Forward&) = delete;
+
+   private:
+    FullyShardedDataParallel& model_;
+    bool grad_enabled_;  // at the forward's start: whether a backward may follow
+    bool finished_ = false;
+  };
+
+  // Any forward: `run` calls the module however it wants; its units through ddp::fsdp::call.
+  template <class F>
+  auto forward_with(F&& run) {
+    Forward scope(*this);
+    auto output = run();
+    scope.finish();
+    return output;
+  }
+
+  // The shards the optimizer steps (one per unit with parameters, the root unit's last): float32
+  // leaves whose .grad the backward sets to this rank's part of the averaged gradient.
+  std::vector<torch::Tensor> parameters() const;
+  // The whole model's parameters and buffers under the module's names, as its own state_dict:
+  // the parameters gathered from the shards (a collective), the buffers this rank's.
+  std::vector<std::pair<std::string, torch::Tensor>> state_dict();
+  // Sets the shards (each rank its part) and the buffers from a whole model's state, keyed as
+  // state_dict's (no collective). Throws InputError naming a missing key or a wrong shape.
+  void load_state_dict(const std::vector<std::pair<std::string, torch::Tensor>>& state);
+
+  torch::nn::Module& module() { return *module_; }
+  int num_units() const;  // with parameters; the root unit included when there is one
+  // Bytes of parameters this rank holds now (shards and whatever is gathered): for tests and the
+  // memory benchmark.
+  int64_t resident_parameter_bytes() const;
+
+ private:
+  struct State;
+  // The parameters no unit holds (not in `claimed`), as the root unit.
+  void add_root_unit(const std::set<const c10::TensorImpl*>& claimed);
+
+  std::shared_ptr<torch::nn::Module> module_;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace ddp

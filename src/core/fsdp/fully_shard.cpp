@@ -1,0 +1,387 @@
+#include "ddp/core/fully_shard.h"
+
+#include <fmt/format.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "ddp/common/error.h"
+#include "torch_compat.h"
+#include "unit.h"
+
+namespace ddp {
+namespace fsdp {
+namespace {
+
+thread_local UnitCalls* t_current = nullptr;
+
+std::vector<std::shared_ptr<torch::nn::Module>> children_of(const torch::nn::SequentialImpl& seq) {
+  std::vector<std::shared_ptr<torch::nn::Module>> children;
+  for (const auto& child : seq) children.push_back(child.ptr());
+  return children;
+}
+
+// Runs `ready` after the parameter's gradient has been accumulated into .grad (a post hook on its
+// AccumulateGrad node; a Tensor hook would run before accumulation).
+class AfterAccumulate : public torch::autograd::FunctionPostHook {
+ public:
+  explicit AfterAccumulate(std::function<void()> ready) : ready_(std::move(ready)) {}
+  torch::autograd::variable_list operator()(
+      const torch::autograd::variable_list& outputs,
+      const torch::autograd::variable_list& /*inputs*/) override {
+    ready_();
+    return outputs;
+  }
+
+ private:
+  std::function<void()> ready_;
+};
+
+}  // namespace
+
+UnitCalls* UnitCalls::current() {
+  return t_current;
+}
+
+}  // namespace fsdp
+
+using fsdp::children_of;
+
+// The units and what one iteration has done with them. Unit by unit:
+//   forward:  before() waits for the unit's gather and issues the next one's; after() arranges the
+//             gather for the backward on the output (a tensor hook) and frees the unit.
+//   backward: the output's hook waits for the unit's gather, prepares its flat gradient and issues
+//             the gather of the unit before it; when the unit's last parameter has its gradient,
+//             its reduce-scatter is issued (after the previous unit's is finished, so that at
+//             most two flat gradients live at once) and the unit is freed; at the end of the
+//             backward (autograd's callback) the rest is reduced, waited for and freed.
+struct FullyShardedDataParallel::State : fsdp::UnitCalls {
+  std::shared_ptr<comm::ProcessGroup> group;
+  FullyShardOptions options;
+  std::optional<torch::nn::Sequential> sequential;
+  std::vector<std::unique_ptr<fsdp::Unit>> units;  // the named units in order, the root last
+  fsdp::Unit* root = nullptr;
+  std::map<const torch::nn::Module*, fsdp::Unit*> by_module;
+  std::map<const fsdp::Unit*, size_t> index_of;
+  std::vector<compat::GradAccumulator> accumulators;  // kept alive: autograd holds them weakly
+  std::vector<uintptr_t> hook_keys;
+
+  // This iteration's.
+  std::vector<fsdp::Unit*> forward_order;  // units as this forward called them
+  std::vector<fsdp::Unit*> predicted;      // the last forward's order: whose gather to issue next
+  fsdp::Unit* last_reduced = nullptr;      // whose reduce-scatter is in flight
+  bool in_backward = false;
+
+  fsdp::Unit* find(const torch::nn::Module& module) override {
+    auto it = by_module.find(&module);
+    return it == by_module.end() ? nullptr : it->second;
+  }
+  void before(fsdp::Unit& unit) override;
+  torch::Tensor after(fsdp::Unit& unit, torch::Tensor output) override;
+
+  void add_unit(std::string name, std::vector<torch::Tensor> params,
+                std::vector<std::string> names);
+  void begin_forward();
+  void end_forward(bool grad_enabled);
+  void before_backward(fsdp::Unit& unit);
+  void on_grad_ready(fsdp::Unit& unit, size_t param);
+  void note_backward();
+  void reduce(fsdp::Unit& unit);
+  void end_backward();
+  // The unit after (+1) or before (-1) `unit` in the order forwards go.
+  fsdp::Unit* neighbour(const fsdp::Unit& unit, int step) const;
+};
+
+void FullyShardedDataParallel::State::add_unit(std::string name, std::vector<torch::Tensor> params,
+                                               std::vector<std::string> names) {
+  units.push_back(std::make_unique<fsdp::Unit>(std::move(name), std::move(params), std::move(names),
+                                               *group, options.init_sync()));
+  fsdp::Unit* unit = units.back().get();
+  index_of[unit] = units.size() - 1;
+  // The hooks after set_data (the Unit's constructor): a change of dtype or device there would
+  // give the parameter a new grad accumulator.
+  for (size_t i = 0; i < unit->params().size(); ++i) {
+    auto accumulator = torch::autograd::impl::grad_accumulator(unit->params()[i]);
+    DDP_CHECK(accumulator != nullptr, "a parameter that requires grad has a grad accumulator");
+    hook_keys.push_back(accumulator->add_post_hook(
+        std::make_unique<fsdp::AfterAccumulate>([this, unit, i] { on_grad_ready(*unit, i); })));
+    accumulators.push_back(std::move(accumulator));
+  }
+}
+
+fsdp::Unit* FullyShardedDataParallel::State::neighbour(const fsdp::Unit& unit, int step) const {
+  const auto& order = predicted;
+  auto it = std::find(order.begin(), order.end(), &unit);
+  if (it == order.end()) return nullptr;
+  const auto at = (it - order.begin()) + step;
+  if (at < 0 || at >= static_cast<std::ptrdiff_t>(order.size())) return nullptr;
+  return order[at];
+}
+
+void FullyShardedDataParallel::State::begin_forward() {
+  forward_order.clear();
+  if (root == nullptr) return;
+  root->wait_gathered();
+  if (torch::GradMode::is_enabled()) root->prepare_grads();
+}
+
+void FullyShardedDataParallel::State::before(fsdp::Unit& unit) {
+  if (std::find(forward_order.begin(), forward_order.end(), &unit) != forward_order.end()) {
+    throw InputError(fmt::format(
+        "fully_shard: unit {} is called twice in one forward; a unit runs once per forward "
+        "(make each use its own unit)",
+        unit.name()));
+  }
+  forward_order.push_back(&unit);
+  unit.wait_gathered();
+  if (options.prefetch()) {
+    if (fsdp::Unit* next = neighbour(unit, +1)) next->gather_async();
+  }
+}
+
+torch::Tensor FullyShardedDataParallel::State::after(fsdp::Unit& unit, torch::Tensor output) {
+  if (output.requires_grad()) {
+    output.register_hook([this, &unit](const torch::Tensor& grad) {
+      before_backward(unit);
+      return grad;
+    });
+  }
+  if (options.reshard_after_forward() || !torch::GradMode::is_enabled()) unit.free();
+  return output;
+}
+
+void FullyShardedDataParallel::State::end_forward(bool grad_enabled) {
+  // Without gradients no backward comes: everything is freed. With them, the gathers issued for a
+  // unit this forward did not call (a prediction it did not follow) are.
+  for (auto& unit : units) {
+    const bool used = unit.get() == root || std::find(forward_order.begin(), forward_order.end(),
+                                                      unit.get()) != forward_order.end();
+    if (!grad_enabled || !used) unit->free();
+  }
+  predicted = forward_order;
+}
+
+void FullyShardedDataParallel::State::note_backward() {
+  if (in_backward) return;
+  in_backward = true;
+  // Valid only during a backward, hence queued from a hook; it runs when the backward ends.
+  torch::autograd::Engine::get_default_engine().queue_callback([this] { end_backward(); });
+}
+
+void FullyShardedDataParallel::State::before_backward(fsdp::Unit& unit) {
+  note_backward();
+  unit.wait_gathered();
+  unit.prepare_grads();
+  if (options.prefetch()) {
+    if (fsdp::Unit* next = neighbour(unit, -1)) next->gather_async();
+  }
+}
+
+void FullyShardedDataParallel::State::on_grad_ready(fsdp::Unit& unit, size_t param) {
+  note_backward();
+  if (unit.count_grad(param)) reduce(unit);
+}
+
+void FullyShardedDataParallel::State::reduce(fsdp::Unit& unit) {
+  if (last_reduced != nullptr) last_reduced->finish_reduce();
+  unit.reduce_async();
+  last_reduced = &unit;
+  if (options.reshard_after_forward() || &unit == root) unit.free();
+}
+
+void FullyShardedDataParallel::State::end_backward() {
+  // Units whose parameters did not all get gradients: reduced with zeros for the missing ones, in
+  // the reverse of the forward's order (the same on every rank: Note [Same graph on every rank]),
+  // the root last.
+  for (auto it = forward_order.rbegin(); it != forward_order.rend(); ++it) {
+    if ((*it)->grads_prepared() && !(*it)->reducing()) reduce(**it);
+  }
+  if (root != nullptr && root->grads_prepared() && !root->reducing()) reduce(*root);
+  for (auto& unit : units) {
+    unit->finish_reduce();
+    unit->free();
+  }
+  last_reduced = nullptr;
+  in_backward = false;
+}
+
+FullyShardedDataParallel::Forward::Forward(FullyShardedDataParallel& model)
+    : model_(model), grad_enabled_(torch::GradMode::is_enabled()) {
+  if (fsdp::t_current != nullptr) {
+    throw InputError(
+        "fully_shard: a sharded model's forward runs inside another's; shard the "
+        "outer model only, with the inner one's blocks among its units");
+  }
+  model_.state_->begin_forward();
+  fsdp::t_current = model_.state_.get();
+}
+
+void FullyShardedDataParallel::Forward::finish() {
+  fsdp::t_current = nullptr;
+  finished_ = true;
+  model_.state_->end_forward(grad_enabled_);
+}
+
+FullyShardedDataParallel::Forward::~Forward() {
+  fsdp::t_current = nullptr;
+  if (finished_) return;
+  try {  // the forward threw: give back what it gathered, and keep its error
+    model_.state_->end_forward(/*grad_enabled=*/false);
+  } catch (const std::exception&) {
+  }
+}
+
+FullyShardedDataParallel::FullyShardedDataParallel(torch::nn::Sequential module,
+                                                   std::shared_ptr<comm::ProcessGroup> group,
+                                                   FullyShardOptions options)
+    : FullyShardedDataParallel(module.ptr(), children_of(*module), std::move(group), options) {
+  state_->sequential = module;
+}
+
+FullyShardedDataParallel::FullyShardedDataParallel(
+    std::shared_ptr<torch::nn::Module> module,
+    std::vector<std::shared_ptr<torch::nn::Module>> units,
+    std::shared_ptr<comm::ProcessGroup> group, FullyShardOptions options)
+    : module_(std::move(module)), state_(std::make_unique<State>()) {
+  DDP_CHECK(module_ != nullptr && group != nullptr, "fully_shard needs a module and a group");
+  state_->group = std::move(group);
+  state_->options = options;
+  std::map<const torch::nn::Module*, std::string> module_names;
+  for (const auto& item : module_->named_modules("", /*include_self=*/false)) {
+    module_names[item.value().get()] = item.key();
+  }
+  std::set<const at::TensorImpl*> claimed;
+  for (const auto& unit : units) {
+    auto it = module_names.find(unit.get());
+    if (it == module_names.end()) {
+      throw InputError(
+          fmt::format("fully_shard: a unit ({}) is not a submodule of the model", unit->name()));
+    }
+    std::vector<torch::Tensor> params;
+    std::vector<std::string> names;
+    for (const auto& item : unit->named_parameters()) {
+      if (!claimed.insert(item.value().unsafeGetTensorImpl()).second) {
+        throw InputError(fmt::format(
+            "fully_shard: parameter {}.{} belongs to two units; units do not nest or share",
+            it->second, item.key()));
+      }
+      params.push_back(item.value());
+      names.push_back(it->second + "." + item.key());
+    }
+    if (params.empty()) continue;  // nothing to shard: runs as it is (ReLU, Flatten, ...)
+    state_->add_unit(it->second, std::move(params), std::move(names));
+    state_->by_module[unit.get()] = state_->units.back().get();
+  }
+  add_root_unit(claimed);
+  if (options.init_sync()) {
+    for (auto& buffer : module_->buffers()) state_->group->broadcast(buffer, 0)->wait();
+  }
+}
+
+void FullyShardedDataParallel::add_root_unit(const std::set<const at::TensorImpl*>& claimed) {
+  std::vector<torch::Tensor> params;
+  std::vector<std::string> names;
+  for (const auto& item : module_->named_parameters()) {
+    if (claimed.count(item.value().unsafeGetTensorImpl()) != 0) continue;
+    params.push_back(item.value());
+    names.push_back(item.key());
+  }
+  if (params.empty()) return;
+  state_->add_unit("(root)", std::move(params), std::move(names));
+  state_->root = state_->units.back().get();
+}
+
+FullyShardedDataParallel::~FullyShardedDataParallel() {
+  // The hooks point at the state; the parameters may outlive it.
+  for (size_t i = 0; i < state_->accumulators.size(); ++i) {
+    state_->accumulators[i]->del_post_hook(state_->hook_keys[i]);
+  }
+}
+
+torch::Tensor FullyShardedDataParallel::forward(torch::Tensor input) {
+  if (!state_->sequential) {
+    throw InputError(
+        "fully_shard: forward(x) runs a Sequential; call any other model through "
+        "forward_with");
+  }
+  return forward_with([&] {
+    for (auto& child : **state_->sequential) {
+      fsdp::Unit* unit = state_->find(*child.ptr());
+      if (unit == nullptr) {
+        input = child.forward(input);
+        continue;
+      }
+      state_->before(*unit);
+      input = state_->after(*unit, child.forward(input));
+    }
+    return input;
+  });
+}
+
+std::vector<torch::Tensor> FullyShardedDataParallel::parameters() const {
+  std::vector<torch::Tensor> shards;
+  for (const auto& unit : state_->units) shards.push_back(unit->shard());
+  return shards;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> FullyShardedDataParallel::state_dict() {
+  std::map<std::string, torch::Tensor> gathered;
+  for (auto& unit : state_->units) {
+    auto copies = unit->gather_copies();
+    for (size_t i = 0; i < copies.size(); ++i) gathered[unit->names()[i]] = copies[i];
+  }
+  std::vector<std::pair<std::string, torch::Tensor>> state;
+  for (const auto& item : module_->named_parameters()) {
+    state.emplace_back(item.key(), gathered.at(item.key()));
+  }
+  for (const auto& item : module_->named_buffers()) {
+    state.emplace_back(item.key(), item.value().detach().clone());
+  }
+  return state;
+}
+
+void FullyShardedDataParallel::load_state_dict(
+    const std::vector<std::pair<std::string, torch::Tensor>>& state) {
+  std::map<std::string, torch::Tensor> by_name(state.begin(), state.end());
+  auto value_of = [&](const std::string& name, const torch::Tensor& like) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) {
+      throw InputError(fmt::format("fully_shard: load_state_dict: missing key {}", name));
+    }
+    if (it->second.sizes() != like.sizes()) {
+      throw InputError(fmt::format("fully_shard: load_state_dict: {} has shape {}, the model's {}",
+                                   name, fmt::join(it->second.sizes(), "x"),
+                                   fmt::join(like.sizes(), "x")));
+    }
+    return it->second;
+  };
+  for (auto& unit : state_->units) {
+    std::vector<torch::Tensor> values;
+    for (size_t i = 0; i < unit->params().size(); ++i) {
+      values.push_back(value_of(unit->names()[i], unit->params()[i]));
+    }
+    unit->set_from(values);
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& item : module_->named_buffers()) {
+    item.value().copy_(value_of(item.key(), item.value()));
+  }
+}
+
+int FullyShardedDataParallel::num_units() const {
+  return static_cast<int>(state_->units.size());
+}
+
+int64_t FullyShardedDataParallel::resident_parameter_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& unit : state_->units) bytes += unit->resident_bytes();
+  return bytes;
+}
+
+}  // namespace ddp

@@ -1,0 +1,176 @@
+#include "unit.h"
+
+#include <c10/core/StorageImpl.h>
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "ddp/common/error.h"
+
+namespace ddp::fsdp {
+namespace {
+
+// Gives `t`'s storage `nbytes` of new memory (0: none), keeping the StorageImpl, so that every
+// view of it sees the new memory (Note [Parameters are views of the gathered buffer]).
+void resize_storage(const torch::Tensor& t, size_t nbytes) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  if (nbytes == 0) {
+    storage->set_data_ptr_noswap(c10::DataPtr(nullptr, t.device()));
+  } else {
+    storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
+  }
+  storage->set_nbytes(nbytes);
+}
+
+void check_params(const std::string& unit, const std::vector<torch::Tensor>& params,
+                  const std::vector<std::string>& names) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& p = params[i];
+    const auto& first = params.front();
+    if (!p.requires_grad()) {
+      throw InputError(fmt::format(
+          "fully_shard: parameter {} of unit {} does not require grad; frozen parameters are not "
+          "sharded: keep them out of the units",
+          names[i], unit));
+    }
+    if (p.scalar_type() != first.scalar_type() || p.device() != first.device() ||
+        !torch::isFloatingType(p.scalar_type())) {
+      throw InputError(fmt::format(
+          "fully_shard: unit {} mixes parameters of {} on {} ({}) and {} on {} ({}); a unit's "
+          "parameters share one floating dtype and one device",
+          unit, names.front(), first.device().str(), comm::dtype_name(first.scalar_type()),
+          names[i], p.device().str(), comm::dtype_name(p.scalar_type())));
+    }
+  }
+}
+
+}  // namespace
+
+FlatLayout plan_flat_layout(const std::vector<int64_t>& numels, int world_size) {
+  DDP_CHECK(world_size > 0, "a world of at least one rank");
+  FlatLayout layout;
+  for (int64_t n : numels) {
+    layout.offsets.push_back(layout.numel);
+    layout.numel += n;
+  }
+  layout.shard = (layout.numel + world_size - 1) / world_size;
+  layout.padded = layout.shard * world_size;
+  return layout;
+}
+
+Unit::Unit(std::string name, std::vector<torch::Tensor> params, std::vector<std::string> names,
+           comm::ProcessGroup& group, bool init_sync)
+    : name_(std::move(name)), params_(std::move(params)), names_(std::move(names)), group_(group) {
+  DDP_CHECK(!params_.empty() && params_.size() == names_.size(), "a unit has named parameters");
+  check_params(name_, params_, names_);
+  std::vector<int64_t> numels;
+  for (const auto& p : params_) numels.push_back(p.numel());
+  layout_ = plan_flat_layout(numels, group_.world_size());
+  torch::NoGradGuard no_grad;
+  full_ = flatten(params_);
+  if (init_sync) group_.broadcast(full_, 0)->wait();
+  shard_ = full_.narrow(0, group_.rank() * layout_.shard, layout_.shard).clone();
+  shard_.set_requires_grad(true);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    params_[i].set_data(
+        full_.narrow(0, layout_.offsets[i], params_[i].numel()).view(params_[i].sizes()));
+  }
+  grad_seen_.assign(params_.size(), false);
+  free();
+}
+
+torch::Tensor Unit::flatten(const std::vector<torch::Tensor>& values) const {
+  auto flat = torch::zeros({layout_.padded}, params_.front().options().requires_grad(false));
+  for (size_t i = 0; i < values.size(); ++i) {
+    flat.narrow(0, layout_.offsets[i], values[i].numel()).copy_(values[i].detach().reshape(-1));
+  }
+  return flat;
+}
+
+void Unit::gather_async() {
+  if (full_state_ != FullState::kFreed) return;
+  resize_storage(full_, static_cast<size_t>(layout_.padded) * full_.element_size());
+  gather_work_ = group_.all_gather(full_, shard_.detach());
+  full_state_ = FullState::kGathering;
+}
+
+void Unit::wait_gathered() {
+  gather_async();
+  if (full_state_ == FullState::kGathering) {
+    gather_work_->wait();
+    gather_work_.reset();
+    full_state_ = FullState::kGathered;
+  }
+}
+
+void Unit::free() {
+  if (full_state_ == FullState::kFreed) return;
+  wait_gathered();  // never give back memory a collective still writes
+  resize_storage(full_, 0);
+  full_state_ = FullState::kFreed;
+}
+
+void Unit::prepare_grads() {
+  if (flat_grad_.defined()) return;
+  flat_grad_ = torch::zeros({layout_.padded}, full_.options());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    params_[i].mutable_grad() =
+        flat_grad_.narrow(0, layout_.offsets[i], params_[i].numel()).view(params_[i].sizes());
+  }
+  grad_seen_.assign(params_.size(), false);
+  grads_left_ = params_.size();
+}
+
+bool Unit::count_grad(size_t index) {
+  if (grad_seen_[index]) return false;  // a second backward through it before the reduce
+  grad_seen_[index] = true;
+  return --grads_left_ == 0;
+}
+
+void Unit::reduce_async() {
+  DDP_CHECK(flat_grad_.defined() && reduce_work_ == nullptr, "one reduce per prepared gradient");
+  for (auto& p : params_) p.mutable_grad() = torch::Tensor();
+  reduced_ = torch::empty({layout_.shard}, shard_.options().requires_grad(false));
+  reduce_work_ = group_.reduce_scatter(reduced_, flat_grad_, comm::ReduceOp::kAvg);
+}
+
+void Unit::finish_reduce() {
+  if (reduce_work_ == nullptr) return;
+  reduce_work_->wait();
+  reduce_work_.reset();
+  flat_grad_ = torch::Tensor();
+  torch::NoGradGuard no_grad;
+  auto& grad = shard_.mutable_grad();
+  if (grad.defined()) {
+    grad.add_(reduced_);
+  } else {
+    grad = reduced_;
+  }
+  reduced_ = torch::Tensor();
+}
+
+std::vector<torch::Tensor> Unit::gather_copies() {
+  auto whole = torch::empty({layout_.padded}, shard_.options().requires_grad(false));
+  group_.all_gather(whole, shard_.detach())->wait();
+  std::vector<torch::Tensor> copies;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    copies.push_back(
+        whole.narrow(0, layout_.offsets[i], params_[i].numel()).view(params_[i].sizes()).clone());
+  }
+  return copies;
+}
+
+void Unit::set_from(const std::vector<torch::Tensor>& values) {
+  torch::NoGradGuard no_grad;
+  const auto flat = flatten(values);
+  shard_.copy_(flat.narrow(0, group_.rank() * layout_.shard, layout_.shard));
+  if (full_state_ != FullState::kFreed) {  // a gathered unit shows the new values too
+    wait_gathered();
+    full_.copy_(flat);
+  }
+}
+
+int64_t Unit::resident_bytes() const {
+  return static_cast<int64_t>(shard_.nbytes() + full_.storage().nbytes());
+}
+
+}  // namespace ddp::fsdp

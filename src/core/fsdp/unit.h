@@ -1,0 +1,91 @@
+#pragma once
+// One unit of a sharded model (fully_shard.h): its parameters as one flat buffer, of which this
+// rank keeps one shard and which is whole only between a gather and a free. A private header of
+// src/core/fsdp.
+//
+// Note [Parameters are views of the gathered buffer]
+// Each parameter of the unit is pointed once (set_data) at its place in `full_`, the buffer the
+// all-gather fills. Freeing gives the buffer's storage back (its size set to 0) without touching
+// the tensors: the module's parameters, and whatever autograd saved of them in the forward, stay
+// views of the same storage, and read the parameters again once a gather has filled it anew.
+// The collectives write the storage directly, so the parameters' version counters do not move
+// and autograd's saved tensors stay valid. A parameter's gradient is accumulated in place into its
+// view of a flat gradient buffer laid out as `full_` is, which the reduce-scatter then reads whole.
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ddp/comm/process_group.h"
+#include "ddp/core/fully_shard.h"
+
+namespace ddp::fsdp {
+
+class Unit {
+ public:
+  // `params` (the module's own tensors) with their names in the model; `name` says which unit in
+  // errors. With `init_sync`, rank 0's values are broadcast first (a collective). Throws
+  // InputError for parameters that mix dtypes or devices or do not require grad.
+  Unit(std::string name, std::vector<torch::Tensor> params, std::vector<std::string> names,
+       comm::ProcessGroup& group, bool init_sync);
+  Unit(const Unit&) = delete;
+  Unit& operator=(const Unit&) = delete;
+
+  const std::string& name() const { return name_; }
+  const std::vector<torch::Tensor>& params() const { return params_; }
+  const std::vector<std::string>& names() const { return names_; }
+  const torch::Tensor& shard() const { return shard_; }
+  const FlatLayout& layout() const { return layout_; }
+
+  // The gather into the parameters' storage, issued unless it is gathered or on its way.
+  void gather_async();
+  // Gathered: issues the gather if needed and waits for it.
+  void wait_gathered();
+  bool gathered() const { return full_state_ != FullState::kFreed; }
+  // The storage given back (after the gather in flight, if any).
+  void free();
+
+  // The parameters' .grad pointed at a zeroed flat gradient buffer (unless they already are), so
+  // that the backward accumulates into it.
+  void prepare_grads();
+  bool grads_prepared() const { return flat_grad_.defined(); }
+  // A gradient of parameter `index` has been accumulated; true when it was the unit's last.
+  bool count_grad(size_t index);
+  // The reduce-scatter (average) of the flat gradient into this rank's part, issued; the
+  // parameters' .grad dropped (the buffer lives on until finish_reduce).
+  void reduce_async();
+  bool reducing() const { return reduce_work_ != nullptr; }
+  // Waits for the reduce-scatter and adds its result into the shard's .grad.
+  void finish_reduce();
+
+  // The whole parameters, gathered from the shards into new tensors (a collective).
+  std::vector<torch::Tensor> gather_copies();
+  // This rank's part of the whole parameters `values` (in params() order, shapes checked by the
+  // caller) into the shard.
+  void set_from(const std::vector<torch::Tensor>& values);
+  // Bytes held now: the shard and, while gathered, the whole buffer.
+  int64_t resident_bytes() const;
+
+ private:
+  enum class FullState { kFreed, kGathering, kGathered };
+  torch::Tensor flatten(const std::vector<torch::Tensor>& values) const;
+
+  std::string name_;
+  std::vector<torch::Tensor> params_;
+  std::vector<std::string> names_;
+  comm::ProcessGroup& group_;
+  FlatLayout layout_;
+  torch::Tensor shard_;  // [layout_.shard], a leaf the optimizer steps
+  torch::Tensor full_;   // [layout_.padded]; its storage is empty while freed
+  FullState full_state_ = FullState::kGathered;
+  comm::WorkPtr gather_work_;
+  torch::Tensor flat_grad_;  // [layout_.padded] while the backward fills it
+  torch::Tensor reduced_;    // [layout_.shard] the reduce-scatter's output
+  comm::WorkPtr reduce_work_;
+  std::vector<bool> grad_seen_;  // per parameter, in this backward
+  size_t grads_left_ = 0;
+};
+
+}  // namespace ddp::fsdp

@@ -1,0 +1,247 @@
+// One rank of the fully sharded tests (test_fsdp.cpp). Each scenario trains a model sharded over
+// the ranks of a real process group and the same model another way, from the same seed, and
+// exits 0 only if their states agree after every step:
+//   sequential   a Sequential MLP (its Linear layers the units) on N ranks against one process
+//                with the N-times batch, Adam, with an evaluation forward between steps
+//   custom       a model with its own forward (embedding and head in the root unit, three blocks
+//                called through ddp::fsdp::call) against one process, SGD with momentum, and two
+//                micro-batches per step
+//   versus-ddp   a Sequential with BatchNorm against DistributedDataParallel on the same ranks
+//                (broadcast_buffers off: each rank its own statistics, in both)
+// Each also checks the shards' sizes (1/N of each unit, padded) and that nothing stays gathered
+// after a step.
+//   fsdp_worker BACKEND SCENARIO
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <iostream>
+
+#include "ddp/comm/rendezvous.h"
+#include "ddp/core/distributed_data_parallel.h"
+#include "ddp/core/fully_shard.h"
+
+namespace {
+
+int g_failures = 0;
+constexpr double kTolerance = 1e-5;
+constexpr int64_t kBatchPerRank = 4;
+constexpr int kSteps = 3;
+
+void expect(bool ok, const std::string& what) {
+  if (!ok) ++g_failures;
+  std::cout << (ok ? "ok   " : "FAIL ") << what << "\n";
+}
+
+using Group = std::shared_ptr<ddp::comm::ProcessGroup>;
+using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+
+NamedTensors state_of(torch::nn::Module& module) {
+  NamedTensors state;
+  for (const auto& item : module.named_parameters()) state.emplace_back(item.key(), item.value());
+  for (const auto& item : module.named_buffers()) state.emplace_back(item.key(), item.value());
+  return state;
+}
+
+// Every tensor of `got` within kTolerance of `want`'s, with the same names in the same order.
+void expect_states_equal(const NamedTensors& got, const NamedTensors& want,
+                         const std::string& what) {
+  bool same = got.size() == want.size();
+  double worst = 0;
+  for (size_t i = 0; same && i < got.size(); ++i) {
+    same = got[i].first == want[i].first && got[i].second.sizes() == want[i].second.sizes();
+    if (same) {
+      const auto diff =
+          (got[i].second.detach().to(torch::kDouble) - want[i].second.detach().to(torch::kDouble))
+              .abs();
+      worst = std::max(worst, diff.numel() == 0 ? 0.0 : diff.max().item<double>());
+    }
+  }
+  expect(same && worst <= kTolerance, fmt::format("{}: max |difference| {:.3g}", what, worst));
+}
+
+// Step `step`'s global batch, the same on every rank; rank r trains rows [r*4, r*4+4).
+std::pair<torch::Tensor, torch::Tensor> global_batch(int step, int world, int64_t features) {
+  torch::manual_seed(1000 + step);
+  const int64_t rows = kBatchPerRank * world;
+  return {torch::randn({rows, features}), torch::randint(0, 5, {rows})};
+}
+
+torch::Tensor rows_of(const torch::Tensor& t, const Group& g) {
+  return t.narrow(0, g->rank() * kBatchPerRank, kBatchPerRank);
+}
+
+void expect_sharded(ddp::FullyShardedDataParallel& model, const Group& g,
+                    const std::vector<int64_t>& unit_numels) {
+  const auto shards = model.parameters();
+  bool sizes = shards.size() == unit_numels.size();
+  int64_t bytes = 0;
+  for (size_t i = 0; sizes && i < shards.size(); ++i) {
+    const int64_t world = g->world_size();
+    sizes = shards[i].numel() == (unit_numels[i] + world - 1) / world;
+    bytes += shards[i].numel() * static_cast<int64_t>(shards[i].element_size());
+  }
+  expect(sizes, "each unit's shard holds 1/N of it (padded)");
+  expect(model.resident_parameter_bytes() == bytes,
+         fmt::format("nothing gathered between steps: {} bytes resident, {} in shards",
+                     model.resident_parameter_bytes(), bytes));
+}
+
+torch::nn::Sequential make_mlp() {
+  torch::manual_seed(7);
+  return torch::nn::Sequential(torch::nn::Flatten(), torch::nn::Linear(12, 24), torch::nn::ReLU(),
+                               torch::nn::Linear(24, 16), torch::nn::ReLU(),
+                               torch::nn::Linear(16, 5));
+}
+
+void sequential(const Group& g) {
+  auto reference = make_mlp();
+  torch::optim::Adam reference_opt(reference->parameters(), torch::optim::AdamOptions(1e-2));
+  auto net = make_mlp();
+  ddp::FullyShardedDataParallel model(net, g);
+  torch::optim::Adam opt(model.parameters(), torch::optim::AdamOptions(1e-2));
+  expect(model.num_units() == 3, "the three Linear layers are the units");
+  for (int step = 0; step < kSteps; ++step) {
+    auto [x, y] = global_batch(step, g->world_size(), 12);
+    reference_opt.zero_grad();
+    torch::nn::functional::cross_entropy(reference->forward(x), y).backward();
+    reference_opt.step();
+    opt.zero_grad();
+    torch::nn::functional::cross_entropy(model.forward(rows_of(x, g)), rows_of(y, g)).backward();
+    opt.step();
+    expect_states_equal(model.state_dict(), state_of(*reference),
+                        fmt::format("step {}: sharded == one process with the whole batch", step));
+    torch::NoGradGuard no_grad;
+    const auto got = model.forward(x);
+    expect((got - reference->forward(x)).abs().max().item<double>() <= kTolerance,
+           fmt::format("step {}: an evaluation forward equals the reference's", step));
+  }
+  expect_sharded(model, g, {12 * 24 + 24, 24 * 16 + 16, 16 * 5 + 5});
+}
+
+struct BlockImpl : torch::nn::Module {
+  explicit BlockImpl(int64_t width) : fc(register_module("fc", torch::nn::Linear(width, width))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return x + torch::tanh(fc(x)); }
+  torch::nn::Linear fc;
+};
+TORCH_MODULE(Block);
+
+// A model as users write theirs: an embedding and a head around blocks, each block called
+// through ddp::fsdp::call (the one line per unit a sharded model needs).
+struct NetImpl : torch::nn::Module {
+  NetImpl() {
+    embed = register_module("embed", torch::nn::Linear(12, 10));
+    for (int i = 0; i < 3; ++i) blocks->push_back(Block(10));
+    register_module("blocks", blocks);
+    head = register_module("head", torch::nn::Linear(10, 5));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = embed(x);
+    for (size_t i = 0; i < blocks->size(); ++i) {
+      auto block = blocks->ptr<BlockImpl>(i);
+      h = ddp::fsdp::call(block, h);
+    }
+    return head(h);
+  }
+  torch::nn::Linear embed{nullptr}, head{nullptr};
+  torch::nn::ModuleList blocks;
+};
+TORCH_MODULE(Net);
+
+Net make_net() {
+  torch::manual_seed(11);
+  return Net();
+}
+
+void custom(const Group& g) {
+  auto reference = make_net();
+  torch::optim::SGD reference_opt(reference->parameters(),
+                                  torch::optim::SGDOptions(0.1).momentum(0.9));
+  auto net = make_net();
+  ddp::FullyShardedDataParallel model(net.ptr(), net->blocks->children(), g);
+  torch::optim::SGD opt(model.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  expect(model.num_units() == 4, "three blocks and the root unit");
+  for (int step = 0; step < kSteps; ++step) {
+    auto [x, y] = global_batch(step, g->world_size(), 12);
+    reference_opt.zero_grad();
+    opt.zero_grad();
+    // Two micro-batches: the halves of each rank's rows; the reference takes the same halves
+    // of every rank's rows, so that its two backwards sum the same gradients.
+    for (int half = 0; half < 2; ++half) {
+      const auto mine = rows_of(x, g).narrow(0, half * 2, 2);
+      const auto labels = rows_of(y, g).narrow(0, half * 2, 2);
+      auto out = model.forward_with([&] { return net->forward(mine); });
+      (torch::nn::functional::cross_entropy(out, labels) / 2).backward();
+      const auto all = x.view({g->world_size(), 2, 2, 12}).select(1, half).reshape({-1, 12});
+      const auto all_labels = y.view({g->world_size(), 2, 2}).select(1, half).reshape({-1});
+      (torch::nn::functional::cross_entropy(reference->forward(all), all_labels) / 2).backward();
+    }
+    opt.step();
+    reference_opt.step();
+    expect_states_equal(model.state_dict(), state_of(*reference),
+                        fmt::format("step {}: sharded == one process (two micro-batches)", step));
+  }
+  expect_sharded(model, g, {110, 110, 110, 12 * 10 + 10 + 10 * 5 + 5});
+}
+
+torch::nn::Sequential make_bn_net() {
+  torch::manual_seed(5);
+  return torch::nn::Sequential(torch::nn::Linear(12, 16), torch::nn::BatchNorm1d(16),
+                               torch::nn::ReLU(), torch::nn::Linear(16, 5));
+}
+
+void versus_ddp(const Group& g) {
+  auto plain = make_bn_net();
+  ddp::DistributedDataParallel ddp_model(
+      plain.ptr(), g, ddp::DistributedDataParallelOptions().broadcast_buffers(false));
+  torch::optim::SGD ddp_opt(ddp_model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  auto net = make_bn_net();
+  ddp::FullyShardedDataParallel model(net, g);
+  torch::optim::SGD opt(model.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  for (int step = 0; step < kSteps; ++step) {
+    auto [x, y] = global_batch(step, g->world_size(), 12);
+    ddp_opt.zero_grad();
+    auto ddp_out = ddp_model->forward_with([&] { return plain->forward(rows_of(x, g)); });
+    torch::nn::functional::cross_entropy(ddp_out, rows_of(y, g)).backward();
+    ddp_opt.step();
+    opt.zero_grad();
+    torch::nn::functional::cross_entropy(model.forward(rows_of(x, g)), rows_of(y, g)).backward();
+    opt.step();
+    expect_states_equal(model.state_dict(), state_of(*plain),
+                        fmt::format("step {}: sharded == DDP, buffers per rank", step));
+  }
+  expect_sharded(model, g, {12 * 16 + 16, 16 + 16, 16 * 5 + 5});
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    std::cerr << "usage: fsdp_worker BACKEND sequential|custom|versus-ddp\n";
+    return 64;
+  }
+  try {
+    torch::set_num_threads(1);
+    ddp::comm::ProcessGroupOptions options;
+    options.timeout = std::chrono::seconds(60);
+    options.rendezvous_timeout = std::chrono::seconds(60);
+    Group group = ddp::comm::create_process_group(
+        argv[1], ddp::comm::detect_launch(ddp::comm::current_env()), options, false);
+    const std::string scenario = argv[2];
+    if (scenario == "sequential") {
+      sequential(group);
+    } else if (scenario == "custom") {
+      custom(group);
+    } else if (scenario == "versus-ddp") {
+      versus_ddp(group);
+    } else {
+      std::cerr << "unknown scenario " << scenario << "\n";
+      return 64;
+    }
+    std::cout << fmt::format("rank {}/{}: {} failures\n", group->rank(), group->world_size(),
+                             g_failures);
+    return g_failures == 0 ? 0 : 3;
+  } catch (const std::exception& e) {
+    std::cout << "error: " << e.what() << std::endl;
+    return 2;
+  }
+}
