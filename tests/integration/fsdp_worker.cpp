@@ -6,6 +6,9 @@
 //   custom       a model with its own forward (embedding and head in the root unit, three blocks
 //                called through ddp::fsdp::call) against one process, SGD with momentum, and two
 //                micro-batches per step
+//   overlap      the custom model's step: each block's all-gather issued (the flight record's
+//                time) before the previous block's forward, or the next block's backward, ended;
+//                and, without prefetch, not
 //   versus-ddp   a Sequential with BatchNorm against DistributedDataParallel on the same ranks
 //                (broadcast_buffers off: each rank its own statistics, in both)
 // Each also checks the shards' sizes (1/N of each unit, padded) and that nothing stays gathered
@@ -14,7 +17,9 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <iostream>
+#include <map>
 
 #include "ddp/comm/rendezvous.h"
 #include "ddp/core/distributed_data_parallel.h"
@@ -118,10 +123,35 @@ void sequential(const Group& g) {
   expect_sharded(model, g, {12 * 24 + 24, 24 * 16 + 16, 16 * 5 + 5});
 }
 
+double now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// When each block's forward and backward began and ended (the overlap scenario's; null: not
+// recorded), by name: "forward begin 1", "backward end 2", ...
+std::map<std::string, double>* g_events = nullptr;
+
 struct BlockImpl : torch::nn::Module {
-  explicit BlockImpl(int64_t width) : fc(register_module("fc", torch::nn::Linear(width, width))) {}
-  torch::Tensor forward(const torch::Tensor& x) { return x + torch::tanh(fc(x)); }
+  BlockImpl(int64_t width, int index)
+      : fc(register_module("fc", torch::nn::Linear(width, width))), index(index) {}
+  torch::Tensor forward(torch::Tensor x) {
+    if (g_events == nullptr) return x + torch::tanh(fc(x));
+    (*g_events)[fmt::format("forward begin {}", index)] = now();
+    if (x.requires_grad()) {  // its gradient is the block's backward's last result
+      x = x.view_as(x);
+      x.register_hook([this](const torch::Tensor&) {
+        (*g_events)[fmt::format("backward end {}", index)] = now();
+      });
+    }
+    auto y = x + torch::tanh(fc(x));
+    y.register_hook([this](const torch::Tensor&) {
+      (*g_events)[fmt::format("backward begin {}", index)] = now();
+    });
+    (*g_events)[fmt::format("forward end {}", index)] = now();
+    return y;
+  }
   torch::nn::Linear fc;
+  int index;
 };
 TORCH_MODULE(Block);
 
@@ -130,7 +160,7 @@ TORCH_MODULE(Block);
 struct NetImpl : torch::nn::Module {
   NetImpl() {
     embed = register_module("embed", torch::nn::Linear(12, 10));
-    for (int i = 0; i < 3; ++i) blocks->push_back(Block(10));
+    for (int i = 0; i < 3; ++i) blocks->push_back(Block(10, i));
     register_module("blocks", blocks);
     head = register_module("head", torch::nn::Linear(10, 5));
   }
@@ -183,6 +213,55 @@ void custom(const Group& g) {
   expect_sharded(model, g, {110, 110, 110, 12 * 10 + 10 + 10 * 5 + 5});
 }
 
+// The gathers issued after collective `after_seq` (each "<phase>: gather <unit>" of the group's
+// flight record): when each unit's were issued, the forward's first, then the backward's.
+std::map<std::string, std::vector<double>> gathers_issued(const Group& g, uint64_t after_seq) {
+  std::map<std::string, std::vector<double>> issued;
+  for (const auto& record : g->recorder().records()) {
+    if (record.seq <= after_seq) continue;
+    const auto at = record.phase.find(": gather ");
+    if (record.op.rfind("all_gather", 0) == 0 && at != std::string::npos) {
+      issued[record.phase.substr(at + 9)].push_back(record.start);
+    }
+  }
+  return issued;
+}
+
+// Each unit's all-gather is issued before the unit before it (in the pass's order) has finished
+// computing, in the forward and in the backward: with prefetch, the gather overlaps that compute;
+// without (`prefetch` false), this must fail, and the scenario expects it to.
+void overlap(const Group& g, bool prefetch) {
+  std::map<std::string, double> events;
+  g_events = &events;
+  auto net = make_net();
+  ddp::FullyShardedDataParallel model(net.ptr(), net->blocks->children(), g,
+                                      ddp::FullyShardOptions().prefetch(prefetch));
+  auto [x, y] = global_batch(0, g->world_size(), 12);
+  const uint64_t before = g->last_seq();
+  g->set_phase("step 1");
+  auto out = model.forward_with([&] { return net->forward(rows_of(x, g)); });
+  torch::nn::functional::cross_entropy(out, rows_of(y, g)).backward();
+  g_events = nullptr;
+  const auto issued = gathers_issued(g, before);
+  bool forward = true, backward = true;
+  for (int k = 0; k < 3; ++k) {
+    const auto& times = issued.at(fmt::format("blocks.{}", k));
+    expect(times.size() == 2, fmt::format("blocks.{} gathered twice (forward and backward)", k));
+    if (times.size() != 2) return;
+    // Forward: block k's gather before block k-1's forward ended.
+    if (k > 0) forward = forward && times[0] < events.at(fmt::format("forward end {}", k - 1));
+    // Backward (blocks 2, 1, 0): block k's gather before block k+1's backward ended.
+    if (k < 2) backward = backward && times[1] < events.at(fmt::format("backward end {}", k + 1));
+  }
+  const char* verdict = prefetch ? "before" : "only after (no prefetch)";
+  expect(forward == prefetch,
+         fmt::format("forward: each block's gather issued {} the previous block's compute ended",
+                     verdict));
+  expect(backward == prefetch,
+         fmt::format("backward: each block's gather issued {} the next block's compute ended",
+                     verdict));
+}
+
 torch::nn::Sequential make_bn_net() {
   torch::manual_seed(5);
   return torch::nn::Sequential(torch::nn::Linear(12, 16), torch::nn::BatchNorm1d(16),
@@ -216,7 +295,7 @@ void versus_ddp(const Group& g) {
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::cerr << "usage: fsdp_worker BACKEND sequential|custom|versus-ddp\n";
+    std::cerr << "usage: fsdp_worker BACKEND sequential|custom|overlap|versus-ddp\n";
     return 64;
   }
   try {
@@ -231,6 +310,9 @@ int main(int argc, char** argv) {
       sequential(group);
     } else if (scenario == "custom") {
       custom(group);
+    } else if (scenario == "overlap") {
+      overlap(group, /*prefetch=*/true);
+      overlap(group, /*prefetch=*/false);
     } else if (scenario == "versus-ddp") {
       versus_ddp(group);
     } else {

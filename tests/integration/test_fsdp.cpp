@@ -49,7 +49,8 @@ INSTANTIATE_TEST_SUITE_P(Backends, Fsdp,
                                          Case{"sequential", "gloo", 3},
                                          Case{"sequential", "shm", 2}, Case{"sequential", "mpi", 2},
                                          Case{"sequential", "local", 1}, Case{"custom", "gloo", 3},
-                                         Case{"custom", "mpi", 2}, Case{"versus-ddp", "gloo", 2},
+                                         Case{"custom", "mpi", 2}, Case{"overlap", "gloo", 2},
+                                         Case{"versus-ddp", "gloo", 2},
                                          Case{"versus-ddp", "shm", 3}),
                          case_name);
 

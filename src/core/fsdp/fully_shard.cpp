@@ -279,6 +279,10 @@ FullyShardedDataParallel::FullyShardedDataParallel(
     state_->by_module[unit.get()] = state_->units.back().get();
   }
   add_root_unit(claimed);
+  // Until a forward shows the order, gathers are issued ahead in the order units were given.
+  for (const auto& unit : state_->units) {
+    if (unit.get() != state_->root) state_->predicted.push_back(unit.get());
+  }
   if (options.init_sync()) {
     for (auto& buffer : module_->buffers()) state_->group->broadcast(buffer, 0)->wait();
   }

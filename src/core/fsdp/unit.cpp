@@ -43,6 +43,24 @@ void check_params(const std::string& unit, const std::vector<torch::Tensor>& par
   }
 }
 
+// Labels the collectives `group` issues during its life "<the step's phase>: <what>" (the flight
+// recorder's phase, which the hang report and the overlap test read), then gives the step's phase
+// back.
+class Label {
+ public:
+  Label(comm::ProcessGroup& group, const char* what, const std::string& unit)
+      : group_(group), phase_(group.recorder().phase()) {
+    group_.set_phase(fmt::format("{}: {} {}", phase_, what, unit));
+  }
+  ~Label() { group_.set_phase(phase_); }
+  Label(const Label&) = delete;
+  Label& operator=(const Label&) = delete;
+
+ private:
+  comm::ProcessGroup& group_;
+  std::string phase_;
+};
+
 }  // namespace
 
 FlatLayout plan_flat_layout(const std::vector<int64_t>& numels, int world_size) {
@@ -89,6 +107,7 @@ torch::Tensor Unit::flatten(const std::vector<torch::Tensor>& values) const {
 void Unit::gather_async() {
   if (full_state_ != FullState::kFreed) return;
   resize_storage(full_, static_cast<size_t>(layout_.padded) * full_.element_size());
+  const Label label(group_, "gather", name_);
   gather_work_ = group_.all_gather(full_, shard_.detach());
   full_state_ = FullState::kGathering;
 }
@@ -130,6 +149,7 @@ void Unit::reduce_async() {
   DDP_CHECK(flat_grad_.defined() && reduce_work_ == nullptr, "one reduce per prepared gradient");
   for (auto& p : params_) p.mutable_grad() = torch::Tensor();
   reduced_ = torch::empty({layout_.shard}, shard_.options().requires_grad(false));
+  const Label label(group_, "reduce-scatter", name_);
   reduce_work_ = group_.reduce_scatter(reduced_, flat_grad_, comm::ReduceOp::kAvg);
 }
 
