@@ -18,7 +18,7 @@ add_library(ddp_all INTERFACE)
 add_library(ddp::ddp ALIAS ddp_all)
 set_target_properties(ddp_all PROPERTIES EXPORT_NAME ddp)
 target_link_libraries(ddp_all INTERFACE ddp::train ddp::core ddp::comm ddp::data ddp::models
-                                        ddp::launch_info ddp::store ddp::flight_records
+                                        ddp::nn ddp::launch_info ddp::store ddp::flight_records
                                         ddp::elastic_keys ddp::stacks ddp::shm ddp::common)
 
 # ddp::torch (cmake/DdpDependencies.cmake) holds the paths of the LibTorch found here. The
@@ -39,7 +39,7 @@ set_target_properties(ddp_torch PROPERTIES EXPORT_NAME torch)
 # only reuse it (PRECOMPILE_HEADERS_REUSE_FROM, a build-time property), and ddp_pch is private.
 set(ddp_layers ddp_common_lib ddp_stacks_lib ddp_launch_info_lib ddp_store_lib
                ddp_flight_records_lib ddp_elastic_keys_lib ddp_shm_lib ddp_comm_lib ddp_core_lib
-               ddp_data_lib ddp_models_lib ddp_train_lib)
+               ddp_data_lib ddp_nn_lib ddp_models_lib ddp_train_lib)
 # The public headers are C++17 (nested namespaces, inline variables): a requirement of their
 # users, not only of this build (which sets CMAKE_CXX_STANDARD).
 foreach(layer IN LISTS ddp_layers)

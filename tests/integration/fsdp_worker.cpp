@@ -4,12 +4,13 @@
 //   sequential   a Sequential MLP (its Linear layers the units) on N ranks against one process
 //                with the N-times batch, Adam, with an evaluation forward between steps
 //   custom       a model with its own forward (embedding and head in the root unit, three blocks
-//                called through ddp::fsdp::call) against one process, SGD with momentum, and two
+//                called through ddp::nn::call) against one process, SGD with momentum, and two
 //                micro-batches per step
 //   overlap      the custom model's step: each block's all-gather issued (the flight record's
 //                time) before the previous block's forward, or the next block's backward, ended;
 //                and, without prefetch, not
-//   versus-ddp   a Sequential with BatchNorm against DistributedDataParallel on the same ranks
+//   versus-ddp   a Sequential with BatchNorm (in the root unit) and a nested Sequential (whose
+//                Linear is a unit) against DistributedDataParallel on the same ranks
 //                (broadcast_buffers off: each rank its own statistics, in both)
 // Each also checks the shards' sizes (1/N of each unit, padded) and that nothing stays gathered
 // after a step.
@@ -156,7 +157,7 @@ struct BlockImpl : torch::nn::Module {
 TORCH_MODULE(Block);
 
 // A model as users write theirs: an embedding and a head around blocks, each block called
-// through ddp::fsdp::call (the one line per unit a sharded model needs).
+// through ddp::nn::call (the one line per unit a sharded model needs).
 struct NetImpl : torch::nn::Module {
   NetImpl() {
     embed = register_module("embed", torch::nn::Linear(12, 10));
@@ -168,7 +169,7 @@ struct NetImpl : torch::nn::Module {
     auto h = embed(x);
     for (size_t i = 0; i < blocks->size(); ++i) {
       auto block = blocks->ptr<BlockImpl>(i);
-      h = ddp::fsdp::call(block, h);
+      h = ddp::nn::call(block, h);
     }
     return head(h);
   }
@@ -262,10 +263,19 @@ void overlap(const Group& g, bool prefetch) {
                      verdict));
 }
 
+// A Sequential that can sit inside another (LibTorch's own has a templated forward, which a
+// Sequential cannot hold), as the built-in ResNet's stages.
+struct NestedImpl : torch::nn::SequentialImpl {
+  using SequentialImpl::SequentialImpl;
+  torch::Tensor forward(torch::Tensor x) { return SequentialImpl::forward(std::move(x)); }
+};
+TORCH_MODULE(Nested);
+
 torch::nn::Sequential make_bn_net() {
   torch::manual_seed(5);
-  return torch::nn::Sequential(torch::nn::Linear(12, 16), torch::nn::BatchNorm1d(16),
-                               torch::nn::ReLU(), torch::nn::Linear(16, 5));
+  return torch::nn::Sequential(
+      torch::nn::Linear(12, 16), torch::nn::BatchNorm1d(16), torch::nn::ReLU(),
+      Nested(torch::nn::Linear(16, 16), torch::nn::ReLU()), torch::nn::Linear(16, 5));
 }
 
 void versus_ddp(const Group& g) {
@@ -273,8 +283,11 @@ void versus_ddp(const Group& g) {
   ddp::DistributedDataParallel ddp_model(
       plain.ptr(), g, ddp::DistributedDataParallelOptions().broadcast_buffers(false));
   torch::optim::SGD ddp_opt(ddp_model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  // The units named: the Linear layers, one of them inside a nested Sequential; BatchNorm's
+  // parameters are the root unit's.
   auto net = make_bn_net();
-  ddp::FullyShardedDataParallel model(net, g);
+  ddp::FullyShardedDataParallel model(net, g, {},
+                                      {net[0], net[3]->as<NestedImpl>()->ptr(0), net[4]});
   torch::optim::SGD opt(model.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   for (int step = 0; step < kSteps; ++step) {
     auto [x, y] = global_batch(step, g->world_size(), 12);
@@ -288,7 +301,7 @@ void versus_ddp(const Group& g) {
     expect_states_equal(model.state_dict(), state_of(*plain),
                         fmt::format("step {}: sharded == DDP, buffers per rank", step));
   }
-  expect_sharded(model, g, {12 * 16 + 16, 16 + 16, 16 * 5 + 5});
+  expect_sharded(model, g, {12 * 16 + 16, 16 * 16 + 16, 16 * 5 + 5, 16 + 16});
 }
 
 }  // namespace

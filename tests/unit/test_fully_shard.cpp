@@ -64,7 +64,7 @@ TEST(FullyShard, AUnitThatMixesDtypesIsRefusedNamingBoth) {
 struct TwiceImpl : torch::nn::Module {
   TwiceImpl() : fc(register_module("fc", torch::nn::Linear(3, 3))) {}
   torch::Tensor forward(const torch::Tensor& x) {
-    return ddp::fsdp::call(fc, ddp::fsdp::call(fc, x));
+    return ddp::nn::call(fc, ddp::nn::call(fc, x));
   }
   torch::nn::Linear fc;
 };

@@ -6,8 +6,9 @@
 // (averaged) into their owners' shards while the backward goes on, and the optimizer steps on the
 // shards.
 //
-// A model that is a torch::nn::Sequential needs no change: its children are the units and the
-// wrapper's forward runs them in order, as Sequential's does.
+// A model that is a torch::nn::Sequential needs no change: its children are the units (or the
+// modules named, anywhere in nested Sequentials) and the wrapper's forward runs them in order, as
+// Sequential's does.
 //
 //   torch::nn::Sequential net = make_net();
 //   ddp::FullyShardedDataParallel model(net, group);
@@ -16,11 +17,11 @@
 //   loss.backward();      // returns with each shard's gradient averaged over the ranks
 //   optimizer.step();
 //
-// Any other model names its units, and its forward calls each through ddp::fsdp::call, one line
-// per unit: `x = block(x)` becomes `x = ddp::fsdp::call(block, x)`. That is what LibTorch's lack of
+// Any other model names its units, and its forward calls each through ddp::nn::call, one line
+// per unit: `x = block(x)` becomes `x = ddp::nn::call(block, x)`. That is what LibTorch's lack of
 // forward hooks forces (PyTorch's FSDP gathers a unit in a forward pre-hook; a C++ module's
-// forward is an ordinary method nobody can intercept). Outside a sharded model's forward,
-// ddp::fsdp::call is the plain call, so the model still runs unwrapped:
+// forward is an ordinary method nobody can intercept: ddp/nn/forward_hooks.h). Outside a sharded
+// model's forward, ddp::nn::call is the plain call, so the model still runs unwrapped:
 //
 //   ddp::FullyShardedDataParallel model(net, {net->encoder, net->decoder}, group);
 //   auto y = model.forward_with([&] { return net->forward(x); });
@@ -48,6 +49,7 @@
 #include <vector>
 
 #include "ddp/comm/process_group.h"
+#include "ddp/nn/forward_hooks.h"
 
 namespace ddp {
 
@@ -76,45 +78,18 @@ struct FlatLayout {
 };
 FlatLayout plan_flat_layout(const std::vector<int64_t>& numels, int world_size);
 
-class Unit;
-
-// What the sharded model whose forward runs now does around a unit's call (ddp::fsdp::call). One
-// per thread: a sharded model's forward installs itself for its duration.
-class UnitCalls {
- public:
-  virtual ~UnitCalls() = default;
-  // The unit `module` is, or nullptr when it is none of this model's.
-  virtual Unit* find(const torch::nn::Module& module) = 0;
-  // Before the unit's forward: its parameters gathered, the next unit's gather issued.
-  virtual void before(Unit& unit) = 0;
-  // After it: the gather for the backward arranged on `output`, the parameters freed.
-  virtual torch::Tensor after(Unit& unit, torch::Tensor output) = 0;
-
-  static UnitCalls* current();
-};
-
-// `module`'s forward with `args`, with the gathers around it when a sharded model's forward is
-// running and `module` is one of its units; the plain call otherwise. `module`: a module holder
-// (torch::nn::Linear, a TORCH_MODULE) or a shared_ptr to a module; its forward returns a Tensor.
-template <class M, class... Args>
-torch::Tensor call(M& module, Args&&... args) {
-  UnitCalls* calls = UnitCalls::current();
-  Unit* unit = calls != nullptr ? calls->find(*module) : nullptr;
-  if (unit == nullptr) return module->forward(std::forward<Args>(args)...);
-  calls->before(*unit);
-  return calls->after(*unit, module->forward(std::forward<Args>(args)...));
-}
-
 }  // namespace fsdp
 
 class FullyShardedDataParallel {
  public:
-  // A Sequential: each child with parameters is a unit, run in order by forward(). A collective
-  // (the init_sync broadcasts). Throws InputError for a unit whose parameters mix dtypes or
-  // devices, or one that does not require grad.
+  // A Sequential, run by forward(): its `units` (empty: each child with parameters), anywhere in
+  // it or in Sequentials nested in it, each gathered around its forward. A collective (the
+  // init_sync broadcasts). Throws InputError for a unit whose parameters mix dtypes or devices, or
+  // one that does not require grad.
   FullyShardedDataParallel(torch::nn::Sequential module, std::shared_ptr<comm::ProcessGroup> group,
-                           FullyShardOptions options = {});
-  // Any module, with `units` among its descendants (each called through ddp::fsdp::call by the
+                           FullyShardOptions options = {},
+                           std::vector<std::shared_ptr<torch::nn::Module>> units = {});
+  // Any module, with `units` among its descendants (each called through ddp::nn::call by the
   // module's forward); their parameters are sharded unit by unit, the others as the root unit.
   FullyShardedDataParallel(std::shared_ptr<torch::nn::Module> module,
                            std::vector<std::shared_ptr<torch::nn::Module>> units,
@@ -124,9 +99,10 @@ class FullyShardedDataParallel {
   FullyShardedDataParallel(const FullyShardedDataParallel&) = delete;
   FullyShardedDataParallel& operator=(const FullyShardedDataParallel&) = delete;
 
-  // The Sequential's forward, unit by unit (constructed from a Sequential only).
+  // The Sequential's forward, unit by unit (constructed from a Sequential only); a nested
+  // Sequential that holds units runs child by child too.
   torch::Tensor forward(torch::Tensor input);
-  // Installs the model as fsdp::UnitCalls::current() for one forward.
+  // Installs the model's hooks (ddp::nn::ForwardHooks) for one forward.
   class Forward {
    public:
     // Gathers the root unit; throws InputError inside another sharded model's forward.
@@ -144,7 +120,7 @@ class FullyShardedDataParallel {
     bool finished_ = false;
   };
 
-  // Any forward: `run` calls the module however it wants; its units through ddp::fsdp::call.
+  // Any forward: `run` calls the module however it wants; its units through ddp::nn::call.
   template <class F>
   auto forward_with(F&& run) {
     Forward scope(*this);

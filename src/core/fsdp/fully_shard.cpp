@@ -19,8 +19,6 @@ namespace ddp {
 namespace fsdp {
 namespace {
 
-thread_local UnitCalls* t_current = nullptr;
-
 std::vector<std::shared_ptr<torch::nn::Module>> children_of(const torch::nn::SequentialImpl& seq) {
   std::vector<std::shared_ptr<torch::nn::Module>> children;
   for (const auto& child : seq) children.push_back(child.ptr());
@@ -45,10 +43,6 @@ class AfterAccumulate : public torch::autograd::FunctionPostHook {
 
 }  // namespace
 
-UnitCalls* UnitCalls::current() {
-  return t_current;
-}
-
 }  // namespace fsdp
 
 using fsdp::children_of;
@@ -61,7 +55,7 @@ using fsdp::children_of;
 //             its reduce-scatter is issued (after the previous unit's is finished, so that at
 //             most two flat gradients live at once) and the unit is freed; at the end of the
 //             backward (autograd's callback) the rest is reduced, waited for and freed.
-struct FullyShardedDataParallel::State : fsdp::UnitCalls {
+struct FullyShardedDataParallel::State : nn::ForwardHooks {
   std::shared_ptr<comm::ProcessGroup> group;
   FullyShardOptions options;
   std::optional<torch::nn::Sequential> sequential;
@@ -78,12 +72,21 @@ struct FullyShardedDataParallel::State : fsdp::UnitCalls {
   fsdp::Unit* last_reduced = nullptr;      // whose reduce-scatter is in flight
   bool in_backward = false;
 
-  fsdp::Unit* find(const torch::nn::Module& module) override {
+  fsdp::Unit* find(const torch::nn::Module& module) const {
     auto it = by_module.find(&module);
     return it == by_module.end() ? nullptr : it->second;
   }
-  void before(fsdp::Unit& unit) override;
-  torch::Tensor after(fsdp::Unit& unit, torch::Tensor output) override;
+  bool wants(const torch::nn::Module& module) override { return find(module) != nullptr; }
+  void before(const torch::nn::Module& module) override { before(*find(module)); }
+  torch::Tensor after(const torch::nn::Module& module, torch::Tensor output) override {
+    return after(*find(module), std::move(output));
+  }
+  void before(fsdp::Unit& unit);
+  torch::Tensor after(fsdp::Unit& unit, torch::Tensor output);
+  // The Sequential's forward: units gathered around theirs, nested Sequentials that hold units
+  // child by child.
+  torch::Tensor run(torch::nn::SequentialImpl& sequential, torch::Tensor x);
+  bool holds_units(const torch::nn::Module& module) const;
 
   void add_unit(std::string name, std::vector<torch::Tensor> params,
                 std::vector<std::string> names);
@@ -213,23 +216,23 @@ void FullyShardedDataParallel::State::end_backward() {
 
 FullyShardedDataParallel::Forward::Forward(FullyShardedDataParallel& model)
     : model_(model), grad_enabled_(torch::GradMode::is_enabled()) {
-  if (fsdp::t_current != nullptr) {
+  if (nn::ForwardHooks::current() != nullptr) {
     throw InputError(
         "fully_shard: a sharded model's forward runs inside another's; shard the "
         "outer model only, with the inner one's blocks among its units");
   }
   model_.state_->begin_forward();
-  fsdp::t_current = model_.state_.get();
+  nn::ForwardHooks::install(model_.state_.get());
 }
 
 void FullyShardedDataParallel::Forward::finish() {
-  fsdp::t_current = nullptr;
+  nn::ForwardHooks::install(nullptr);
   finished_ = true;
   model_.state_->end_forward(grad_enabled_);
 }
 
 FullyShardedDataParallel::Forward::~Forward() {
-  fsdp::t_current = nullptr;
+  nn::ForwardHooks::install(nullptr);
   if (finished_) return;
   try {  // the forward threw: give back what it gathered, and keep its error
     model_.state_->end_forward(/*grad_enabled=*/false);
@@ -237,10 +240,11 @@ FullyShardedDataParallel::Forward::~Forward() {
   }
 }
 
-FullyShardedDataParallel::FullyShardedDataParallel(torch::nn::Sequential module,
-                                                   std::shared_ptr<comm::ProcessGroup> group,
-                                                   FullyShardOptions options)
-    : FullyShardedDataParallel(module.ptr(), children_of(*module), std::move(group), options) {
+FullyShardedDataParallel::FullyShardedDataParallel(
+    torch::nn::Sequential module, std::shared_ptr<comm::ProcessGroup> group,
+    FullyShardOptions options, std::vector<std::shared_ptr<torch::nn::Module>> units)
+    : FullyShardedDataParallel(module.ptr(), units.empty() ? children_of(*module) : units,
+                               std::move(group), options) {
   state_->sequential = module;
 }
 
@@ -314,18 +318,30 @@ torch::Tensor FullyShardedDataParallel::forward(torch::Tensor input) {
         "fully_shard: forward(x) runs a Sequential; call any other model through "
         "forward_with");
   }
-  return forward_with([&] {
-    for (auto& child : **state_->sequential) {
-      fsdp::Unit* unit = state_->find(*child.ptr());
-      if (unit == nullptr) {
-        input = child.forward(input);
-        continue;
-      }
-      state_->before(*unit);
-      input = state_->after(*unit, child.forward(input));
+  return forward_with([&] { return state_->run(**state_->sequential, std::move(input)); });
+}
+
+bool FullyShardedDataParallel::State::holds_units(const torch::nn::Module& module) const {
+  for (const auto& child : module.modules(/*include_self=*/false)) {
+    if (find(*child) != nullptr) return true;
+  }
+  return false;
+}
+
+torch::Tensor FullyShardedDataParallel::State::run(torch::nn::SequentialImpl& sequential,
+                                                   torch::Tensor x) {
+  for (auto& child : sequential) {
+    if (fsdp::Unit* unit = find(*child.ptr())) {
+      before(*unit);
+      x = after(*unit, child.forward(x));
+    } else if (auto* inner = child.ptr()->as<torch::nn::SequentialImpl>();
+               inner != nullptr && holds_units(*inner)) {
+      x = run(*inner, std::move(x));
+    } else {
+      x = child.forward(x);
     }
-    return input;
-  });
+  }
+  return x;
 }
 
 std::vector<torch::Tensor> FullyShardedDataParallel::parameters() const {
