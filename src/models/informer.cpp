@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "ddp/common/error.h"
+#include "ddp/nn/forward_hooks.h"
 
 namespace ddp::models {
 namespace {
@@ -229,12 +230,22 @@ InformerImpl::InformerImpl(const InformerOptions& o) : options_(o) {
   projection_ = register_module("projection", torch::nn::Linear(o.d_model, o.c_out));
 }
 
+std::vector<std::shared_ptr<torch::nn::Module>> InformerImpl::layers() const {
+  std::vector<std::shared_ptr<torch::nn::Module>> layers;
+  for (size_t i = 0; i < attn_layers_->size(); ++i) {
+    layers.push_back(attn_layers_->ptr(i));
+    if (i < conv_layers_->size()) layers.push_back(conv_layers_->ptr(i));
+  }
+  for (const auto& layer : *decoder_layers_) layers.push_back(layer);
+  return layers;
+}
+
 torch::Tensor InformerImpl::encode(const torch::Tensor& x_enc, const torch::Tensor& x_mark_enc) {
   auto x = enc_embedding_(x_enc, x_mark_enc);
   // Each layer but the last is followed by distilling, which halves the length.
   for (size_t i = 0; i < attn_layers_->size(); ++i) {
-    x = attn_layers_[i]->as<EncoderLayer>()->forward(x);
-    if (i < conv_layers_->size()) x = conv_layers_[i]->as<ConvLayer>()->forward(x);
+    x = nn::call(attn_layers_[i]->as<EncoderLayer>(), x);
+    if (i < conv_layers_->size()) x = nn::call(conv_layers_[i]->as<ConvLayer>(), x);
   }
   return encoder_norm_(x);
 }
@@ -243,7 +254,7 @@ torch::Tensor InformerImpl::forward(const torch::Tensor& x_enc, const torch::Ten
                                     const torch::Tensor& x_dec, const torch::Tensor& x_mark_dec) {
   auto memory = encode(x_enc, x_mark_enc);
   auto x = dec_embedding_(x_dec, x_mark_dec);
-  for (const auto& layer : *decoder_layers_) x = layer->as<DecoderLayer>()->forward(x, memory);
+  for (const auto& layer : *decoder_layers_) x = nn::call(layer->as<DecoderLayer>(), x, memory);
   auto out = projection_(decoder_norm_(x));
   return out.narrow(1, out.size(1) - options_.pred_len, options_.pred_len);
 }

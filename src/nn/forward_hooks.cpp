@@ -5,6 +5,13 @@ namespace {
 
 thread_local ForwardHooks* t_hooks = nullptr;
 
+bool holds_wanted(ForwardHooks& hooks, const torch::nn::Module& module) {
+  for (const auto& inner : module.modules(/*include_self=*/false)) {
+    if (hooks.wants(*inner)) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 ForwardHooks* ForwardHooks::current() {
@@ -15,6 +22,24 @@ ForwardHooks* ForwardHooks::install(ForwardHooks* hooks) {
   ForwardHooks* previous = t_hooks;
   t_hooks = hooks;
   return previous;
+}
+
+torch::Tensor forward_sequential(torch::nn::SequentialImpl& sequential, torch::Tensor x) {
+  ForwardHooks* hooks = ForwardHooks::current();
+  if (hooks == nullptr) return sequential.forward(std::move(x));
+  for (auto& child : sequential) {
+    const auto& module = *child.ptr();
+    if (hooks->wants(module)) {
+      hooks->before(module);
+      x = hooks->after(module, child.forward(x));
+    } else if (auto* inner = child.ptr()->as<torch::nn::SequentialImpl>();
+               inner != nullptr && holds_wanted(*hooks, *inner)) {
+      x = forward_sequential(*inner, std::move(x));
+    } else {
+      x = child.forward(x);
+    }
+  }
+  return x;
 }
 
 }  // namespace ddp::nn

@@ -10,6 +10,7 @@
 #include "ddp/models/informer.h"
 #include "ddp/models/resnet.h"
 #include "ddp/models/sequential_models.h"
+#include "ddp/nn/forward_hooks.h"
 
 namespace ddp::train {
 namespace {
@@ -20,9 +21,20 @@ constexpr int64_t kRandomRows = 100;
 constexpr int64_t kRandomFeatures = 5;
 constexpr int64_t kRandomOutputs = 2;
 
-template <class Holder>
-std::function<torch::Tensor(const torch::Tensor&)> forward_of(Holder holder) {
-  return [holder](const torch::Tensor& x) mutable { return holder->forward(x); };
+// The modules of type `M` inside `net`, in registration order (the order its forward runs them).
+template <class M>
+std::vector<std::shared_ptr<torch::nn::Module>> units_of_type(const torch::nn::Module& net) {
+  std::vector<std::shared_ptr<torch::nn::Module>> units;
+  for (const auto& module : net.modules(/*include_self=*/false)) {
+    if (module->as<M>() != nullptr) units.push_back(module);
+  }
+  return units;
+}
+
+std::function<torch::Tensor(const torch::Tensor&)> forward_of(torch::nn::Sequential holder) {
+  // Child by child (the Sequential's own forward, as ddp::nn::call's hooks see it): a sharded
+  // model gathers each unit around its call (ddp/core/fully_shard.h).
+  return [holder](const torch::Tensor& x) mutable { return nn::forward_sequential(*holder, x); };
 }
 
 // The csv dataset: windows over the file's (or the synthetic series') training, validation and
@@ -58,6 +70,7 @@ void make_informer(const Config& config, Workload& w) {
   o.pred_len = config.time_series.pred_len;
   models::Informer net(o);
   w.module = net.ptr();
+  w.units = net->layers();
   w.forward = [net, o, columns](const torch::Tensor& window) mutable {
     auto values = window.narrow(2, 0, columns);
     auto marks = window.narrow(2, columns, 4);
@@ -102,14 +115,17 @@ Workload make_workload(const Config& config, const models::NormFactory& norm) {
   if (config.model == "mlp") {
     auto net = models::make_mlp(w.train_set.inputs[0].numel(), w.train_set.num_classes);
     w.module = net.ptr();
+    w.units = units_of_type<torch::nn::LinearImpl>(*net);
     w.forward = forward_of(net);
   } else if (config.model == "resnet18") {
     auto net = models::make_resnet18(w.train_set.num_classes, w.train_set.inputs.size(1), norm);
     w.module = net.ptr();
+    w.units = units_of_type<models::ResidualImpl>(*net);
     w.forward = forward_of(net);
   } else if (config.model == "linear") {
     auto net = models::make_linear(w.train_set.inputs.size(1), w.train_set.targets.size(1));
     w.module = net.ptr();
+    w.units = units_of_type<torch::nn::LinearImpl>(*net);
     w.forward = forward_of(net);
   } else if (config.model == "informer") {
     make_informer(config, w);

@@ -25,6 +25,8 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
+#include <memory>
+#include <vector>
 
 namespace ddp::models {
 
@@ -140,6 +142,9 @@ class InformerImpl : public torch::nn::Module {
   // The encoder's output: [B, L', d_model], L' = seq_len halved (rounding up) e_layers - 1 times.
   torch::Tensor encode(const torch::Tensor& x_enc, const torch::Tensor& x_mark_enc);
   const InformerOptions& options() const { return options_; }
+  // The encoder's and the decoder's layers in the order the forward calls them (each through
+  // ddp::nn::call, so that a sharded model can gather each around its call).
+  std::vector<std::shared_ptr<torch::nn::Module>> layers() const;
 
  private:
   InformerOptions options_;

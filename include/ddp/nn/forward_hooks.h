@@ -7,10 +7,12 @@
 // the plain call, so a model written this way runs the same unwrapped:
 //
 //   x = ddp::nn::call(block, x);   // instead of x = block(x), or block->forward(x)
+//   x = ddp::nn::forward_sequential(*net, x);   // instead of net->forward(x), for a Sequential
 //
 // Free of everything but torch::nn, so that the models' layer may use it.
 
 #include <torch/nn/module.h>
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/types.h>
 
 #include <utility>
@@ -34,10 +36,10 @@ class ForwardHooks {
 };
 
 // `module`'s forward with `args`, between the installed hooks' before() and after() when they
-// want `module`. `module`: a module holder (torch::nn::Linear, a TORCH_MODULE) or a shared_ptr to
-// a module; its forward returns a Tensor.
+// want `module`. `module`: a module holder (torch::nn::Linear, a TORCH_MODULE), a shared_ptr or a
+// pointer to a module; its forward returns a Tensor.
 template <class M, class... Args>
-torch::Tensor call(M& module, Args&&... args) {
+torch::Tensor call(M&& module, Args&&... args) {
   ForwardHooks* hooks = ForwardHooks::current();
   if (hooks == nullptr || !hooks->wants(*module)) {
     return module->forward(std::forward<Args>(args)...);
@@ -45,5 +47,11 @@ torch::Tensor call(M& module, Args&&... args) {
   hooks->before(*module);
   return hooks->after(*module, module->forward(std::forward<Args>(args)...));
 }
+
+// A Sequential's forward (each child's output the next one's input), each child through call():
+// the same result as sequential->forward(x), with the installed hooks around the children they
+// want, and around those inside the Sequentials it holds (a child Sequential holding one they want
+// runs child by child too).
+torch::Tensor forward_sequential(torch::nn::SequentialImpl& sequential, torch::Tensor x);
 
 }  // namespace ddp::nn

@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "ddp/data/dataset.h"
 #include "ddp/data/time_series.h"
@@ -21,6 +22,10 @@ struct Workload {
   std::optional<data::TensorDataset> val_set;  // evaluated every eval-every epochs when present;
   data::TensorDataset test_set;                // then the test set only after the last epoch
   std::shared_ptr<torch::nn::Module> module;
+  // The modules --fsdp shards and gathers one at a time (the others' parameters are sharded
+  // together, as the root unit): the MLP's layers, ResNet-18's residual blocks, the Informer's
+  // encoder, distilling and decoder layers.
+  std::vector<std::shared_ptr<torch::nn::Module>> units;
   std::function<torch::Tensor(const torch::Tensor& input)> forward;
   // The naive forecast of the time series, reported beside the model; empty elsewhere.
   std::function<torch::Tensor(const torch::Tensor& input)> naive;

@@ -83,10 +83,6 @@ struct FullyShardedDataParallel::State : nn::ForwardHooks {
   }
   void before(fsdp::Unit& unit);
   torch::Tensor after(fsdp::Unit& unit, torch::Tensor output);
-  // The Sequential's forward: units gathered around theirs, nested Sequentials that hold units
-  // child by child.
-  torch::Tensor run(torch::nn::SequentialImpl& sequential, torch::Tensor x);
-  bool holds_units(const torch::nn::Module& module) const;
 
   void add_unit(std::string name, std::vector<torch::Tensor> params,
                 std::vector<std::string> names);
@@ -318,30 +314,8 @@ torch::Tensor FullyShardedDataParallel::forward(torch::Tensor input) {
         "fully_shard: forward(x) runs a Sequential; call any other model through "
         "forward_with");
   }
-  return forward_with([&] { return state_->run(**state_->sequential, std::move(input)); });
-}
-
-bool FullyShardedDataParallel::State::holds_units(const torch::nn::Module& module) const {
-  for (const auto& child : module.modules(/*include_self=*/false)) {
-    if (find(*child) != nullptr) return true;
-  }
-  return false;
-}
-
-torch::Tensor FullyShardedDataParallel::State::run(torch::nn::SequentialImpl& sequential,
-                                                   torch::Tensor x) {
-  for (auto& child : sequential) {
-    if (fsdp::Unit* unit = find(*child.ptr())) {
-      before(*unit);
-      x = after(*unit, child.forward(x));
-    } else if (auto* inner = child.ptr()->as<torch::nn::SequentialImpl>();
-               inner != nullptr && holds_units(*inner)) {
-      x = run(*inner, std::move(x));
-    } else {
-      x = child.forward(x);
-    }
-  }
-  return x;
+  return forward_with(
+      [&] { return nn::forward_sequential(**state_->sequential, std::move(input)); });
 }
 
 std::vector<torch::Tensor> FullyShardedDataParallel::parameters() const {
