@@ -225,6 +225,8 @@ std::vector<ConfigKey> make_keys() {
                  "dataset location (fashion-mnist: a directory, empty: "
                  "/usr/share/datasets/fashion-mnist; csv: a file, empty: the synthetic series)"),
       int_key("train-subset", &C::train_subset, 0, "train on the first N samples only (0: all)"),
+      int_key("test-subset", &C::test_subset, 0,
+              "evaluate on the first N test (and validation) samples only (0: all)"),
       string_key("date-column", DDP_MEMBER(time_series.date_column), {}, "NAME",
                  "csv: the date column, source of the time features (absent: none)"),
       string_key("target", DDP_MEMBER(time_series.target), {}, "NAME",
@@ -325,6 +327,10 @@ std::vector<ConfigKey> make_keys() {
       bool_key("zero", &C::zero,
                "ZeRO stage 1 (ZeroRedundancyOptimizer): each rank keeps the optimizer state of "
                "its shard of the parameters only"),
+      bool_key("fsdp", &C::fsdp,
+               "fully sharded data parallelism (FSDP): each rank keeps 1/N of every layer's "
+               "parameters, gradients and optimizer state; a layer is gathered whole only while "
+               "its forward or backward runs"),
       string_key("sync", &C::sync, {"ddp", "local-sgd", "diloco"}, "",
                  "ddp: gradients all-reduced every step; local-sgd: each rank trains alone and "
                  "the models are averaged every sync-every steps and at each epoch's end; diloco: "
@@ -586,10 +592,36 @@ void validate_elastic(const Config& config) {
   }
 }
 
+// --fsdp: the keys that act on DDP's wrapper or on the whole model every rank holds.
+void validate_fsdp(const Config& config) {
+  if (!config.fsdp) return;
+  const DistributedDataParallelOptions defaults;
+  const std::vector<std::pair<bool, const char*>> refused = {
+      {config.zero, "zero (FSDP shards the optimizer state already)"},
+      {config.sync != "ddp", "sync local-sgd or diloco (each rank would train a whole model)"},
+      {config.uneven, "uneven (a rank out of batches would leave the others' gathers alone)"},
+      {config.elastic, "elastic"},
+      {config.comm_hook != CommHook::kAllReduce, "comm-hook (FSDP reduce-scatters gradients)"},
+      {config.amp == Amp::kFp16, "amp fp16 (bf16 needs no GradScaler)"},
+      {config.sync_bn, "sync-bn"},
+      {config.check_params_every > 0, "check-params-every (no rank holds the whole model)"},
+      {config.bucket_cap_auto, "bucket-cap-mb auto (FSDP has no buckets)"},
+      {config.ddp.find_unused_parameters(), "find-unused-parameters"},
+      {config.ddp.gradient_as_bucket_view(), "gradient-as-bucket-view (FSDP has no buckets)"},
+      {config.ddp.bucket_cap_mb() != defaults.bucket_cap_mb() ||
+           config.ddp.first_bucket_mb() != defaults.first_bucket_mb(),
+       "bucket-cap-mb or first-bucket-mb (FSDP has no buckets: it gathers and reduces by layer)"},
+  };
+  for (const auto& [set, key] : refused) {
+    if (set) throw InputError(fmt::format("key 'fsdp': cannot be combined with {}", key));
+  }
+}
+
 }  // namespace
 
 void validate(const Config& config) {
   validate_workload(config);
+  validate_fsdp(config);
   validate_elastic(config);
   validate_sync(config);
   validate_bucket_tuning(config);

@@ -215,8 +215,8 @@ Distributed init_distributed(const Config& config, const comm::Env& env) {
   d.device = resolve_device(config.device, gpus, d.launch.local_rank);
   // --elastic: gloo or nccl even for one rank (the group may grow).
   d.backend = config.backend != "auto" ? config.backend
-              : config.elastic        ? elastic_backend(d.device)
-                                      : comm::default_backend(d.launch, d.device.is_cuda());
+              : config.elastic         ? elastic_backend(d.device)
+                                       : comm::default_backend(d.launch, d.device.is_cuda());
   if (!d.launch.rendezvous_origin.empty()) log::info("rendezvous: {}", d.launch.rendezvous_origin);
   d.options.timeout = to_ms(config.comm_timeout);
   d.options.rendezvous_timeout = to_ms(config.rendezvous_timeout);

@@ -127,8 +127,8 @@ std::string describe(const KeyMismatch& m, size_t max_listed) {
   return fmt::format("{}", fmt::join(parts, "; "));
 }
 
-void load_state_dict(torch::nn::Module& module, const StateDict& weights,
-                     const std::string& origin) {
+StateDict fitted_state_dict(const torch::nn::Module& module, const StateDict& weights,
+                            const std::string& origin) {
   const StateDict target = own_state_dict(module);
   const KeyMismatch mismatch = compare_keys(shapes_of(target), shapes_of(weights));
   if (!mismatch.empty()) {
@@ -137,11 +137,19 @@ void load_state_dict(torch::nn::Module& module, const StateDict& weights,
   }
   std::map<std::string, torch::Tensor> by_key;
   for (auto& [key, tensor] : without_module_prefixes(weights)) by_key[key] = tensor;
+  StateDict fitted;
+  for (const auto& entry : target) fitted.emplace_back(entry.first, by_key.at(entry.first));
+  return fitted;
+}
 
+void load_state_dict(torch::nn::Module& module, const StateDict& weights,
+                     const std::string& origin) {
+  const StateDict fitted = fitted_state_dict(module, weights, origin);
   // In place, as Python's load_state_dict: optimizers and DDP's bucket views keep pointing at
   // these tensors. copy_ moves the values to the tensor's device and dtype.
   torch::NoGradGuard no_grad;
-  for (const auto& [key, tensor] : target) tensor.copy_(by_key.at(key));
+  const StateDict target = own_state_dict(module);
+  for (size_t i = 0; i < target.size(); ++i) target[i].second.copy_(fitted[i].second);
 }
 
 StateDict state_dict_from(const c10::IValue& contents, const std::string& origin) {
@@ -182,9 +190,13 @@ c10::IValue to_ivalue(const StateDict& weights) {
 
 void save_weights(const torch::nn::Module& module, const std::string& path,
                   const std::string& prefix) {
-  StateDict weights = own_state_dict(module);
-  for (auto& w : weights) w.first = prefix + w.first;
-  write_pt_file(path, to_ivalue(weights));
+  save_weights(state_dict(module), path, prefix);
+}
+
+void save_weights(const StateDict& weights, const std::string& path, const std::string& prefix) {
+  StateDict named = without_module_prefixes(weights);
+  for (auto& w : named) w.first = prefix + w.first;
+  write_pt_file(path, to_ivalue(named));
 }
 
 void load_weights(torch::nn::Module& module, const std::string& path) {

@@ -30,9 +30,12 @@ StepTimes step_times_from(const double* values) {
 
 const char* cause_name(StragglerCause cause) {
   switch (cause) {
-    case StragglerCause::kComputation: return "computation";
-    case StragglerCause::kDataLoading: return "data loading";
-    case StragglerCause::kCommunication: return "communication";
+    case StragglerCause::kComputation:
+      return "computation";
+    case StragglerCause::kDataLoading:
+      return "data loading";
+    case StragglerCause::kCommunication:
+      return "communication";
   }
   return "?";
 }
@@ -57,9 +60,15 @@ double others_median(const std::vector<StepTimes>& ranks, size_t rank, const Fig
   return median(std::move(others));
 }
 
-double compute_of(const StepTimes& t) { return t.compute_s + t.optimizer_s; }
-double data_of(const StepTimes& t) { return t.data_s; }
-double comm_of(const StepTimes& t) { return t.comm_s; }
+double compute_of(const StepTimes& t) {
+  return t.compute_s + t.optimizer_s;
+}
+double data_of(const StepTimes& t) {
+  return t.data_s;
+}
+double comm_of(const StepTimes& t) {
+  return t.comm_s;
+}
 
 // The rank whose `figure` stands out most, when it passes the threshold and the excess floor.
 std::optional<StragglerVerdict> worst(const std::vector<StepTimes>& ranks, int64_t steps,
@@ -98,7 +107,8 @@ std::optional<StragglerVerdict> find_straggler(const std::vector<StepTimes>& ran
   const auto busy = [](const StepTimes& t) { return t.busy_s(); };
   const auto step = [](const StepTimes& t) { return t.busy_s() + t.comm_s; };
   const double per_step_ms = 1000.0 / static_cast<double>(steps);
-  const bool tenth = comm->rank_ms - comm->median_ms >= 0.1 * others_median(ranks, r, step) * per_step_ms;
+  const bool tenth =
+      comm->rank_ms - comm->median_ms >= 0.1 * others_median(ranks, r, step) * per_step_ms;
   const bool not_faster = ranks[r].busy_s() >= 0.9 * others_median(ranks, r, busy);
   return tenth && not_faster ? comm : std::nullopt;
 }
@@ -127,8 +137,8 @@ std::string straggler_message(const StragglerVerdict& v, int64_t first, int64_t 
   return fmt::format(
       "straggler: rank {} {} the median of the other ranks over steps {}-{} ({} {:.1f} ms vs "
       "{:.1f} ms a step); {}",
-      v.rank, fmt::format(fmt::runtime(what), v.ratio), first, last, figure, v.rank_ms,
-      v.median_ms, others);
+      v.rank, fmt::format(fmt::runtime(what), v.ratio), first, last, figure, v.rank_ms, v.median_ms,
+      others);
 }
 
 std::string recovered_message(int rank, const std::vector<StepTimes>& ranks, int64_t steps,
@@ -182,8 +192,8 @@ StragglerRecord::Lines StragglerRecord::add_window(const std::vector<StepTimes>&
   Lines lines;
   const auto verdict = find_straggler(ranks, steps, threshold_);
   if (verdict) epoch_straggler_ = verdict;
-  const bool same = verdict && named_ && verdict->rank == named_->rank &&
-                    verdict->cause == named_->cause;
+  const bool same =
+      verdict && named_ && verdict->rank == named_->rank && verdict->cause == named_->cause;
   if (named_ && !same && (!verdict || verdict->rank != named_->rank)) {
     lines.info = recovered_message(named_->rank, ranks, steps, first, last_step);
   }

@@ -76,7 +76,8 @@ Timeline::Timeline(size_t max_events)
 
 bool Timeline::refuse() {
   if (events_.size() + marks_.size() < max_events_) return false;
-  if (dropped_++ == 0) log::warn("timeline: {} events recorded, later ones are dropped", max_events_);
+  if (dropped_++ == 0)
+    log::warn("timeline: {} events recorded, later ones are dropped", max_events_);
   return true;
 }
 

@@ -21,6 +21,7 @@
 #include "ddp/train/pt_file.h"
 #include "optimizer_state.h"
 #include "phase.h"
+#include "sharded_model.h"
 #include "torch_errors.h"
 
 namespace ddp::train {
@@ -125,13 +126,13 @@ LrSchedule lr_schedule_of(const Config& config, int64_t batch_size, int world_si
 // The numbered file first, then the names that point at the newest: a kill at any moment leaves
 // every name holding a complete file. Then model.pt, and the checkpoints past --keep-last go.
 // Returns the numbered file.
-std::string write_checkpoint_files(const Checkpoint& c, CheckpointPosition at, const Config& config,
-                                   torch::nn::Module& module) {
+std::string write_checkpoint_files(const Checkpoint& c, CheckpointPosition at,
+                                   const Config& config) {
   const fs::path dir(config.output_dir);
   const std::string numbered = (dir / checkpoint_file_name(at)).string();
   write_pt_file(numbered, to_ivalue(c));
   link_atomically(numbered, (dir / "checkpoint.pt").string());
-  save_weights(module, (dir / "model.pt").string(),
+  save_weights(c.model, (dir / "model.pt").string(),
                config.save_prefix == SavePrefix::kNone ? "" : kModulePrefix);
   for (const auto& old : stale_checkpoints(list_checkpoints(dir.string()), config.keep_last)) {
     std::error_code ec;
@@ -210,6 +211,7 @@ TrainState::TrainState(const Config& config, const Distributed& dist, const Work
     : config_(config),
       dist_(dist),
       module_(workload.module),
+      workload_(workload),
       train_samples_(workload.train_set.size()),
       timeline_(timeline),
       batch_size_(batch_size_per_rank(config, dist.world_size())),
@@ -219,6 +221,11 @@ TrainState::~TrainState() = default;
 
 void TrainState::build(bool init_sync) {
   set_up_amp();
+  if (config_.fsdp) {  // the shards, and an optimizer of this rank's
+    sharded_ = std::make_unique<ShardedModel>(workload_, dist_.group);
+    optimizer_ = make_optimizer(config_, sharded_->parameters());
+    return;
+  }
   // Before the first collective: an elastic member whose group fails in it re-forms and needs
   // an optimizer for the state it is then given.
   if (!config_.zero) optimizer_ = make_optimizer(config_, module_->parameters());
@@ -249,6 +256,36 @@ void TrainState::wrap_model(bool init_sync) {
   }
   model_ = DistributedDataParallel(module_, dist_.group, options);
   register_comm_hook(model_, config_, dist_.group);
+}
+
+OptimizerFactory TrainState::factory() const {
+  return
+      [this](const std::vector<torch::Tensor>& params) { return make_optimizer(config_, params); };
+}
+
+void TrainState::zero_grad() {
+  if (sharded_) {
+    optimizer_->zero_grad();  // the shards' gradients
+  } else {
+    model_->zero_grad();
+  }
+}
+
+torch::Tensor TrainState::forward(const std::function<torch::Tensor()>& run) {
+  if (!sharded_) return model_->forward_with(run);
+  if (config_.ddp.broadcast_buffers() && torch::GradMode::is_enabled()) {
+    sharded_->broadcast_buffers();  // as DDP's forward does
+  }
+  return sharded_->forward(run);
+}
+
+void TrainState::before_evaluation() {
+  // Rank 0's buffers, as a forward through DDP would use.
+  if (!sharded_) {
+    model_->pre_forward();
+  } else if (config_.ddp.broadcast_buffers()) {
+    sharded_->broadcast_buffers();
+  }
 }
 
 void TrainState::set_up_amp() {
@@ -296,7 +333,9 @@ void TrainState::optimizer_step() {
                     "optimizer step", "compute", step_ + 1);
   // --amp fp16: the true gradients first, and whether any rank has an inf or NaN in them.
   if (scaler_) scaler_->unscale_(*optimizer_);
-  if (config_.clip_grad_norm > 0) {
+  if (config_.clip_grad_norm > 0 && sharded_) {
+    sharded_->clip_grad_norm(config_.clip_grad_norm);  // the norm over every rank's shards
+  } else if (config_.clip_grad_norm > 0) {
     torch::nn::utils::clip_grad_norm_(module_->parameters(), config_.clip_grad_norm);
   }
   if (scaler_) {
@@ -375,8 +414,8 @@ uint64_t TrainState::digest() {
   return d.value();
 }
 
-Checkpoint TrainState::checkpoint_here(CheckpointPosition at,
-                                       const torch::Tensor& untrained) const {
+Checkpoint TrainState::checkpoint_here(CheckpointPosition at, const torch::Tensor& untrained,
+                                       StateDict model) const {
   Checkpoint c;
   c.epoch = at.epoch;
   c.epoch_step = at.epoch_step;
@@ -387,7 +426,7 @@ Checkpoint TrainState::checkpoint_here(CheckpointPosition at,
   c.seed = config_.seed;
   c.optimizer = to_string(config_.optimizer);
   c.config = to_yaml(config_);
-  c.model = state_dict(*module_, kModulePrefix);
+  c.model = sharded_ ? std::move(model) : state_dict(*module_, kModulePrefix);
   c.bucket_cap_bytes = tuned_bucket_cap_bytes_;
   return c;
 }
@@ -404,7 +443,11 @@ std::string TrainState::save(CheckpointPosition at, const torch::Tensor& untrain
   // --zero: every rank's shard of the optimizer state, for rank 0 to write; --sync local-sgd or
   // diloco: every rank's inner optimizer.
   const bool per_rank = zero_ || diloco_;
-  const std::string opt = per_rank || dist_.is_main() ? serialized(optimizer()) : std::string();
+  // --fsdp: the model and the optimizer state gathered (collectives), for rank 0 to write.
+  StateDict sharded_model = sharded_ ? sharded_->state_dict(kModulePrefix) : StateDict();
+  const std::string opt = sharded_ ? sharded_->unsharded_optimizer_state(*optimizer_, factory())
+                          : per_rank || dist_.is_main() ? serialized(optimizer())
+                                                        : std::string();
   const std::vector<std::string> shards =
       per_rank ? comm::all_gather_bytes(*dist_.group, opt, dist_.device)
                : std::vector<std::string>();
@@ -413,7 +456,7 @@ std::string TrainState::save(CheckpointPosition at, const torch::Tensor& untrain
   std::string numbered;  // rank 0's file
   if (dist_.is_main()) {
     try {
-      Checkpoint c = checkpoint_here(at, untrained);
+      Checkpoint c = checkpoint_here(at, untrained, std::move(sharded_model));
       c.optimizer_state = zero_ ? torch::empty({0}, torch::kByte) : byte_tensor(opt);
       auto& per_rank_states = zero_ ? c.optimizer_shards : c.inner_optimizers;
       for (const auto& shard : shards) per_rank_states.push_back(byte_tensor(shard));
@@ -424,7 +467,7 @@ std::string TrainState::save(CheckpointPosition at, const torch::Tensor& untrain
       }
       c.rng_state = rng_rows(all_rng, rng.numel());
       if (scaler_) c.grad_scaler = scaler_->state();
-      numbered = write_checkpoint_files(c, at, config_, *module_);
+      numbered = write_checkpoint_files(c, at, config_);
       log::info("checkpoint {}: {}", what, numbered);
     } catch (const std::exception& e) {
       log::error("saving the checkpoint {} failed: {}", what, first_line_of(e));
@@ -474,7 +517,11 @@ bool TrainState::resume() {
 
 void TrainState::apply(const Checkpoint& c, const std::string& path) {
   check_resumable(c, path);  // may change the batch size per rank
-  load_state_dict(*module_, c.model, path);
+  if (sharded_) {
+    sharded_->load_state_dict(c.model, path);  // this rank's shards of it
+  } else {
+    load_state_dict(*module_, c.model, path);
+  }
   load_training_state(c, path);
   step_ = c.step;
   start_epoch_ = c.epoch;
@@ -561,14 +608,16 @@ void TrainState::load_optimizer_state(const Checkpoint& c, const std::string& pa
   if (zero_ && static_cast<int64_t>(c.optimizer_shards.size()) != dist_.world_size() &&
       !c.optimizer_shards.empty()) {
     const int saved_world = load_resharded_zero_state(
-        c, path, [&](const auto& params) { return make_optimizer(config_, params); }, *zero_,
-        module_->parameters(), dist_.rank(), dist_.device);
+        c, path, factory(), *zero_, module_->parameters(), dist_.rank(), dist_.device);
     if (dist_.is_main()) {
       log::info("{}: the optimizer state of {} ranks' shards resharded over {} ranks", path,
                 saved_world, dist_.world_size());
     }
   } else if (diloco_) {
     load_sync_state(c, path);
+  } else if (sharded_) {  // this rank's part of the per-parameter state
+    sharded_->load_unsharded_optimizer_state(*optimizer_, zero_state_of(c, path, false, 0),
+                                             factory(), path);
   } else {
     load_optimizer(optimizer(), zero_state_of(c, path, config_.zero, dist_.rank()), path,
                    dist_.device);
@@ -598,7 +647,7 @@ void TrainState::load_sync_state(const Checkpoint& c, const std::string& path) {
 }
 
 Checkpoint TrainState::to_send(const EpochPosition& at, int world) {
-  Checkpoint c = checkpoint_here({at.epoch, at.epoch_step}, at.rest());
+  Checkpoint c = checkpoint_here({at.epoch, at.epoch_step}, at.rest(), {});
   c.world_size = world;
   // The global batch is kept where the new world divides it; else each rank keeps its batch.
   c.batch_size = batch_size_for_world(batch_size_, batch_world_, world).value_or(batch_size_);

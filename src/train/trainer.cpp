@@ -380,7 +380,7 @@ bool Trainer::train_steps(EpochPass& pass, EpochMetrics& m) {
     const auto step_start = Clock::now();
     m.lr = lr_at(state_->schedule(), state_->step(), pass.steps);
     state_->set_lr(m.lr);
-    state_->model()->zero_grad();  // dropped: the next backward's gradients become .grad
+    state_->zero_grad();  // dropped: the next backward's gradients become .grad
 
     // Forward and backward of each micro-batch; the last backward reduces their gradients.
     // --elastic: applied only where every member's gradients were reduced; a step that failed
@@ -458,7 +458,7 @@ std::pair<torch::Tensor, int64_t> Trainer::step_gradients(EpochPass& pass,
     const bool last = i + 1 == batches.size();
     loss_sum += forward_backward(pass, batches[i], samples, /*sync=*/last && !local);
   }
-  if (local) return {loss_sum, samples};
+  if (local || state_->sharded()) return {loss_sum, samples};
   // Finalize, the reducer's at backward's end (it waited for every bucket and wrote the averages
   // into .grad): onto the timeline.
   const auto& reduced = state_->model()->reducer().last_iteration();
@@ -472,11 +472,12 @@ torch::Tensor Trainer::forward_backward(EpochPass& pass, const data::Batch& batc
   const auto input = batch.input.to(dist_.device, /*non_blocking=*/pass.pin_memory);
   const auto target = batch.target.to(dist_.device, /*non_blocking=*/pass.pin_memory);
   Timeline* timeline = timeline_.get();
-  DistributedDataParallel<>& model = state_->model();
   const int64_t step = state_->step() + 1;
   // no_sync around forward and backward, as PyTorch's guard (Join's notice says it in forward).
+  // --fsdp reduces every micro-batch's gradients into the shards (its gradients are not kept
+  // whole between backwards).
   std::optional<DistributedDataParallelBase::NoSyncGuard> local;
-  if (!sync) local.emplace(model->reducer());
+  if (!sync && !state_->sharded()) local.emplace(state_->model()->reducer());
   torch::Tensor output, loss;
   {
     const Phase phase = step_phase(*dist_.group, timeline, "forward", step);
@@ -484,7 +485,7 @@ torch::Tensor Trainer::forward_backward(EpochPass& pass, const data::Batch& batc
     std::optional<amp::Autocast> autocast;
     if (config_.amp != Amp::kOff)
       autocast.emplace(dist_.device.type(), autocast_dtype(config_.amp));
-    output = model->forward_with([&] { return workload_.forward(input); });
+    output = state_->forward([&] { return workload_.forward(input); });
     loss = compute_loss(workload_.train_set.task, output, target);
   }
   if (std::exchange(pass.first, false)) log_shapes(dist_, input, output);
@@ -544,28 +545,42 @@ bool Trainer::stop_requested() {
 }
 
 Scores Trainer::evaluate(const data::TensorDataset& set) {
-  const KeepCpuRng keep_rng;       // training's random numbers do not depend on evaluations
-  state_->model()->pre_forward();  // rank 0's buffers, as a forward through DDP would use
+  const KeepCpuRng keep_rng;  // training's random numbers do not depend on evaluations
+  state_->before_evaluation();
   torch::NoGradGuard no_grad;
   workload_.module->eval();
   // Unpadded shards: every sample counted once over all ranks. Ranks may run different numbers
-  // of batches, so no collective inside this loop.
+  // of batches, so no collective inside this loop, but --fsdp's: there every rank runs as many
+  // forwards (one that ran out of batches, a forward of one sample, not counted).
   const torch::Tensor order =
       data::evaluation_indices(set.size(), dist_.world_size(), dist_.rank());
   const int64_t n = order.size(0);
+  const int64_t batch_size = state_->batch_size();
+  const int64_t batches = (n + batch_size - 1) / batch_size;
+  const int64_t rounds =
+      state_->sharded()
+          ? static_cast<int64_t>(comm::all_reduce_scalar(*dist_.group, static_cast<double>(batches),
+                                                         comm::ReduceOp::kMax, dist_.device))
+          : batches;
+  const auto forward = [&](const torch::Tensor& input) {
+    if (!state_->sharded()) return workload_.forward(input);
+    return state_->forward([&] { return workload_.forward(input); });
+  };
+  for (int64_t round = batches; round < rounds; ++round) {
+    forward(set.gather(torch::zeros({1}, torch::kLong)).input.to(dist_.device));
+  }
   const bool classification = set.task == data::Task::kClassification;
   // Sums of: loss, correct (classification) or absolute error, naive squared and absolute errors,
   // count.
   enum { kLoss, kCorrectOrAbs, kNaiveLoss, kNaiveAbs, kCount, kSums };
   auto sums = torch::zeros({kSums}, torch::TensorOptions(torch::kDouble).device(dist_.device));
   auto add = [&](int slot, const torch::Tensor& sum) { sums[slot] += sum.to(torch::kDouble); };
-  const int64_t batch_size = state_->batch_size();
   for (int64_t begin = 0; begin < n; begin += batch_size) {
     const int64_t size = std::min(batch_size, n - begin);
     const data::Batch batch = set.gather(order.narrow(0, begin, size));
     const auto input = batch.input.to(dist_.device);
     const auto target = batch.target.to(dist_.device);
-    const auto output = workload_.forward(input);
+    const auto output = forward(input);
     add(kLoss, compute_loss(set.task, output, target) * static_cast<double>(size));
     if (classification) {
       add(kCorrectOrAbs, output.argmax(1).eq(target).sum());

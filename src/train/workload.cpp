@@ -110,6 +110,11 @@ Workload make_workload(const Config& config, const models::NormFactory& norm) {
   if (config.train_subset > 0 && config.train_subset < w.train_set.size()) {
     w.train_set = w.train_set.slice(0, config.train_subset);
   }
+  for (data::TensorDataset* set : {&w.test_set, w.val_set ? &*w.val_set : nullptr}) {
+    if (set != nullptr && config.test_subset > 0 && config.test_subset < set->size()) {
+      *set = set->slice(0, config.test_subset);
+    }
+  }
 
   torch::manual_seed(static_cast<uint64_t>(config.seed));
   if (config.model == "mlp") {

@@ -41,10 +41,21 @@ void expect(bool ok, const std::string& what) {
 using Group = std::shared_ptr<ddp::comm::ProcessGroup>;
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
-NamedTensors state_of(torch::nn::Module& module) {
+// The module's parameters and buffers in Python's state_dict order: each module's parameters,
+// then its buffers, then its children's.
+NamedTensors state_of(torch::nn::Module& module, const std::string& prefix = "") {
   NamedTensors state;
-  for (const auto& item : module.named_parameters()) state.emplace_back(item.key(), item.value());
-  for (const auto& item : module.named_buffers()) state.emplace_back(item.key(), item.value());
+  for (const auto& item : module.named_parameters(false)) {
+    state.emplace_back(prefix + item.key(), item.value());
+  }
+  for (const auto& item : module.named_buffers(false)) {
+    state.emplace_back(prefix + item.key(), item.value());
+  }
+  for (const auto& child : module.named_children()) {
+    for (auto& entry : state_of(*child.value(), prefix + child.key() + ".")) {
+      state.push_back(std::move(entry));
+    }
+  }
   return state;
 }
 

@@ -55,4 +55,18 @@ inline void expect_same_weights(const std::string& a, const std::string& b) {
   }
 }
 
+// The two weights files hold the same keys, in order, with tensors within `tolerance` of each other
+// (the largest absolute difference).
+inline void expect_close_weights(const std::string& a, const std::string& b, double tolerance) {
+  const auto wa = ddp::train::state_dict_from(ddp::train::read_pt_file(a), a);
+  const auto wb = ddp::train::state_dict_from(ddp::train::read_pt_file(b), b);
+  ASSERT_EQ(wa.size(), wb.size());
+  for (size_t i = 0; i < wa.size(); ++i) {
+    EXPECT_EQ(wa[i].first, wb[i].first);
+    const auto diff = (wa[i].second.to(torch::kDouble) - wb[i].second.to(torch::kDouble)).abs();
+    const double worst = diff.numel() == 0 ? 0.0 : diff.max().item<double>();
+    EXPECT_LE(worst, tolerance) << wa[i].first << " differs by " << worst;
+  }
+}
+
 }  // namespace ddp::testing

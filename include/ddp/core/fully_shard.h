@@ -139,6 +139,16 @@ class FullyShardedDataParallel {
   // state_dict's (no collective). Throws InputError naming a missing key or a wrong shape.
   void load_state_dict(const std::vector<std::pair<std::string, torch::Tensor>>& state);
 
+  // State laid out as unit `unit`'s shard (an optimizer's momentum or moments of
+  // parameters()[unit]) and the whole tensors it is part of, shaped as the unit's parameters:
+  // unshard gathers them from every rank's `shard_like` (a collective), named as the parameters;
+  // shard takes this rank's part of `whole` (in parameter_names(unit)'s order; no collective).
+  std::vector<std::pair<std::string, torch::Tensor>> unshard(int unit,
+                                                             const torch::Tensor& shard_like);
+  torch::Tensor shard(int unit, const std::vector<torch::Tensor>& whole) const;
+  // The names in the model of unit `unit`'s parameters.
+  std::vector<std::string> parameter_names(int unit) const;
+
   torch::nn::Module& module() { return *module_; }
   int num_units() const;  // with parameters; the root unit included when there is one
   // Bytes of parameters this rank holds now (shards and whatever is gathered): for tests and the

@@ -47,6 +47,7 @@ struct Config {
   std::string dataset = "fashion-mnist";
   std::string data;          // empty: the dataset's default (csv: the synthetic series)
   int64_t train_subset = 0;  // 0: all training samples
+  int64_t test_subset = 0;   // 0: all test (and validation) samples
   // Time series (dataset csv): the loader's own options, with the Informer code's names and
   // defaults (keys date-column, target, features, seq-len, label-len, pred-len).
   data::TimeSeriesOptions time_series;
@@ -102,6 +103,7 @@ struct Config {
   int64_t powersgd_start_iter = 1000;  // PowerSGDOptions::start_powerSGD_iter (PyTorch's default)
   bool sync_bn = false;                // BatchNorm statistics over the global batch (SyncBatchNorm)
   bool zero = false;                   // ZeroRedundancyOptimizer: optimizer state sharded (ZeRO-1)
+  bool fsdp = false;  // FullyShardedDataParallel: parameters, gradients and optimizer sharded
   // How the ranks' models are kept together (core/diloco.h): ddp (gradients all-reduced every
   // step), local-sgd (each rank trains alone, models averaged every sync_every steps and at each
   // epoch's end), diloco (the same with the paper's outer Nesterov step on the averaged change).
@@ -121,7 +123,7 @@ struct Config {
   // steps, and the ratio over the other ranks' median that names a straggler (0: off).
   int64_t straggler_every = 50;
   double straggler_threshold = 2.0;
-  int64_t eval_every = 1;         // epochs; 0: evaluate after the last epoch only
+  int64_t eval_every = 1;  // epochs; 0: evaluate after the last epoch only
   // Checkpoints (rank 0 writes into output_dir).
   int64_t save_every = 1;  // epochs; 0: at the end only
   int64_t keep_last = 3;   // numbered checkpoints kept

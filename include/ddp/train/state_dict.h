@@ -51,6 +51,12 @@ KeyMismatch compare_keys(const KeyShapes& model, const KeyShapes& file);
 // "3 missing key(s): a, b, c; 1 unexpected key(s): ...; ..." listing at most `max_listed` of each.
 std::string describe(const KeyMismatch& mismatch, size_t max_listed = 10);
 
+// `weights` in `module`'s order and under its own names (without `module.`), after checking that
+// keys and shapes match exactly (strict=True): InputError starting with `origin` on a mismatch,
+// listing the keys. Reads only the names and shapes of `module`'s tensors.
+StateDict fitted_state_dict(const torch::nn::Module& module, const StateDict& weights,
+                            const std::string& origin);
+
 // Copies `weights` into `module` (the tensors keep their device, dtype and identity), after
 // checking that keys and shapes match exactly (strict=True). Throws InputError starting with
 // `origin` on a mismatch, listing the keys.
@@ -67,6 +73,10 @@ c10::IValue to_ivalue(const StateDict& weights);
 // Writes the weights of `module` to `path` (atomically), keys prefixed with `prefix`
 // (kModulePrefix: as nn.DataParallel(model).state_dict() names them; "": as model.state_dict()).
 void save_weights(const torch::nn::Module& module, const std::string& path,
+                  const std::string& prefix = kModulePrefix);
+
+// The same of `weights` (with or without `module.` prefixes: those are replaced by `prefix`).
+void save_weights(const StateDict& weights, const std::string& path,
                   const std::string& prefix = kModulePrefix);
 
 // Loads a weights file (ours or Python's) into `module`, as load_state_dict.

@@ -37,9 +37,9 @@ const char* cause_name(StragglerCause cause);  // "computation", "data loading",
 struct StragglerVerdict {
   int rank = -1;
   StragglerCause cause = StragglerCause::kComputation;
-  double ratio = 0.0;     // the rank's figure of that cause over the others' median
-  double rank_ms = 0.0;   // per step
-  double median_ms = 0.0; // the others' median, per step
+  double ratio = 0.0;      // the rank's figure of that cause over the others' median
+  double rank_ms = 0.0;    // per step
+  double median_ms = 0.0;  // the others' median, per step
 };
 
 // Below this excess over the others' median (per step) no rank is a straggler, whatever the

@@ -25,6 +25,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,6 +43,8 @@
 #include "ddp/train/workload.h"
 
 namespace ddp::train {
+
+class ShardedModel;  // --fsdp (src/train/sharded_model.h)
 
 // Where the training stands in an epoch: after its last counted step, or where a state was set
 // (its start, a resume, a heal). Under --elastic, where the next generation goes on.
@@ -84,8 +87,20 @@ class TrainState {
   // The lr schedule for the batch per rank now (--lr-scaling); after a resume or a heal.
   void set_schedule();
 
-  // The model with its DDP wrapper; --amp fp16's GradScaler and --sync's DiLoCo (null without).
+  // The model with its DDP wrapper (not under --fsdp); --amp fp16's GradScaler and --sync's DiLoCo
+  // (null without).
   DistributedDataParallel<>& model() { return model_; }
+  // --fsdp: the model is sharded (no DDP wrapper).
+  bool sharded() const { return sharded_ != nullptr; }
+  // The gradients dropped before a step's first backward.
+  void zero_grad();
+  // `run` (the workload's forward) through the wrapper: DDP's, or --fsdp's gathers around each
+  // unit (then a collective: every rank runs as many forwards), with broadcast-buffers' broadcast
+  // of rank 0's buffers before a training forward in both (DDP: the first after a backward).
+  torch::Tensor forward(const std::function<torch::Tensor()>& run);
+  // Before an evaluation's forwards: rank 0's buffers to every rank (broadcast-buffers; a
+  // collective).
+  void before_evaluation();
   amp::GradScaler* scaler() { return scaler_.get(); }
   DiLoCo* diloco() { return diloco_.get(); }
   const LrSchedule& schedule() const { return schedule_; }
@@ -137,12 +152,17 @@ class TrainState {
 
  private:
   void set_up_amp();
+  // make_optimizer with the run's config.
+  std::function<std::unique_ptr<torch::optim::Optimizer>(const std::vector<torch::Tensor>&)>
+  factory() const;
   void tune_buckets(double step_seconds);  // after a step of --bucket-cap-mb auto's trials
-  void wrap_model(bool init_sync);  // the wrapper on the group, with its comm hook
+  void wrap_model(bool init_sync);         // the wrapper on the group, with its comm hook
   // The optimizer whose learning rate and state the run sets and saves: --zero's local one.
   torch::optim::Optimizer& optimizer() { return zero_ ? zero_->local() : *optimizer_; }
-  // This rank's training position and model in a Checkpoint (rank 0: the rest is the caller's).
-  Checkpoint checkpoint_here(CheckpointPosition at, const torch::Tensor& untrained) const;
+  // This rank's training position and model in a Checkpoint (rank 0: the rest is the caller's);
+  // --fsdp: `model`, the state gathered from the shards.
+  Checkpoint checkpoint_here(CheckpointPosition at, const torch::Tensor& untrained,
+                             StateDict model) const;
   // Sets the state to `checkpoint` (read from `path`): the model, the training state, the step.
   void apply(const Checkpoint& checkpoint, const std::string& path);
   // Throws InputError when the run cannot continue `checkpoint` (another optimizer, a global batch
@@ -161,9 +181,11 @@ class TrainState {
   const Config& config_;
   const Distributed& dist_;
   std::shared_ptr<torch::nn::Module> module_;  // the workload's
-  int64_t train_samples_;                      // the training set's size
+  const Workload& workload_;
+  int64_t train_samples_;  // the training set's size
   Timeline* timeline_;
-  DistributedDataParallel<> model_{nullptr};
+  DistributedDataParallel<> model_{nullptr};            // not under --fsdp
+  std::unique_ptr<ShardedModel> sharded_;               // --fsdp
   std::unique_ptr<torch::optim::Optimizer> optimizer_;  // null with --zero
   std::unique_ptr<ZeroRedundancyOptimizer> zero_;       // --zero
   std::unique_ptr<amp::GradScaler> scaler_;             // --amp fp16

@@ -74,7 +74,6 @@ class Trainer {
   const Config& config() const { return config_; }
 
  private:
-
   // Rank 0: config.yaml, and after a resume the metrics of the epochs up to the checkpoint.
   void write_run_files(bool resumed) const;
 

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -327,16 +328,24 @@ std::vector<torch::Tensor> FullyShardedDataParallel::parameters() const {
 std::vector<std::pair<std::string, torch::Tensor>> FullyShardedDataParallel::state_dict() {
   std::map<std::string, torch::Tensor> gathered;
   for (auto& unit : state_->units) {
-    auto copies = unit->gather_copies();
+    auto copies = unit->gather_copies(unit->shard());
     for (size_t i = 0; i < copies.size(); ++i) gathered[unit->names()[i]] = copies[i];
   }
+  // Python's order: each module's parameters, then its buffers, then its children's.
   std::vector<std::pair<std::string, torch::Tensor>> state;
-  for (const auto& item : module_->named_parameters()) {
-    state.emplace_back(item.key(), gathered.at(item.key()));
-  }
-  for (const auto& item : module_->named_buffers()) {
-    state.emplace_back(item.key(), item.value().detach().clone());
-  }
+  std::function<void(const torch::nn::Module&, const std::string&)> add =
+      [&](const torch::nn::Module& module, const std::string& prefix) {
+        for (const auto& item : module.named_parameters(/*recurse=*/false)) {
+          state.emplace_back(prefix + item.key(), gathered.at(prefix + item.key()));
+        }
+        for (const auto& item : module.named_buffers(/*recurse=*/false)) {
+          state.emplace_back(prefix + item.key(), item.value().detach().clone());
+        }
+        for (const auto& child : module.named_children()) {
+          add(*child.value(), prefix + child.key() + ".");
+        }
+      };
+  add(*module_, "");
   return state;
 }
 
@@ -366,6 +375,24 @@ void FullyShardedDataParallel::load_state_dict(
   for (auto& item : module_->named_buffers()) {
     item.value().copy_(value_of(item.key(), item.value()));
   }
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> FullyShardedDataParallel::unshard(
+    int unit, const torch::Tensor& shard_like) {
+  fsdp::Unit& u = *state_->units.at(static_cast<size_t>(unit));
+  auto copies = u.gather_copies(shard_like);
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (size_t i = 0; i < copies.size(); ++i) named.emplace_back(u.names()[i], copies[i]);
+  return named;
+}
+
+torch::Tensor FullyShardedDataParallel::shard(int unit,
+                                              const std::vector<torch::Tensor>& whole) const {
+  return state_->units.at(static_cast<size_t>(unit))->part_of(whole);
+}
+
+std::vector<std::string> FullyShardedDataParallel::parameter_names(int unit) const {
+  return state_->units.at(static_cast<size_t>(unit))->names();
 }
 
 int FullyShardedDataParallel::num_units() const {

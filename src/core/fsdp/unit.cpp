@@ -168,9 +168,10 @@ void Unit::finish_reduce() {
   reduced_ = torch::Tensor();
 }
 
-std::vector<torch::Tensor> Unit::gather_copies() {
-  auto whole = torch::empty({layout_.padded}, shard_.options().requires_grad(false));
-  group_.all_gather(whole, shard_.detach())->wait();
+std::vector<torch::Tensor> Unit::gather_copies(const torch::Tensor& shard_like) {
+  DDP_CHECK(shard_like.numel() == layout_.shard, "a tensor laid out as the shard");
+  auto whole = torch::empty({layout_.padded}, shard_like.options().requires_grad(false));
+  group_.all_gather(whole, shard_like.detach().contiguous())->wait();
   std::vector<torch::Tensor> copies;
   for (size_t i = 0; i < params_.size(); ++i) {
     copies.push_back(
@@ -179,13 +180,23 @@ std::vector<torch::Tensor> Unit::gather_copies() {
   return copies;
 }
 
+torch::Tensor Unit::part_of(const std::vector<torch::Tensor>& values) const {
+  torch::NoGradGuard no_grad;
+  auto flat = torch::zeros({layout_.padded}, values.front().options().requires_grad(false));
+  for (size_t i = 0; i < values.size(); ++i) {
+    flat.narrow(0, layout_.offsets[i], values[i].numel()).copy_(values[i].detach().reshape(-1));
+  }
+  return flat.narrow(0, group_.rank() * layout_.shard, layout_.shard).clone();
+}
+
 void Unit::set_from(const std::vector<torch::Tensor>& values) {
   torch::NoGradGuard no_grad;
-  const auto flat = flatten(values);
-  shard_.copy_(flat.narrow(0, group_.rank() * layout_.shard, layout_.shard));
+  shard_.copy_(part_of(values));
   if (full_state_ != FullState::kFreed) {  // a gathered unit shows the new values too
     wait_gathered();
-    full_.copy_(flat);
+    for (size_t i = 0; i < params_.size(); ++i) {
+      full_.narrow(0, layout_.offsets[i], params_[i].numel()).copy_(values[i].reshape(-1));
+    }
   }
 }
 

@@ -60,10 +60,13 @@ class Unit {
   // Waits for the reduce-scatter and adds its result into the shard's .grad.
   void finish_reduce();
 
-  // The whole parameters, gathered from the shards into new tensors (a collective).
-  std::vector<torch::Tensor> gather_copies();
-  // This rank's part of the whole parameters `values` (in params() order, shapes checked by the
-  // caller) into the shard.
+  // Whole tensors shaped as the parameters, gathered from every rank's `shard_like` (laid out as
+  // the shard: the shard itself, or an optimizer's state of it) into new tensors (a collective).
+  std::vector<torch::Tensor> gather_copies(const torch::Tensor& shard_like);
+  // This rank's part of `values`, tensors shaped as the parameters (in params() order, shapes
+  // checked by the caller): laid out as the shard, a new tensor.
+  torch::Tensor part_of(const std::vector<torch::Tensor>& values) const;
+  // The shard (and, while gathered, the parameters) set to this rank's part of `values`.
   void set_from(const std::vector<torch::Tensor>& values);
   // Bytes held now: the shard and, while gathered, the whole buffer.
   int64_t resident_bytes() const;

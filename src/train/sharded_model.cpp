@@ -1,0 +1,144 @@
+#include "sharded_model.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <map>
+
+#include "ddp/common/error.h"
+#include "torch_compat.h"
+
+namespace ddp::train {
+namespace {
+
+// The tensors of a parameter's optimizer state that follow its elements (SGD's momentum buffer,
+// Adam's and AdamW's moments); the rest (Adam's step count) is one value per parameter. Error for
+// the state of an optimizer make_optimizer() does not build.
+std::vector<torch::Tensor*> elementwise(torch::optim::OptimizerParamState& state) {
+  if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(&state)) {
+    return {&sgd->momentum_buffer()};
+  }
+  if (auto* adam = dynamic_cast<torch::optim::AdamParamState*>(&state)) {
+    return {&adam->exp_avg(), &adam->exp_avg_sq(), &adam->max_exp_avg_sq()};
+  }
+  if (auto* adamw = dynamic_cast<torch::optim::AdamWParamState*>(&state)) {
+    return {&adamw->exp_avg(), &adamw->exp_avg_sq(), &adamw->max_exp_avg_sq()};
+  }
+  throw Error("--fsdp: this optimizer's state cannot be gathered or sharded");
+}
+
+// Zero tensors shaped as `module`'s parameters, by name: what an optimizer over the unsharded
+// model steps, for its state to be saved or loaded.
+std::map<std::string, torch::Tensor> stand_ins(const torch::nn::Module& module) {
+  std::map<std::string, torch::Tensor> tensors;
+  for (const auto& item : module.named_parameters()) {
+    tensors[item.key()] = torch::zeros(item.value().sizes(), item.value().options());
+  }
+  return tensors;
+}
+
+std::vector<torch::Tensor> in_module_order(const torch::nn::Module& module,
+                                           const std::map<std::string, torch::Tensor>& tensors) {
+  std::vector<torch::Tensor> ordered;
+  for (const auto& item : module.named_parameters()) ordered.push_back(tensors.at(item.key()));
+  return ordered;
+}
+
+}  // namespace
+
+ShardedModel::ShardedModel(const Workload& workload, std::shared_ptr<comm::ProcessGroup> group)
+    : module_(workload.module), group_(std::move(group)) {
+  model_ = std::make_unique<FullyShardedDataParallel>(module_, workload.units, group_);
+}
+
+void ShardedModel::broadcast_buffers() {
+  for (auto& buffer : module_->buffers()) group_->broadcast(buffer, 0)->wait();
+}
+
+StateDict ShardedModel::state_dict(const std::string& prefix) {
+  StateDict state;
+  for (auto& [key, tensor] : model_->state_dict()) state.emplace_back(prefix + key, tensor);
+  return state;
+}
+
+void ShardedModel::load_state_dict(const StateDict& weights, const std::string& origin) {
+  model_->load_state_dict(fitted_state_dict(*module_, weights, origin));
+}
+
+std::string ShardedModel::unsharded_optimizer_state(torch::optim::Optimizer& local,
+                                                    const OptimizerFactory& make) {
+  // Every rank gathers (collectives); rank 0 keeps the whole state, in an optimizer over
+  // stand-ins of the parameters.
+  const bool main = group_->rank() == 0;
+  std::map<std::string, torch::Tensor> whole =
+      main ? stand_ins(*module_) : std::map<std::string, torch::Tensor>();
+  const auto unsharded = main ? make(in_module_order(*module_, whole)) : nullptr;
+  const std::vector<torch::Tensor> shards = model_->parameters();
+  for (int u = 0; u < static_cast<int>(shards.size()); ++u) {
+    auto it = local.state().find(compat::optimizer_state_key(local, shards[u]));
+    if (it == local.state().end()) continue;  // not stepped yet (on every rank alike)
+    std::vector<std::vector<std::pair<std::string, torch::Tensor>>> fields;
+    for (torch::Tensor* field : elementwise(*it->second)) {
+      fields.push_back(field->defined() ? model_->unshard(u, *field)
+                                        : std::vector<std::pair<std::string, torch::Tensor>>());
+    }
+    if (!main) continue;
+    const auto names = model_->parameter_names(u);
+    for (size_t p = 0; p < names.size(); ++p) {
+      auto state = it->second->clone();
+      auto targets = elementwise(*state);
+      for (size_t f = 0; f < fields.size(); ++f) {
+        *targets[f] = fields[f].empty() ? torch::Tensor() : fields[f][p].second;
+      }
+      unsharded->state()[compat::optimizer_state_key(*unsharded, whole.at(names[p]))] =
+          std::move(state);
+    }
+  }
+  return main ? serialized(*unsharded) : std::string();
+}
+
+void ShardedModel::load_unsharded_optimizer_state(torch::optim::Optimizer& local,
+                                                  const at::Tensor& state,
+                                                  const OptimizerFactory& make,
+                                                  const std::string& path) {
+  std::map<std::string, torch::Tensor> whole = stand_ins(*module_);
+  const auto unsharded = make(in_module_order(*module_, whole));
+  load_optimizer(*unsharded, state, path, whole.begin()->second.device());
+  const std::vector<torch::Tensor> shards = model_->parameters();
+  for (int u = 0; u < static_cast<int>(shards.size()); ++u) {
+    const auto names = model_->parameter_names(u);
+    std::vector<torch::optim::OptimizerParamState*> saved;
+    for (const auto& name : names) {
+      auto it = unsharded->state().find(compat::optimizer_state_key(*unsharded, whole.at(name)));
+      if (it != unsharded->state().end()) saved.push_back(it->second.get());
+    }
+    if (saved.size() != names.size()) continue;  // not stepped: no state
+    auto mine = saved.front()->clone();
+    auto targets = elementwise(*mine);
+    for (size_t f = 0; f < targets.size(); ++f) {
+      std::vector<torch::Tensor> parts;
+      for (auto* s : saved) parts.push_back(*elementwise(*s)[f]);
+      const bool defined = parts.front().defined();
+      *targets[f] = defined ? model_->shard(u, parts) : torch::Tensor();
+    }
+    local.state()[compat::optimizer_state_key(local, shards[u])] = std::move(mine);
+  }
+}
+
+void ShardedModel::clip_grad_norm(double max_norm) {
+  const std::vector<torch::Tensor> shards = model_->parameters();
+  auto squares = torch::zeros({}, shards.front().options().dtype(torch::kDouble));
+  for (const auto& shard : shards) {
+    if (shard.grad().defined()) squares += shard.grad().to(torch::kDouble).square().sum();
+  }
+  group_->all_reduce(squares, comm::ReduceOp::kSum)->wait();
+  // torch.nn.utils.clip_grad_norm_'s rule, on the norm over every rank's shards.
+  const double coefficient = max_norm / (std::sqrt(squares.item<double>()) + 1e-6);
+  if (coefficient >= 1.0) return;
+  torch::NoGradGuard no_grad;
+  for (const auto& shard : shards) {
+    if (shard.grad().defined()) shard.grad().mul_(coefficient);
+  }
+}
+
+}  // namespace ddp::train

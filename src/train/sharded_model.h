@@ -1,0 +1,66 @@
+#pragma once
+// --fsdp: the workload's model fully sharded (ddp/core/fully_shard.h), and what the training
+// state needs of it that a replicated model gives by itself: its whole state dict (gathered), the
+// optimizer's state in the per-parameter form a DDP run saves (so that a checkpoint is the same
+// file either way and resumes on any number of ranks, sharded or not), and gradient clipping by
+// the norm over every rank's shard. A private header of the train layer, used by TrainState.
+
+#include <torch/optim/optimizer.h>
+#include <torch/types.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddp/comm/process_group.h"
+#include "ddp/core/fully_shard.h"
+#include "ddp/train/state_dict.h"
+#include "ddp/train/workload.h"
+#include "optimizer_state.h"
+
+namespace ddp::train {
+
+class ShardedModel {
+ public:
+  // Shards `workload`'s model over `group` by its units (a collective: rank 0's weights are
+  // broadcast first).
+  ShardedModel(const Workload& workload, std::shared_ptr<comm::ProcessGroup> group);
+
+  // The shards, which the optimizer steps.
+  std::vector<torch::Tensor> parameters() const { return model_->parameters(); }
+  // `run` (the workload's forward) with the units gathered around their calls.
+  torch::Tensor forward(const std::function<torch::Tensor()>& run) {
+    return model_->forward_with(run);
+  }
+
+  // Rank 0's buffers (BatchNorm's statistics) to every rank, as DDP's broadcast_buffers (a
+  // collective).
+  void broadcast_buffers();
+
+  // The whole model's state, each key prefixed with `prefix` (a collective).
+  StateDict state_dict(const std::string& prefix);
+  // Each rank's shards from a whole model's state (keys with or without `module.`); InputError
+  // starting with `origin` on a mismatch.
+  void load_state_dict(const StateDict& weights, const std::string& origin);
+
+  // `local`'s state (an optimizer over the shards) as an optimizer of the same kind over the
+  // model's own parameters would hold it, serialized as a checkpoint's optimizer_state (a
+  // collective: each shard's state is gathered).
+  std::string unsharded_optimizer_state(torch::optim::Optimizer& local,
+                                        const OptimizerFactory& make);
+  // The other way: this rank's part of a serialized per-parameter state into `local`.
+  void load_unsharded_optimizer_state(torch::optim::Optimizer& local, const at::Tensor& state,
+                                      const OptimizerFactory& make, const std::string& path);
+
+  // Scales the shards' gradients so that their 2-norm over every rank is at most `max_norm`, as
+  // torch.nn.utils.clip_grad_norm_ on the whole gradient (a collective).
+  void clip_grad_norm(double max_norm);
+
+ private:
+  std::shared_ptr<torch::nn::Module> module_;
+  std::shared_ptr<comm::ProcessGroup> group_;
+  std::unique_ptr<FullyShardedDataParallel> model_;
+};
+
+}  // namespace ddp::train

@@ -1,0 +1,177 @@
+// ddp_train --fsdp: the built-in models sharded over real ranks train as one process with the
+// whole batch, and as DDP on as many ranks; their checkpoints resume on as many ranks bitwise and
+// on another number as DDP's do; the options FSDP cannot honour are refused by name.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "built_paths.h"
+#include "ranks.h"
+#include "run_files.h"
+#include "subprocess.h"
+#include "train_args.h"
+
+namespace {
+
+using ddp::testing::config;
+using ddp::testing::expect_close_weights;
+using ddp::testing::TempDir;
+using std::chrono::seconds;
+
+constexpr double kTolerance = 1e-5;
+
+std::vector<std::string> train(const std::string& config_name, const std::string& out,
+                               const std::vector<std::string>& extra) {
+  std::vector<std::string> argv = {DDP_TRAIN_BIN,  "--config", config(config_name.c_str()),
+                                   "--output-dir", out,        "--progress",
+                                   "off",          "--device", "cpu"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
+
+void expect_ranks_ok(const std::vector<ddp::testing::ProcessResult>& ranks) {
+  ddp::testing::expect_all_exit_zero(ranks);
+}
+
+std::string model_of(const TempDir& dir) {
+  return dir.path() + "/model.pt";
+}
+
+// The MLP on 256 Fashion-MNIST samples, 2 epochs of Adam.
+std::vector<std::string> mlp(int64_t batch, std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {"--train-subset", "256",  "--test-subset", "256",
+                                   "--epochs",       "2",    "--batch-size",  std::to_string(batch),
+                                   "--optimizer",    "adam", "--lr",          "0.001"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+TEST(FsdpTrain, MlpOnTwoRanksEqualsOneProcessWithTwiceTheBatch) {
+  TempDir one, two;
+  expect_ranks_ok({ddp::testing::run_process(train("fashion_mnist_mlp.yaml", one.path(), mlp(32)),
+                                             {}, seconds(120))});
+  expect_ranks_ok(ddp::testing::run_env_ranks(
+      2, train("fashion_mnist_mlp.yaml", two.path(), mlp(16, {"--fsdp"})), seconds(120)));
+  expect_close_weights(model_of(two), model_of(one), kTolerance);
+}
+
+// The Informer on a short series. Against one process: without dropout, with ProbSparse's factor
+// so large that every query attends (its random sample of keys then changes nothing: one process
+// and two ranks draw different random numbers), one encoder layer (the distilling layers'
+// BatchNorm normalizes each rank's batch, not the whole), and SGD (Adam's step divides by the
+// gradient's running magnitude: on a parameter whose gradient is nearly zero, such as the key
+// projection's bias, which softmax ignores, rounding in the sums moves it by up to the lr).
+std::vector<std::string> informer(const std::string& data, int64_t batch,
+                                  std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {
+      "--data", data,           "--train-subset",     "64", "--test-subset", "32", "--epochs",
+      "1",      "--batch-size", std::to_string(batch)};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+TEST(FsdpTrain, InformerOnTwoRanksEqualsOneProcessWithTwiceTheBatch) {
+  TempDir one, two, data;
+  const std::string csv = ddp::testing::write_short_series(data.path() + "/series.csv");
+  const std::vector<std::string> exact = {
+      "--dropout", "0", "--factor", "100", "--e-layers", "1", "--optimizer", "sgd", "--lr", "0.01"};
+  expect_ranks_ok({ddp::testing::run_process(
+      train("informer_csv.yaml", one.path(), informer(csv, 8, exact)), {}, seconds(180))});
+  auto sharded = exact;
+  sharded.push_back("--fsdp");
+  expect_ranks_ok(ddp::testing::run_env_ranks(
+      2, train("informer_csv.yaml", two.path(), informer(csv, 4, sharded)), seconds(180)));
+  expect_close_weights(model_of(two), model_of(one), kTolerance);
+}
+
+// `args` on 2 ranks with and without --fsdp (`launch`: env ranks or mpirun), to the same weights.
+void expect_fsdp_equals_ddp(const std::string& config_name, std::vector<std::string> args,
+                            bool mpirun = false) {
+  TempDir ddp, fsdp;
+  const auto run = [&](const TempDir& out, const std::vector<std::string>& extra) {
+    auto argv = train(config_name, out.path(), args);
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    if (!mpirun) return expect_ranks_ok(ddp::testing::run_env_ranks(2, argv, seconds(240)));
+    const auto r = ddp::testing::run_mpirun(2, argv, seconds(240));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+  };
+  run(ddp, {});
+  run(fsdp, {"--fsdp"});
+  expect_close_weights(model_of(fsdp), model_of(ddp), kTolerance);
+}
+
+TEST(FsdpTrain, ResNet18ByBlockEqualsDdp) {
+  // BatchNorm's statistics: rank 0's broadcast before each forward in both (broadcast-buffers).
+  expect_fsdp_equals_ddp("fashion_mnist_resnet18_cpu.yaml",
+                         {"--train-subset", "16", "--test-subset", "8", "--batch-size", "4"});
+}
+
+TEST(FsdpTrain, ResNet18WithBuffersPerRankEqualsDdp) {
+  expect_fsdp_equals_ddp("fashion_mnist_resnet18_cpu.yaml",
+                         {"--train-subset", "16", "--test-subset", "8", "--batch-size", "4",
+                          "--broadcast-buffers", "false"});
+}
+
+TEST(FsdpTrain, MlpWithClippingOnGlooEqualsDdp) {
+  expect_fsdp_equals_ddp("fashion_mnist_mlp.yaml",
+                         mlp(16, {"--backend", "gloo", "--clip-grad-norm", "0.05"}));
+}
+
+TEST(FsdpTrain, InformerWithDropoutEqualsDdp) {
+  TempDir data;
+  const std::string csv = ddp::testing::write_short_series(data.path() + "/series.csv");
+  expect_fsdp_equals_ddp("informer_csv.yaml", informer(csv, 4));
+}
+
+TEST(FsdpTrain, LinearWithMicroBatchesUnderMpirunEqualsDdp) {
+  expect_fsdp_equals_ddp(
+      "random_linear.yaml",
+      {"--epochs", "2", "--batch-size", "6", "--grad-accum-steps", "2", "--backend", "mpi"},
+      /*mpirun=*/true);
+}
+
+TEST(FsdpTrain, AResumeOnAsManyRanksIsBitwiseAndOnAnotherEqualsDdpsResume) {
+  TempDir whole, split, one_fsdp, one_ddp;
+  const auto two_ranks = [&](const TempDir& out, std::vector<std::string> extra) {
+    extra.push_back("--fsdp");
+    expect_ranks_ok(ddp::testing::run_env_ranks(
+        2, train("fashion_mnist_mlp.yaml", out.path(), mlp(16, extra)), seconds(120)));
+  };
+  two_ranks(whole, {});
+  two_ranks(split, {"--epochs", "1"});
+  const std::string checkpoint = split.path() + "/checkpoint-epoch-0001.pt";
+  two_ranks(split, {"--resume", "auto"});
+  ddp::testing::expect_same_weights(model_of(split), model_of(whole));
+  // Epoch 2 on one rank (batch 32, the global batch kept), from the sharded run's checkpoint:
+  // sharded over one rank, and DDP's.
+  for (const auto* out : {&one_fsdp, &one_ddp}) {
+    std::vector<std::string> extra = {"--resume", checkpoint};
+    if (out == &one_fsdp) extra.push_back("--fsdp");
+    expect_ranks_ok({ddp::testing::run_process(
+        train("fashion_mnist_mlp.yaml", out->path(), mlp(16, extra)), {}, seconds(120))});
+  }
+  expect_close_weights(model_of(one_fsdp), model_of(one_ddp), kTolerance);
+  expect_close_weights(model_of(one_fsdp), model_of(whole), kTolerance);
+}
+
+TEST(FsdpTrain, OptionsItCannotHonourAreRefusedByName) {
+  for (const auto& [option, value] :
+       std::vector<std::pair<std::string, std::string>>{{"--zero", ""},
+                                                        {"--uneven", ""},
+                                                        {"--sync", "diloco"},
+                                                        {"--comm-hook", "powersgd"},
+                                                        {"--check-params-every", "1"},
+                                                        {"--bucket-cap-mb", "auto"}}) {
+    TempDir out;
+    std::vector<std::string> extra = {"--fsdp", option};
+    if (!value.empty()) extra.push_back(value);
+    const auto r =
+        ddp::testing::run_process(train("random_linear.yaml", out.path(), extra), {}, seconds(60));
+    EXPECT_NE(r.exit_code, 0) << option;
+    EXPECT_NE(
+        r.output.find(fmt::format("key 'fsdp': cannot be combined with {}", option.substr(2))),
+        std::string::npos)
+        << r.output;
+  }
+}
+
+}  // namespace
