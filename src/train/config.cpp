@@ -217,8 +217,10 @@ ConfigKey bucket_cap_key() {
 std::vector<ConfigKey> make_keys() {
   using C = Config;
   return {
-      string_key("model", &C::model, {"mlp", "resnet18", "linear", "informer"}, "",
+      string_key("model", &C::model, {"mlp", "resnet18", "linear", "informer", "wide-mlp"}, "",
                  "model to train"),
+      int_key("width", &C::width, 1, "wide-mlp: the width of each hidden layer"),
+      int_key("depth", &C::depth, 1, "wide-mlp: the number of hidden layers"),
       string_key("dataset", &C::dataset, {"fashion-mnist", "random", "csv"}, "",
                  "dataset to train on"),
       string_key("data", &C::data, {}, "PATH",
@@ -559,7 +561,8 @@ void validate_workload(const Config& config) {
   if (informer.dropout >= 1.0) {
     throw InputError(fmt::format("key 'dropout': {} is not below 1", informer.dropout));
   }
-  if ((config.model == "mlp" || config.model == "resnet18") && config.dataset != "fashion-mnist") {
+  if ((config.model == "mlp" || config.model == "resnet18" || config.model == "wide-mlp") &&
+      config.dataset != "fashion-mnist") {
     throw InputError(fmt::format("model '{}' trains on dataset 'fashion-mnist', not '{}'",
                                  config.model, config.dataset));
   }

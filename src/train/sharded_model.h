@@ -34,6 +34,9 @@ class ShardedModel {
     return model_->forward_with(run);
   }
 
+  // Each unit's times in the last iteration (the timeline's).
+  std::vector<fsdp::UnitTimes> last_iteration() const { return model_->last_iteration(); }
+
   // Rank 0's buffers (BatchNorm's statistics) to every rank, as DDP's broadcast_buffers (a
   // collective).
   void broadcast_buffers();

@@ -95,6 +95,10 @@ void Timeline::add_instant(std::string name, Clock::time_point at) {
   if (!refuse()) marks_.push_back({std::move(name), at, {}});
 }
 
+void Timeline::name_lane(int lane, std::string name) {
+  lane_names_[lane] = std::move(name);
+}
+
 std::string Timeline::trace_events(int rank, double origin_wall) const {
   // Steady-clock times become wall-clock microseconds through the pair taken at construction.
   const double offset_us = (start_wall_ - origin_wall) * 1e6;
@@ -109,7 +113,9 @@ std::string Timeline::trace_events(int rank, double origin_wall) const {
   int lanes = 0;
   for (const auto& e : events_) lanes = std::max(lanes, e.lane + 1);
   for (int lane = 0; lane < std::max(lanes, 1); ++lane) {
-    const std::string name = lane == kStepLane
+    const auto named = lane_names_.find(lane);
+    const std::string name = named != lane_names_.end() ? named->second
+                             : lane == kStepLane
                                  ? "training step"
                                  : fmt::format("bucket {} all-reduce", lane - kBucketLane);
     out += ",\n" + event_text(metadata_event("thread_name", rank, lane, {{"name", name}}));

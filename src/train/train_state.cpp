@@ -279,6 +279,10 @@ torch::Tensor TrainState::forward(const std::function<torch::Tensor()>& run) {
   return sharded_->forward(run);
 }
 
+std::vector<fsdp::UnitTimes> TrainState::unit_times() const {
+  return sharded_->last_iteration();
+}
+
 void TrainState::before_evaluation() {
   // Rank 0's buffers, as a forward through DDP would use.
   if (!sharded_) {

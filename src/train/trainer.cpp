@@ -64,6 +64,26 @@ void record_reducer(Timeline& timeline, const core::IterationStats& s, int64_t s
   }
 }
 
+// --fsdp: on unit u's lane (kBucketLane + u), its all-gathers (from their issue to the wait for
+// them), its forward and backward, and its reduce-scatter.
+void record_units(Timeline& timeline, const std::vector<fsdp::UnitTimes>& units, int64_t step) {
+  for (size_t u = 0; u < units.size(); ++u) {
+    const fsdp::UnitTimes& t = units[u];
+    const int lane = Timeline::kBucketLane + static_cast<int>(u);
+    timeline.name_lane(lane, "unit " + t.name);
+    const auto add = [&](const char* name, const char* category, fsdp::Clock::time_point begin,
+                         fsdp::Clock::time_point end) {
+      const fsdp::Clock::time_point none;
+      if (begin != none && end != none) timeline.add(name, category, lane, begin, end, step);
+    };
+    add("all-gather", "comm", t.forward_gather, t.forward_begin);
+    add("unit forward", "compute", t.forward_begin, t.forward_end);
+    add("all-gather", "comm", t.backward_gather, t.backward_begin);
+    add("unit backward", "compute", t.backward_begin, t.backward_end);
+    add("reduce-scatter", "comm", t.backward_end, t.reduce_done);
+  }
+}
+
 // The bytes the step's gradient collectives carried (0 on one rank without a hook).
 int64_t gradient_bytes(const core::IterationStats& s) {
   int64_t total = 0;
@@ -458,7 +478,11 @@ std::pair<torch::Tensor, int64_t> Trainer::step_gradients(EpochPass& pass,
     const bool last = i + 1 == batches.size();
     loss_sum += forward_backward(pass, batches[i], samples, /*sync=*/last && !local);
   }
-  if (local || state_->sharded()) return {loss_sum, samples};
+  if (local) return {loss_sum, samples};
+  if (state_->sharded()) {  // --fsdp: each unit's gathers and reduce-scatter onto the timeline
+    if (timeline_) record_units(*timeline_, state_->unit_times(), state_->step() + 1);
+    return {loss_sum, samples};
+  }
   // Finalize, the reducer's at backward's end (it waited for every bucket and wrote the averages
   // into .grad): onto the timeline.
   const auto& reduced = state_->model()->reducer().last_iteration();
@@ -544,31 +568,32 @@ bool Trainer::stop_requested() {
   return comm::any_rank(*dist_.group, g_stop_requested != 0, dist_.device);
 }
 
+torch::Tensor Trainer::evaluation_forward(const torch::Tensor& input) {
+  if (!state_->sharded()) return workload_.forward(input);  // the module: no collective
+  return state_->forward([&] { return workload_.forward(input); });
+}
+
+void Trainer::run_extra_evaluation_forwards(const data::TensorDataset& set, int64_t batches) {
+  if (!state_->sharded()) return;
+  const auto most = static_cast<int64_t>(comm::all_reduce_scalar(
+      *dist_.group, static_cast<double>(batches), comm::ReduceOp::kMax, dist_.device));
+  for (int64_t extra = batches; extra < most; ++extra) {
+    evaluation_forward(set.gather(torch::zeros({1}, torch::kLong)).input.to(dist_.device));
+  }
+}
+
 Scores Trainer::evaluate(const data::TensorDataset& set) {
   const KeepCpuRng keep_rng;  // training's random numbers do not depend on evaluations
   state_->before_evaluation();
   torch::NoGradGuard no_grad;
   workload_.module->eval();
   // Unpadded shards: every sample counted once over all ranks. Ranks may run different numbers
-  // of batches, so no collective inside this loop, but --fsdp's: there every rank runs as many
-  // forwards (one that ran out of batches, a forward of one sample, not counted).
+  // of batches, so no collective in the loop but --fsdp's forwards (then all run as many).
   const torch::Tensor order =
       data::evaluation_indices(set.size(), dist_.world_size(), dist_.rank());
   const int64_t n = order.size(0);
   const int64_t batch_size = state_->batch_size();
-  const int64_t batches = (n + batch_size - 1) / batch_size;
-  const int64_t rounds =
-      state_->sharded()
-          ? static_cast<int64_t>(comm::all_reduce_scalar(*dist_.group, static_cast<double>(batches),
-                                                         comm::ReduceOp::kMax, dist_.device))
-          : batches;
-  const auto forward = [&](const torch::Tensor& input) {
-    if (!state_->sharded()) return workload_.forward(input);
-    return state_->forward([&] { return workload_.forward(input); });
-  };
-  for (int64_t round = batches; round < rounds; ++round) {
-    forward(set.gather(torch::zeros({1}, torch::kLong)).input.to(dist_.device));
-  }
+  run_extra_evaluation_forwards(set, (n + batch_size - 1) / batch_size);
   const bool classification = set.task == data::Task::kClassification;
   // Sums of: loss, correct (classification) or absolute error, naive squared and absolute errors,
   // count.
@@ -580,7 +605,7 @@ Scores Trainer::evaluate(const data::TensorDataset& set) {
     const data::Batch batch = set.gather(order.narrow(0, begin, size));
     const auto input = batch.input.to(dist_.device);
     const auto target = batch.target.to(dist_.device);
-    const auto output = forward(input);
+    const auto output = evaluation_forward(input);
     add(kLoss, compute_loss(set.task, output, target) * static_cast<double>(size));
     if (classification) {
       add(kCorrectOrAbs, output.argmax(1).eq(target).sum());

@@ -88,10 +88,16 @@ void make_informer(const Config& config, Workload& w) {
   };
 }
 
-}  // namespace
+// A Sequential model's module, its units (the modules of type `Unit` in it) and its forward.
+template <class Unit>
+void set_sequential(Workload& w, torch::nn::Sequential net) {
+  w.module = net.ptr();
+  w.units = units_of_type<Unit>(*net);
+  w.forward = forward_of(net);
+}
 
-Workload make_workload(const Config& config, const models::NormFactory& norm) {
-  Workload w;
+// The training and test sets of config.dataset, cut to --train-subset and --test-subset.
+void load_data(const Config& config, Workload& w) {
   if (config.dataset == "fashion-mnist") {
     const std::string dir = config.data.empty() ? kDefaultFashionMnistDir : config.data;
     w.train_set = data::load_fashion_mnist(dir, data::Split::kTrain, config.train_subset);
@@ -115,28 +121,38 @@ Workload make_workload(const Config& config, const models::NormFactory& norm) {
       *set = set->slice(0, config.test_subset);
     }
   }
+}
 
+// config.model for the data `w` holds, seeded from config.seed.
+void make_model(const Config& config, Workload& w, const models::NormFactory& norm) {
   torch::manual_seed(static_cast<uint64_t>(config.seed));
+  const int64_t classes = w.train_set.num_classes;
   if (config.model == "mlp") {
-    auto net = models::make_mlp(w.train_set.inputs[0].numel(), w.train_set.num_classes);
-    w.module = net.ptr();
-    w.units = units_of_type<torch::nn::LinearImpl>(*net);
-    w.forward = forward_of(net);
+    set_sequential<torch::nn::LinearImpl>(w,
+                                          models::make_mlp(w.train_set.inputs[0].numel(), classes));
+  } else if (config.model == "wide-mlp") {
+    set_sequential<torch::nn::LinearImpl>(
+        w,
+        models::make_wide_mlp(w.train_set.inputs[0].numel(), classes, config.width, config.depth));
   } else if (config.model == "resnet18") {
-    auto net = models::make_resnet18(w.train_set.num_classes, w.train_set.inputs.size(1), norm);
-    w.module = net.ptr();
-    w.units = units_of_type<models::ResidualImpl>(*net);
-    w.forward = forward_of(net);
+    set_sequential<models::ResidualImpl>(
+        w, models::make_resnet18(classes, w.train_set.inputs.size(1), norm));
   } else if (config.model == "linear") {
-    auto net = models::make_linear(w.train_set.inputs.size(1), w.train_set.targets.size(1));
-    w.module = net.ptr();
-    w.units = units_of_type<torch::nn::LinearImpl>(*net);
-    w.forward = forward_of(net);
+    set_sequential<torch::nn::LinearImpl>(
+        w, models::make_linear(w.train_set.inputs.size(1), w.train_set.targets.size(1)));
   } else if (config.model == "informer") {
     make_informer(config, w);
   } else {
     throw InputError(fmt::format("unknown model '{}'", config.model));
   }
+}
+
+}  // namespace
+
+Workload make_workload(const Config& config, const models::NormFactory& norm) {
+  Workload w;
+  load_data(config, w);
+  make_model(config, w, norm);
   return w;
 }
 

@@ -3,6 +3,9 @@
 // on another number as DDP's do; the options FSDP cannot honour are refused by name.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <map>
 
 #include "built_paths.h"
 #include "ranks.h"
@@ -85,7 +88,7 @@ TEST(FsdpTrain, InformerOnTwoRanksEqualsOneProcessWithTwiceTheBatch) {
 
 // `args` on 2 ranks with and without --fsdp (`launch`: env ranks or mpirun), to the same weights.
 void expect_fsdp_equals_ddp(const std::string& config_name, std::vector<std::string> args,
-                            bool mpirun = false) {
+                            bool mpirun = false, double tolerance = kTolerance) {
   TempDir ddp, fsdp;
   const auto run = [&](const TempDir& out, const std::vector<std::string>& extra) {
     auto argv = train(config_name, out.path(), args);
@@ -96,7 +99,7 @@ void expect_fsdp_equals_ddp(const std::string& config_name, std::vector<std::str
   };
   run(ddp, {});
   run(fsdp, {"--fsdp"});
-  expect_close_weights(model_of(fsdp), model_of(ddp), kTolerance);
+  expect_close_weights(model_of(fsdp), model_of(ddp), tolerance);
 }
 
 TEST(FsdpTrain, ResNet18ByBlockEqualsDdp) {
@@ -129,6 +132,12 @@ TEST(FsdpTrain, LinearWithMicroBatchesUnderMpirunEqualsDdp) {
       /*mpirun=*/true);
 }
 
+// bf16 autocast: the forward's matmuls in bf16 in both, from the same float32 parameters; only
+// the order of the gradients' float32 sums may differ.
+TEST(FsdpTrain, MlpUnderBf16AutocastEqualsDdp) {
+  expect_fsdp_equals_ddp("fashion_mnist_mlp.yaml", mlp(16, {"--amp", "bf16"}), false, kTolerance);
+}
+
 TEST(FsdpTrain, AResumeOnAsManyRanksIsBitwiseAndOnAnotherEqualsDdpsResume) {
   TempDir whole, split, one_fsdp, one_ddp;
   const auto two_ranks = [&](const TempDir& out, std::vector<std::string> extra) {
@@ -151,6 +160,68 @@ TEST(FsdpTrain, AResumeOnAsManyRanksIsBitwiseAndOnAnotherEqualsDdpsResume) {
   }
   expect_close_weights(model_of(one_fsdp), model_of(one_ddp), kTolerance);
   expect_close_weights(model_of(one_fsdp), model_of(whole), kTolerance);
+}
+
+// A span of the timeline: its lane (0: the step; 1 + u: unit u), name, step and times (us).
+struct Span {
+  int lane = 0;
+  std::string name;
+  int64_t step = -1;
+  double begin = 0, end = 0;
+};
+
+// Each rank's spans of the trace at `path`.
+std::map<int, std::vector<Span>> spans_of(const std::string& path) {
+  std::map<int, std::vector<Span>> ranks;
+  const auto document = nlohmann::json::parse(ddp::testing::read_file(path));
+  for (const auto& e : document.at("traceEvents")) {
+    if (e.at("ph") != "X") continue;
+    Span s{e.at("tid").get<int>(), e.at("name").get<std::string>(),
+           e.at("args").value("step", int64_t{-1}), e.at("ts").get<double>(), 0.0};
+    s.end = s.begin + e.at("dur").get<double>();
+    ranks[e.at("pid").get<int>()].push_back(s);
+  }
+  return ranks;
+}
+
+// The span named `name` of unit lane `lane` in `step`: the first (forward's gather) or the
+// second (backward's); nullptr when there is none.
+const Span* find_span(const std::vector<Span>& spans, int lane, int64_t step,
+                      const std::string& name, int nth = 0) {
+  for (const auto& s : spans) {
+    if (s.lane == lane && s.step == step && s.name == name && nth-- == 0) return &s;
+  }
+  return nullptr;
+}
+
+TEST(FsdpTrain, TheTimelineShowsEachGatherBegunBeforeThePreviousUnitsComputeEnds) {
+  TempDir out;
+  const std::string trace = out.path() + "/trace.json";
+  expect_ranks_ok(ddp::testing::run_env_ranks(
+      2, train("fashion_mnist_mlp.yaml", out.path(), mlp(16, {"--fsdp", "--timeline", trace})),
+      seconds(120)));
+  const auto ranks = spans_of(trace);
+  ASSERT_EQ(ranks.size(), 2u);
+  constexpr int kUnits = 3;  // the MLP's Linear layers: lanes 1, 2, 3
+  for (const auto& [rank, spans] : ranks) {
+    int checked = 0;
+    for (int64_t step = 1; step <= 16; ++step) {  // 2 epochs of 8 steps
+      for (int u = 1; u < kUnits; ++u) {
+        // Forward: unit u's gather begun before unit u-1's forward ended.
+        const Span* gather = find_span(spans, 1 + u, step, "all-gather", 0);
+        const Span* previous = find_span(spans, u, step, "unit forward");
+        ASSERT_TRUE(gather && previous) << "rank " << rank << " step " << step << " unit " << u;
+        EXPECT_LT(gather->begin, previous->end) << "rank " << rank << " step " << step;
+        // Backward (last unit first): unit u-1's gather begun before unit u's backward ended.
+        const Span* back_gather = find_span(spans, u, step, "all-gather", 1);
+        const Span* back = find_span(spans, 1 + u, step, "unit backward");
+        ASSERT_TRUE(back_gather && back) << "rank " << rank << " step " << step << " unit " << u;
+        EXPECT_LT(back_gather->begin, back->end) << "rank " << rank << " step " << step;
+        checked += 2;
+      }
+    }
+    EXPECT_EQ(checked, 16 * (kUnits - 1) * 2);
+  }
 }
 
 TEST(FsdpTrain, OptionsItCannotHonourAreRefusedByName) {

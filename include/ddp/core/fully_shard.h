@@ -42,6 +42,7 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/types.h>
 
+#include <chrono>
 #include <memory>
 #include <set>
 #include <string>
@@ -66,6 +67,22 @@ struct FullyShardOptions {
 };
 
 namespace fsdp {
+
+using Clock = std::chrono::steady_clock;
+
+// When a unit's collectives and computation ran in the last iteration (a forward and the backward
+// after it), for the timeline; time_point() for what did not happen (the root unit has no
+// forward of its own; a unit kept gathered after its forward is not gathered again).
+struct UnitTimes {
+  std::string name;
+  Clock::time_point forward_gather;  // its all-gather issued (ahead, with prefetch)
+  Clock::time_point forward_begin;   // the gather waited for: its forward starts
+  Clock::time_point forward_end;
+  Clock::time_point backward_gather;  // issued ahead of its backward
+  Clock::time_point backward_begin;   // its output's gradient arrived, the gather waited for
+  Clock::time_point backward_end;     // its last parameter's gradient: the reduce-scatter issued
+  Clock::time_point reduce_done;      // the reduce-scatter waited for
+};
 
 // How a unit's parameters lie in its flat buffer: each at an offset, in registration order, the
 // total padded to a multiple of the world size so that every rank's shard is as long. A pure
@@ -151,6 +168,8 @@ class FullyShardedDataParallel {
 
   torch::nn::Module& module() { return *module_; }
   int num_units() const;  // with parameters; the root unit included when there is one
+  // Each unit's times in the last iteration, in parameters()' order.
+  std::vector<fsdp::UnitTimes> last_iteration() const;
   // Bytes of parameters this rank holds now (shards and whatever is gathered): for tests and the
   // memory benchmark.
   int64_t resident_parameter_bytes() const;

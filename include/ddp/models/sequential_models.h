@@ -12,6 +12,11 @@ namespace ddp::models {
 //                       nn.ReLU(), nn.Linear(256, 10))
 torch::nn::Sequential make_mlp(int64_t in_features = 784, int64_t num_classes = 10);
 
+// An MLP as wide and deep as asked, for memory measurements (bench/fsdp_memory.py): Flatten, then
+// `depth` Linear(width) layers each followed by ReLU, then Linear(width, num_classes).
+torch::nn::Sequential make_wide_mlp(int64_t in_features, int64_t num_classes, int64_t width,
+                                    int64_t depth);
+
 // The DataParallel tutorial's model. Python: nn.Sequential(nn.Linear(5, 2))
 torch::nn::Sequential make_linear(int64_t in_features = 5, int64_t out_features = 2);
 

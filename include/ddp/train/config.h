@@ -46,6 +46,8 @@ struct Config {
   std::string model = "mlp";
   std::string dataset = "fashion-mnist";
   std::string data;          // empty: the dataset's default (csv: the synthetic series)
+  int64_t width = 4096;      // model wide-mlp: each hidden layer's
+  int64_t depth = 6;         // model wide-mlp: hidden layers
   int64_t train_subset = 0;  // 0: all training samples
   int64_t test_subset = 0;   // 0: all test (and validation) samples
   // Time series (dataset csv): the loader's own options, with the Informer code's names and

@@ -19,6 +19,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -63,6 +64,9 @@ class Timeline {
   void add_counter(std::string name, Clock::time_point at,
                    std::vector<std::pair<std::string, double>> values);
   void add_instant(std::string name, Clock::time_point at);
+  // The name shown for `lane` (default: "training step" for lane 0, "bucket b all-reduce" for the
+  // others; --fsdp's lanes are its units').
+  void name_lane(int lane, std::string name);
   const std::vector<Event>& events() const { return events_; }
   const std::vector<Mark>& marks() const { return marks_; }
   size_t dropped() const { return dropped_; }
@@ -104,6 +108,7 @@ class Timeline {
   size_t dropped_ = 0;
   std::vector<Event> events_;
   std::vector<Mark> marks_;
+  std::map<int, std::string> lane_names_;
   Clock::time_point start_steady_;
   double start_wall_;
 };

@@ -33,6 +33,7 @@
 #include "ddp/core/bucket_tuning.h"
 #include "ddp/core/diloco.h"
 #include "ddp/core/distributed_data_parallel.h"
+#include "ddp/core/fully_shard.h"
 #include "ddp/core/grad_scaler.h"
 #include "ddp/core/zero_redundancy_optimizer.h"
 #include "ddp/train/checkpoint.h"
@@ -90,8 +91,9 @@ class TrainState {
   // The model with its DDP wrapper (not under --fsdp); --amp fp16's GradScaler and --sync's DiLoCo
   // (null without).
   DistributedDataParallel<>& model() { return model_; }
-  // --fsdp: the model is sharded (no DDP wrapper).
+  // --fsdp: the model is sharded (no DDP wrapper); its units' times in the last iteration.
   bool sharded() const { return sharded_ != nullptr; }
+  std::vector<fsdp::UnitTimes> unit_times() const;
   // The gradients dropped before a step's first backward.
   void zero_grad();
   // `run` (the workload's forward) through the wrapper: DDP's, or --fsdp's gathers around each

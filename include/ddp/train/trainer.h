@@ -110,6 +110,13 @@ class Trainer {
   // The evaluation after an epoch (all ranks): the validation split when there is one, the test
   // split after the last epoch or when there is no validation split.
   void evaluate_epoch(EpochMetrics& metrics, bool last);
+  // An evaluation batch's forward: the module's (no collective), or --fsdp's (gathers: every rank
+  // runs as many).
+  torch::Tensor evaluation_forward(const torch::Tensor& input);
+  // --fsdp: the forwards of one sample that a rank with `batches` evaluation batches runs so that
+  // every rank runs as many as the rank with the most (a collective, then each forward's). Nothing
+  // without --fsdp.
+  void run_extra_evaluation_forwards(const data::TensorDataset& set, int64_t batches);
   // Rank 0: the epoch's line of metrics.jsonl (a new rank 0 after an elastic change goes on with
   // the file).
   void write_metrics(const EpochMetrics& metrics);

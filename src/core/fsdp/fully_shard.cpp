@@ -126,6 +126,10 @@ fsdp::Unit* FullyShardedDataParallel::State::neighbour(const fsdp::Unit& unit, i
 
 void FullyShardedDataParallel::State::begin_forward() {
   forward_order.clear();
+  for (auto& unit : units) {
+    unit->times() = fsdp::UnitTimes();
+    unit->times().name = unit->name();
+  }
   if (root == nullptr) return;
   root->wait_gathered();
   if (torch::GradMode::is_enabled()) root->prepare_grads();
@@ -139,13 +143,16 @@ void FullyShardedDataParallel::State::before(fsdp::Unit& unit) {
         unit.name()));
   }
   forward_order.push_back(&unit);
-  unit.wait_gathered();
+  unit.wait_gathered();  // issued by the unit before's prefetch, or now
+  unit.times().forward_gather = unit.gather_issued();
+  unit.times().forward_begin = fsdp::Clock::now();
   if (options.prefetch()) {
     if (fsdp::Unit* next = neighbour(unit, +1)) next->gather_async();
   }
 }
 
 torch::Tensor FullyShardedDataParallel::State::after(fsdp::Unit& unit, torch::Tensor output) {
+  unit.times().forward_end = fsdp::Clock::now();
   if (output.requires_grad()) {
     output.register_hook([this, &unit](const torch::Tensor& grad) {
       before_backward(unit);
@@ -177,6 +184,11 @@ void FullyShardedDataParallel::State::note_backward() {
 void FullyShardedDataParallel::State::before_backward(fsdp::Unit& unit) {
   note_backward();
   unit.wait_gathered();
+  // Gathered again for the backward (not kept since the forward: reshard_after_forward off).
+  if (unit.gather_issued() > unit.times().forward_end) {
+    unit.times().backward_gather = unit.gather_issued();
+  }
+  unit.times().backward_begin = fsdp::Clock::now();
   unit.prepare_grads();
   if (options.prefetch()) {
     if (fsdp::Unit* next = neighbour(unit, -1)) next->gather_async();
@@ -189,6 +201,7 @@ void FullyShardedDataParallel::State::on_grad_ready(fsdp::Unit& unit, size_t par
 }
 
 void FullyShardedDataParallel::State::reduce(fsdp::Unit& unit) {
+  unit.times().backward_end = fsdp::Clock::now();
   if (last_reduced != nullptr) last_reduced->finish_reduce();
   unit.reduce_async();
   last_reduced = &unit;
@@ -393,6 +406,12 @@ torch::Tensor FullyShardedDataParallel::shard(int unit,
 
 std::vector<std::string> FullyShardedDataParallel::parameter_names(int unit) const {
   return state_->units.at(static_cast<size_t>(unit))->names();
+}
+
+std::vector<fsdp::UnitTimes> FullyShardedDataParallel::last_iteration() const {
+  std::vector<fsdp::UnitTimes> times;
+  for (const auto& unit : state_->units) times.push_back(unit->times());
+  return times;
 }
 
 int FullyShardedDataParallel::num_units() const {

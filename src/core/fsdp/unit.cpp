@@ -78,6 +78,7 @@ FlatLayout plan_flat_layout(const std::vector<int64_t>& numels, int world_size) 
 Unit::Unit(std::string name, std::vector<torch::Tensor> params, std::vector<std::string> names,
            comm::ProcessGroup& group, bool init_sync)
     : name_(std::move(name)), params_(std::move(params)), names_(std::move(names)), group_(group) {
+  times_.name = name_;
   DDP_CHECK(!params_.empty() && params_.size() == names_.size(), "a unit has named parameters");
   check_params(name_, params_, names_);
   std::vector<int64_t> numels;
@@ -108,6 +109,7 @@ void Unit::gather_async() {
   if (full_state_ != FullState::kFreed) return;
   resize_storage(full_, static_cast<size_t>(layout_.padded) * full_.element_size());
   const Label label(group_, "gather", name_);
+  gather_issued_ = Clock::now();
   gather_work_ = group_.all_gather(full_, shard_.detach());
   full_state_ = FullState::kGathering;
 }
@@ -156,6 +158,7 @@ void Unit::reduce_async() {
 void Unit::finish_reduce() {
   if (reduce_work_ == nullptr) return;
   reduce_work_->wait();
+  times_.reduce_done = Clock::now();
   reduce_work_.reset();
   flat_grad_ = torch::Tensor();
   torch::NoGradGuard no_grad;

@@ -38,6 +38,10 @@ class Unit {
   const std::vector<std::string>& names() const { return names_; }
   const torch::Tensor& shard() const { return shard_; }
   const FlatLayout& layout() const { return layout_; }
+  // This iteration's times (the orchestrator fills them; the gathers' issue times are the unit's).
+  UnitTimes& times() { return times_; }
+  // When the last gather was issued.
+  Clock::time_point gather_issued() const { return gather_issued_; }
 
   // The gather into the parameters' storage, issued unless it is gathered or on its way.
   void gather_async();
@@ -89,6 +93,8 @@ class Unit {
   comm::WorkPtr reduce_work_;
   std::vector<bool> grad_seen_;  // per parameter, in this backward
   size_t grads_left_ = 0;
+  UnitTimes times_;
+  Clock::time_point gather_issued_;
 };
 
 }  // namespace ddp::fsdp
