@@ -13,6 +13,45 @@ def free_port():
         return s.getsockname()[1]
 
 
+def children(pid):
+    """The processes whose parent is `pid` (a launcher's ranks)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(entry))
+    return out
+
+
+def descendants(pid):
+    """Every process below `pid` (its children, theirs, ...): the ranks under a launcher or under
+    mpirun's daemon."""
+    out, frontier = [], [pid]
+    while frontier:
+        below = [c for p in frontier for c in children(p)]
+        out += below
+        frontier = below
+    return out
+
+
+def proc_kb(pid, file, key):
+    """The kB figure `key` ("Pss:", "VmRSS:") of /proc/<pid>/<file>; None once it has ended."""
+    try:
+        with open(f"/proc/{pid}/{file}") as f:
+            for line in f:
+                if line.startswith(key):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
 def env_job(cmd, world, timeout=900, extra_env=None):
     """Runs `world` ranks of `cmd` on this host (`extra_env` on top of this process's
     environment); returns rank 0's stdout; exits on any failure."""

@@ -5,8 +5,10 @@ A run's figure for a rank: its peak RSS (VmRSS of /proc/<pid>/status, read every
 peak RSS of the same rank in the same run with the model's hidden layers 16 wide (LibTorch, the
 data, the group, the loader: everything but the model). Two peaks: while training and evaluating
 (until rank 0 logs the epoch's line), and including the checkpoint that follows (rank 0 gathers
-the model and the optimizer state to write them). Backend gloo for both: the ranks' memory is
-their own (shm's buffers are shared pages that each rank's RSS counts whole).
+the model and the optimizer state to write them). Backend mpi under mpirun for both (Open MPI
+moves the bytes between the tensors given: a collective holds no copy of them), or gloo under the
+launcher (whose all-gather and all-to-all stage a whole copy of the gathered tensor); not shm,
+whose buffers are shared pages that each rank's RSS counts whole.
 
 The workload: one epoch of a wide MLP (Flatten, `--depth` Linear layers `--width` wide, the head)
 with Adam on the first samples of Fashion-MNIST, batch 16 per rank, one thread per rank; its
@@ -20,55 +22,47 @@ rounds.
   bench/fsdp_memory.py --build build --worlds 2 4 --rounds 2
 """
 import argparse
+import datetime
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+
+from benchlib import descendants, proc_kb
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-def rss_kb(pid):
+def rank_of(pid):
+    """The rank of a ddp_train process (RANK from the launcher, OMPI_COMM_WORLD_RANK from
+    mpirun); None for any other process."""
     try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
+        with open(f"/proc/{pid}/comm") as f:
+            if f.read().strip() != "ddp_train":
+                return None
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            for entry in f.read().split(b"\0"):
+                for key in (b"RANK=", b"OMPI_COMM_WORLD_RANK="):
+                    if entry.startswith(key):
+                        return int(entry[len(key):])
     except OSError:
-        return None
+        pass
     return None
 
 
-def children(pid):
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(entry))
-    return out
-
-
-def rank_of(pid):
-    """The RANK in a process's environment (the launcher sets it), -1 if it cannot be read."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            for entry in f.read().split(b"\0"):
-                if entry.startswith(b"RANK="):
-                    return int(entry[5:])
-    except OSError:
-        pass
-    return -1
+def epoch_line_time(output):
+    """When rank 0 logged the epoch's line (after training and evaluation, before the
+    checkpoint): the wall time in its log line, "[2026-11-28 21:06:26.585]" (local time)."""
+    for line in output.splitlines():
+        match = re.search(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3})\].*epoch 1/1:", line)
+        if match:
+            return datetime.datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S.%f").timestamp()
+    raise SystemExit("no epoch line in the run's output:\n" + output)
 
 
 def workload_args(args, model, width):
@@ -82,42 +76,39 @@ def run(args, model, world, fsdp, width):
     """One run: each rank's peak RSS in MB (training, with the checkpoint) and samples/s."""
     with tempfile.TemporaryDirectory() as out:
         samples = args.samples_per_rank * world
-        cmd = [os.path.join(args.build, "launcher"), "--nproc", str(world),
-               os.path.join(args.build, "ddp_train"), *workload_args(args, model, width),
+        if args.backend == "mpi":
+            start = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl",
+                     "self,vader", "-np", str(world)]
+        else:
+            start = [os.path.join(args.build, "launcher"), "--nproc", str(world)]
+        cmd = [*start, os.path.join(args.build, "ddp_train"), *workload_args(args, model, width),
                "--dataset", "fashion-mnist", "--epochs", "1", "--batch-size", "16",
                "--train-subset", str(samples), "--test-subset", "64", "--threads", "1",
-               "--backend", "gloo", "--progress", "off", "--device", "cpu", "--output-dir", out]
+               "--backend", args.backend, "--progress", "off", "--device", "cpu", "--output-dir", out]
         if fsdp:
             cmd.append("--fsdp")
-        launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True)
-        trained = threading.Event()
-        lines = []
-
-        def read():
-            for line in launcher.stdout:
-                lines.append(line)
-                if "epoch 1/1:" in line:
-                    trained.set()
-
-        reader = threading.Thread(target=read)
-        reader.start()
-        peak_train, peak_all, ranks = {}, {}, {}
+        log = open(os.path.join(out, "run.log"), "w+")
+        launcher = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
+        samples, ranks = [], {}  # (wall time, pid, kB); pid -> rank (None: not a rank)
         while launcher.poll() is None:
-            during_training = not trained.is_set()
-            for pid in children(launcher.pid):
+            for pid in descendants(launcher.pid):
                 if pid not in ranks:
                     ranks[pid] = rank_of(pid)
-                kb = rss_kb(pid)
-                if kb is None:
-                    continue
-                peak_all[pid] = max(peak_all.get(pid, 0), kb)
-                if during_training:
-                    peak_train[pid] = max(peak_train.get(pid, 0), kb)
+                kb = proc_kb(pid, "status", "VmRSS:") if ranks[pid] is not None else None
+                if kb is not None:
+                    samples.append((time.time(), pid, kb))
             time.sleep(0.02)
-        reader.join()
+        log.seek(0)
+        output = log.read()
+        log.close()
+        trained = epoch_line_time(output)
+        peak_train, peak_all = {}, {}
+        for at, pid, kb in samples:
+            peak_all[pid] = max(peak_all.get(pid, 0), kb)
+            if at < trained:
+                peak_train[pid] = max(peak_train.get(pid, 0), kb)
         if launcher.returncode != 0 or len(peak_all) != world:
-            raise SystemExit(f"{' '.join(cmd)}: exit {launcher.returncode}\n{''.join(lines)}")
+            raise SystemExit(f"{' '.join(cmd)}: exit {launcher.returncode}\n{output}")
         with open(os.path.join(out, "metrics.jsonl")) as f:
             speed = json.loads(f.readlines()[-1])["samples_per_s"]
         pids = sorted(peak_all, key=lambda pid: ranks[pid])
@@ -133,6 +124,8 @@ def main():
     p.add_argument("--depth", type=int, default=6)
     p.add_argument("--samples-per-rank", type=int, default=64)
     p.add_argument("--models", nargs="*", default=["wide-mlp", "resnet18"])
+    p.add_argument("--backend", choices=["mpi", "gloo"], default="mpi",
+                   help="mpi: the ranks under mpirun; gloo: under the launcher")
     args = p.parse_args()
     unit_mb = (args.width * args.width + args.width) * 4 / 2**20
     print(f"| model | ranks | DDP MB/rank (train, +checkpoint) | FSDP MB/rank (train, +checkpoint) "

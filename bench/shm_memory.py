@@ -22,6 +22,8 @@ import sys
 import tempfile
 import time
 
+from benchlib import children, proc_kb
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
@@ -30,33 +32,6 @@ WORKLOADS = {
     "resnet18": ["--config", os.path.join(ROOT, "configs", "fashion_mnist_resnet18.yaml"),
                  "--batch-size", "32"],
 }
-
-
-def pss_kb(pid):
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def children(pid):
-    """The processes whose parent is `pid`."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(entry))
-    return out
 
 
 def run(build, workload, args):
@@ -72,7 +47,7 @@ def run(build, workload, args):
                                     text=True)
         sums = []
         while launcher.poll() is None:
-            kbs = [pss_kb(pid) for pid in children(launcher.pid)]
+            kbs = [proc_kb(pid, "smaps_rollup", "Pss:") for pid in children(launcher.pid)]
             # Only while every rank runs: a page that ranks share counts whole to the last one.
             if len(kbs) == args.world and None not in kbs:
                 sums.append(sum(kbs))

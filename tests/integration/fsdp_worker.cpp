@@ -22,9 +22,9 @@
 #include <iostream>
 #include <map>
 
-#include "ddp/comm/rendezvous.h"
 #include "ddp/core/distributed_data_parallel.h"
 #include "ddp/core/fully_shard.h"
+#include "worker_group.h"
 
 namespace {
 
@@ -323,12 +323,7 @@ int main(int argc, char** argv) {
     return 64;
   }
   try {
-    torch::set_num_threads(1);
-    ddp::comm::ProcessGroupOptions options;
-    options.timeout = std::chrono::seconds(60);
-    options.rendezvous_timeout = std::chrono::seconds(60);
-    Group group = ddp::comm::create_process_group(
-        argv[1], ddp::comm::detect_launch(ddp::comm::current_env()), options, false);
+    Group group = ddp::testing::worker_group(argv[1]);
     const std::string scenario = argv[2];
     if (scenario == "sequential") {
       sequential(group);

@@ -11,9 +11,9 @@
 
 #include <iostream>
 
-#include "ddp/comm/rendezvous.h"
 #include "ddp/core/powersgd.h"
 #include "ddp/train/pt_file.h"
+#include "worker_group.h"
 
 namespace {
 
@@ -107,12 +107,7 @@ int main(int argc, char** argv) {
     return 64;
   }
   try {
-    torch::set_num_threads(1);
-    ddp::comm::ProcessGroupOptions options;
-    options.timeout = std::chrono::seconds(60);
-    options.rendezvous_timeout = std::chrono::seconds(60);
-    std::shared_ptr<ddp::comm::ProcessGroup> group = ddp::comm::create_process_group(
-        argv[1], ddp::comm::detect_launch(ddp::comm::current_env()), options, false);
+    const auto group = ddp::testing::worker_group(argv[1]);
     std::vector<c10::IValue> files;
     for (int r = 0; r < group->world_size(); ++r) {
       files.push_back(ddp::train::read_pt_file(fmt::format("{}/rank{}.pt", argv[2], r)));

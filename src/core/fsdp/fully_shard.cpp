@@ -132,7 +132,7 @@ void FullyShardedDataParallel::State::begin_forward() {
   }
   if (root == nullptr) return;
   root->wait_gathered();
-  if (torch::GradMode::is_enabled()) root->prepare_grads();
+  if (torch::GradMode::is_enabled()) root->begin_backward();
 }
 
 void FullyShardedDataParallel::State::before(fsdp::Unit& unit) {
@@ -189,7 +189,7 @@ void FullyShardedDataParallel::State::before_backward(fsdp::Unit& unit) {
     unit.times().backward_gather = unit.gather_issued();
   }
   unit.times().backward_begin = fsdp::Clock::now();
-  unit.prepare_grads();
+  unit.begin_backward();
   if (options.prefetch()) {
     if (fsdp::Unit* next = neighbour(unit, -1)) next->gather_async();
   }
@@ -203,9 +203,10 @@ void FullyShardedDataParallel::State::on_grad_ready(fsdp::Unit& unit, size_t par
 void FullyShardedDataParallel::State::reduce(fsdp::Unit& unit) {
   unit.times().backward_end = fsdp::Clock::now();
   if (last_reduced != nullptr) last_reduced->finish_reduce();
+  // The parameters first: the backward is done with them, and the flat gradient takes their place.
+  if (options.reshard_after_forward() || &unit == root) unit.free();
   unit.reduce_async();
   last_reduced = &unit;
-  if (options.reshard_after_forward() || &unit == root) unit.free();
 }
 
 void FullyShardedDataParallel::State::end_backward() {
@@ -213,9 +214,9 @@ void FullyShardedDataParallel::State::end_backward() {
   // the reverse of the forward's order (the same on every rank: Note [Same graph on every rank]),
   // the root last.
   for (auto it = forward_order.rbegin(); it != forward_order.rend(); ++it) {
-    if ((*it)->grads_prepared() && !(*it)->reducing()) reduce(**it);
+    if ((*it)->in_backward()) reduce(**it);
   }
-  if (root != nullptr && root->grads_prepared() && !root->reducing()) reduce(*root);
+  if (root != nullptr && root->in_backward()) reduce(*root);
   for (auto& unit : units) {
     unit->finish_reduce();
     unit->free();

@@ -130,13 +130,9 @@ void Unit::free() {
   full_state_ = FullState::kFreed;
 }
 
-void Unit::prepare_grads() {
-  if (flat_grad_.defined()) return;
-  flat_grad_ = torch::zeros({layout_.padded}, full_.options());
-  for (size_t i = 0; i < params_.size(); ++i) {
-    params_[i].mutable_grad() =
-        flat_grad_.narrow(0, layout_.offsets[i], params_[i].numel()).view(params_[i].sizes());
-  }
+void Unit::begin_backward() {
+  if (in_backward_) return;
+  in_backward_ = true;
   grad_seen_.assign(params_.size(), false);
   grads_left_ = params_.size();
 }
@@ -148,8 +144,17 @@ bool Unit::count_grad(size_t index) {
 }
 
 void Unit::reduce_async() {
-  DDP_CHECK(flat_grad_.defined() && reduce_work_ == nullptr, "one reduce per prepared gradient");
-  for (auto& p : params_) p.mutable_grad() = torch::Tensor();
+  DDP_CHECK(in_backward_ && reduce_work_ == nullptr, "one reduce per backward through the unit");
+  in_backward_ = false;
+  // The gradients autograd left in .grad (zeros where none came), flattened as the parameters
+  // lie in the gathered buffer, then dropped: the two copies live together only here.
+  flat_grad_ = torch::zeros({layout_.padded}, full_.options());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    torch::Tensor& grad = params_[i].mutable_grad();
+    if (!grad.defined()) continue;
+    flat_grad_.narrow(0, layout_.offsets[i], params_[i].numel()).copy_(grad.reshape(-1));
+    grad = torch::Tensor();
+  }
   reduced_ = torch::empty({layout_.shard}, shard_.options().requires_grad(false));
   const Label label(group_, "reduce-scatter", name_);
   reduce_work_ = group_.reduce_scatter(reduced_, flat_grad_, comm::ReduceOp::kAvg);

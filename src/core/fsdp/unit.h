@@ -9,8 +9,9 @@
 // the tensors: the module's parameters, and whatever autograd saved of them in the forward, stay
 // views of the same storage, and read the parameters again once a gather has filled it anew.
 // The collectives write the storage directly, so the parameters' version counters do not move
-// and autograd's saved tensors stay valid. A parameter's gradient is accumulated in place into its
-// view of a flat gradient buffer laid out as `full_` is, which the reduce-scatter then reads whole.
+// and autograd's saved tensors stay valid. The gradients are the parameters' .grad as autograd
+// leaves them; once the unit's last one is in, they are copied into a flat buffer laid out as
+// `full_` is, which the reduce-scatter reads whole.
 
 #include <torch/types.h>
 
@@ -51,14 +52,15 @@ class Unit {
   // The storage given back (after the gather in flight, if any).
   void free();
 
-  // The parameters' .grad pointed at a zeroed flat gradient buffer (unless they already are), so
-  // that the backward accumulates into it.
-  void prepare_grads();
-  bool grads_prepared() const { return flat_grad_.defined(); }
+  // A backward reaches the unit: its gradients are counted from here (autograd accumulates them
+  // into the parameters' .grad) until reduce_async().
+  void begin_backward();
+  bool in_backward() const { return in_backward_; }
   // A gradient of parameter `index` has been accumulated; true when it was the unit's last.
   bool count_grad(size_t index);
-  // The reduce-scatter (average) of the flat gradient into this rank's part, issued; the
-  // parameters' .grad dropped (the buffer lives on until finish_reduce).
+  // The parameters' gradients copied into one flat buffer laid out as the gathered parameters and
+  // dropped, and its reduce-scatter (average) into this rank's part issued (the buffer lives on
+  // until finish_reduce).
   void reduce_async();
   bool reducing() const { return reduce_work_ != nullptr; }
   // Waits for the reduce-scatter and adds its result into the shard's .grad.
@@ -88,7 +90,8 @@ class Unit {
   torch::Tensor full_;   // [layout_.padded]; its storage is empty while freed
   FullState full_state_ = FullState::kGathered;
   comm::WorkPtr gather_work_;
-  torch::Tensor flat_grad_;  // [layout_.padded] while the backward fills it
+  torch::Tensor flat_grad_;  // [layout_.padded] while its reduce-scatter reads it
+  bool in_backward_ = false;
   torch::Tensor reduced_;    // [layout_.shard] the reduce-scatter's output
   comm::WorkPtr reduce_work_;
   std::vector<bool> grad_seen_;  // per parameter, in this backward
