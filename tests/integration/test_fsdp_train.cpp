@@ -162,6 +162,31 @@ TEST(FsdpTrain, AResumeOnAsManyRanksIsBitwiseAndOnAnotherEqualsDdpsResume) {
   expect_close_weights(model_of(one_fsdp), model_of(whole), kTolerance);
 }
 
+// A SIGTERM to rank 1 after step 6 (the tests' ddp_fault_train): every rank stops after the same
+// step, rank 0 writes a checkpoint in the middle of the epoch, and the resume ends as the run that
+// was never stopped.
+TEST(FsdpTrain, CheckpointOnSignalStopsEveryRankAndTheResumeEndsAsAnUninterruptedRun) {
+  TempDir whole, stopped;
+  const auto linear = [](const TempDir& out, const std::string& program,
+                         const std::vector<std::string>& extra) {
+    std::vector<std::string> argv = {
+        DDP_LAUNCHER_BIN, "--nproc",  "2", program,        "--config", config("random_linear.yaml"),
+        "--fsdp",         "--epochs", "2", "--output-dir", out.path()};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return ddp::testing::run_process(argv, {}, seconds(120));
+  };
+  const auto reference = linear(whole, DDP_TRAIN_BIN, {});
+  ASSERT_EQ(reference.exit_code, 0) << reference.output;
+  const auto r = linear(stopped, DDP_FAULT_TRAIN_BIN,
+                        {"--checkpoint-on-signal", "--fault", "sigterm", "--fault-rank", "1",
+                         "--fault-after-step", "6"});
+  ASSERT_EQ(r.exit_code, 143) << r.output;
+  EXPECT_NE(r.output.find("stopped by SIGTERM after step 6"), std::string::npos) << r.output;
+  const auto resumed = linear(stopped, DDP_TRAIN_BIN, {"--resume", "auto"});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  ddp::testing::expect_same_weights(model_of(stopped), model_of(whole));
+}
+
 // A span of the timeline: its lane (0: the step; 1 + u: unit u), name, step and times (us).
 struct Span {
   int lane = 0;

@@ -51,11 +51,11 @@ using fsdp::children_of;
 // The units and what one iteration has done with them. Unit by unit:
 //   forward:  before() waits for the unit's gather and issues the next one's; after() arranges the
 //             gather for the backward on the output (a tensor hook) and frees the unit.
-//   backward: the output's hook waits for the unit's gather, prepares its flat gradient and issues
-//             the gather of the unit before it; when the unit's last parameter has its gradient,
-//             its reduce-scatter is issued (after the previous unit's is finished, so that at
-//             most two flat gradients live at once) and the unit is freed; at the end of the
-//             backward (autograd's callback) the rest is reduced, waited for and freed.
+//   backward: the output's hook waits for the unit's gather, starts counting its gradients and
+//             issues the gather of the unit before it; when the unit's last parameter has its
+//             gradient, the unit is freed and its reduce-scatter issued (after the previous
+//             unit's has finished, so that one flat gradient is in flight at a time); at the end
+//             of the backward (autograd's callback) the rest is reduced, waited for and freed.
 struct FullyShardedDataParallel::State : nn::ForwardHooks {
   std::shared_ptr<comm::ProcessGroup> group;
   FullyShardOptions options;
@@ -63,7 +63,6 @@ struct FullyShardedDataParallel::State : nn::ForwardHooks {
   std::vector<std::unique_ptr<fsdp::Unit>> units;  // the named units in order, the root last
   fsdp::Unit* root = nullptr;
   std::map<const torch::nn::Module*, fsdp::Unit*> by_module;
-  std::map<const fsdp::Unit*, size_t> index_of;
   std::vector<compat::GradAccumulator> accumulators;  // kept alive: autograd holds them weakly
   std::vector<uintptr_t> hook_keys;
 
@@ -103,7 +102,6 @@ void FullyShardedDataParallel::State::add_unit(std::string name, std::vector<tor
   units.push_back(std::make_unique<fsdp::Unit>(std::move(name), std::move(params), std::move(names),
                                                *group, options.init_sync()));
   fsdp::Unit* unit = units.back().get();
-  index_of[unit] = units.size() - 1;
   // The hooks after set_data (the Unit's constructor): a change of dtype or device there would
   // give the parameter a new grad accumulator.
   for (size_t i = 0; i < unit->params().size(); ++i) {
