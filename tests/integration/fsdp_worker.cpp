@@ -76,8 +76,12 @@ void expect_states_equal(const NamedTensors& got, const NamedTensors& want,
   expect(same && worst <= kTolerance, fmt::format("{}: max |difference| {:.3g}", what, worst));
 }
 
+struct Batch {
+  torch::Tensor x, y;
+};
+
 // Step `step`'s global batch, the same on every rank; rank r trains rows [r*4, r*4+4).
-std::pair<torch::Tensor, torch::Tensor> global_batch(int step, int world, int64_t features) {
+Batch global_batch(int step, int world, int64_t features) {
   torch::manual_seed(1000 + step);
   const int64_t rows = kBatchPerRank * world;
   return {torch::randn({rows, features}), torch::randint(0, 5, {rows})};
@@ -118,7 +122,9 @@ void sequential(const Group& g) {
   torch::optim::Adam opt(model.parameters(), torch::optim::AdamOptions(1e-2));
   expect(model.num_units() == 3, "the three Linear layers are the units");
   for (int step = 0; step < kSteps; ++step) {
-    auto [x, y] = global_batch(step, g->world_size(), 12);
+    const Batch batch = global_batch(step, g->world_size(), 12);
+    const torch::Tensor& x = batch.x;
+    const torch::Tensor& y = batch.y;
     reference_opt.zero_grad();
     torch::nn::functional::cross_entropy(reference->forward(x), y).backward();
     reference_opt.step();
@@ -203,7 +209,9 @@ void custom(const Group& g) {
   torch::optim::SGD opt(model.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   expect(model.num_units() == 4, "three blocks and the root unit");
   for (int step = 0; step < kSteps; ++step) {
-    auto [x, y] = global_batch(step, g->world_size(), 12);
+    const Batch batch = global_batch(step, g->world_size(), 12);
+    const torch::Tensor& x = batch.x;
+    const torch::Tensor& y = batch.y;
     reference_opt.zero_grad();
     opt.zero_grad();
     // Two micro-batches: the halves of each rank's rows; the reference takes the same halves
@@ -248,7 +256,9 @@ void overlap(const Group& g, bool prefetch) {
   auto net = make_net();
   ddp::FullyShardedDataParallel model(net.ptr(), net->blocks->children(), g,
                                       ddp::FullyShardOptions().prefetch(prefetch));
-  auto [x, y] = global_batch(0, g->world_size(), 12);
+  const Batch batch = global_batch(0, g->world_size(), 12);
+  const torch::Tensor& x = batch.x;
+  const torch::Tensor& y = batch.y;
   const uint64_t before = g->last_seq();
   g->set_phase("step 1");
   auto out = model.forward_with([&] { return net->forward(rows_of(x, g)); });
@@ -301,7 +311,9 @@ void versus_ddp(const Group& g) {
                                       {net[0], net[3]->as<NestedImpl>()->ptr(0), net[4]});
   torch::optim::SGD opt(model.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   for (int step = 0; step < kSteps; ++step) {
-    auto [x, y] = global_batch(step, g->world_size(), 12);
+    const Batch batch = global_batch(step, g->world_size(), 12);
+    const torch::Tensor& x = batch.x;
+    const torch::Tensor& y = batch.y;
     ddp_opt.zero_grad();
     auto ddp_out = ddp_model->forward_with([&] { return plain->forward(rows_of(x, g)); });
     torch::nn::functional::cross_entropy(ddp_out, rows_of(y, g)).backward();

@@ -36,6 +36,11 @@
 //
 // Buffers (BatchNorm's running statistics) are not sharded: each rank keeps its own, as under
 // DistributedDataParallel with broadcast_buffers(false).
+//
+// The module's own parameters become views of the units' gathered buffers (Note [Parameters are
+// views of the gathered buffer] in src/core/fsdp/unit.h): outside a unit's forward and backward
+// they hold no memory, so never hand them to an optimizer, read them, or use the module once the
+// wrapper is gone; state_dict() gives the whole model.
 
 #include <torch/arg.h>
 #include <torch/nn/module.h>
