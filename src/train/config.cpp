@@ -333,6 +333,11 @@ std::vector<ConfigKey> make_keys() {
                "fully sharded data parallelism (FSDP): each rank keeps 1/N of every layer's "
                "parameters, gradients and optimizer state; a layer is gathered whole only while "
                "its forward or backward runs"),
+      string_key("fsdp-param-dtype", &C::fsdp_param_dtype, {"float32", "bfloat16"}, "",
+                 "FSDP: the dtype layers are gathered and computed in (bfloat16: mixed precision; "
+                 "the shards and the optimizer stay float32)"),
+      string_key("fsdp-reduce-dtype", &C::fsdp_reduce_dtype, {"param-dtype", "float32", "bfloat16"},
+                 "", "FSDP: the dtype gradients are reduce-scattered in"),
       string_key("sync", &C::sync, {"ddp", "local-sgd", "diloco"}, "",
                  "ddp: gradients all-reduced every step; local-sgd: each rank trains alone and "
                  "the models are averaged every sync-every steps and at each epoch's end; diloco: "
@@ -597,7 +602,12 @@ void validate_elastic(const Config& config) {
 
 // --fsdp: the keys that act on DDP's wrapper or on the whole model every rank holds.
 void validate_fsdp(const Config& config) {
-  if (!config.fsdp) return;
+  const bool mixed =
+      config.fsdp_param_dtype != "float32" || config.fsdp_reduce_dtype != "param-dtype";
+  if (!config.fsdp) {
+    if (mixed) throw InputError("keys 'fsdp-param-dtype' and 'fsdp-reduce-dtype' need fsdp");
+    return;
+  }
   const DistributedDataParallelOptions defaults;
   const std::vector<std::pair<bool, const char*>> refused = {
       {config.zero, "zero (FSDP shards the optimizer state already)"},
@@ -606,6 +616,8 @@ void validate_fsdp(const Config& config) {
       {config.elastic, "elastic"},
       {config.comm_hook != CommHook::kAllReduce, "comm-hook (FSDP reduce-scatters gradients)"},
       {config.amp == Amp::kFp16, "amp fp16 (bf16 needs no GradScaler)"},
+      {config.amp != Amp::kOff && mixed,
+       "amp together with fsdp-param-dtype or fsdp-reduce-dtype (autocast or the policy: one)"},
       {config.sync_bn, "sync-bn"},
       {config.check_params_every > 0, "check-params-every (no rank holds the whole model)"},
       {config.bucket_cap_auto, "bucket-cap-mb auto (FSDP has no buckets)"},

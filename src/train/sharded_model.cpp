@@ -46,9 +46,10 @@ std::vector<torch::Tensor> in_module_order(const torch::nn::Module& module,
 
 }  // namespace
 
-ShardedModel::ShardedModel(const Workload& workload, std::shared_ptr<comm::ProcessGroup> group)
+ShardedModel::ShardedModel(const Workload& workload, std::shared_ptr<comm::ProcessGroup> group,
+                           FullyShardOptions options)
     : module_(workload.module), group_(std::move(group)) {
-  model_ = std::make_unique<FullyShardedDataParallel>(module_, workload.units, group_);
+  model_ = std::make_unique<FullyShardedDataParallel>(module_, workload.units, group_, options);
 }
 
 void ShardedModel::broadcast_buffers() {

@@ -23,15 +23,18 @@ namespace ddp::train {
 
 class ShardedModel {
  public:
-  // Shards `workload`'s model over `group` by its units (a collective: rank 0's weights are
-  // broadcast first).
-  ShardedModel(const Workload& workload, std::shared_ptr<comm::ProcessGroup> group);
+  // Shards `workload`'s model over `group` by its units with `options` (a collective: rank 0's
+  // weights are broadcast first).
+  ShardedModel(const Workload& workload, std::shared_ptr<comm::ProcessGroup> group,
+               FullyShardOptions options);
 
   // The shards, which the optimizer steps.
   std::vector<torch::Tensor> parameters() const { return model_->parameters(); }
-  // `run` (the workload's forward) with the units gathered around their calls.
-  torch::Tensor forward(const std::function<torch::Tensor()>& run) {
-    return model_->forward_with(run);
+  // `run` (the workload's forward) on `input` with the units gathered around their calls (and
+  // the input and output cast as the options' policy says).
+  torch::Tensor forward(const std::function<torch::Tensor(const torch::Tensor&)>& run,
+                        const torch::Tensor& input) {
+    return model_->forward_with(run, input);
   }
 
   // Each unit's times in the last iteration (the timeline's).

@@ -176,6 +176,21 @@ torch::Tensor EpochPosition::rest() const {
   return sequence.narrow(0, trained, sequence.size(0) - trained).clone();
 }
 
+FullyShardOptions fsdp_options(const Config& config) {
+  auto dtype = [](const std::string& name) {
+    return name == "bfloat16" ? torch::kBFloat16 : torch::kFloat32;
+  };
+  MixedPrecisionPolicy policy;
+  if (config.fsdp_param_dtype != "float32" || config.fsdp_reduce_dtype != "param-dtype") {
+    policy.param_dtype(dtype(config.fsdp_param_dtype));
+    if (config.fsdp_reduce_dtype != "param-dtype") {
+      policy.reduce_dtype(dtype(config.fsdp_reduce_dtype));
+    }
+    policy.output_dtype(torch::kFloat32);  // the loss in float32, as autocast computes it
+  }
+  return FullyShardOptions().mp_policy(policy);
+}
+
 c10::ScalarType autocast_dtype(Amp amp) {
   return amp == Amp::kFp16 ? torch::kHalf : torch::kBFloat16;
 }
@@ -222,7 +237,7 @@ TrainState::~TrainState() = default;
 void TrainState::build(bool init_sync) {
   set_up_amp();
   if (config_.fsdp) {  // the shards, and an optimizer of this rank's
-    sharded_ = std::make_unique<ShardedModel>(workload_, dist_.group);
+    sharded_ = std::make_unique<ShardedModel>(workload_, dist_.group, fsdp_options(config_));
     optimizer_ = make_optimizer(config_, sharded_->parameters());
     return;
   }
@@ -271,12 +286,12 @@ void TrainState::zero_grad() {
   }
 }
 
-torch::Tensor TrainState::forward(const std::function<torch::Tensor()>& run) {
-  if (!sharded_) return model_->forward_with(run);
+torch::Tensor TrainState::forward(const torch::Tensor& input) {
+  if (!sharded_) return model_->forward_with([&] { return workload_.forward(input); });
   if (config_.ddp.broadcast_buffers() && torch::GradMode::is_enabled()) {
     sharded_->broadcast_buffers();  // as DDP's forward does
   }
-  return sharded_->forward(run);
+  return sharded_->forward(workload_.forward, input);
 }
 
 std::vector<fsdp::UnitTimes> TrainState::unit_times() const {

@@ -509,7 +509,7 @@ torch::Tensor Trainer::forward_backward(EpochPass& pass, const data::Batch& batc
     std::optional<amp::Autocast> autocast;
     if (config_.amp != Amp::kOff)
       autocast.emplace(dist_.device.type(), autocast_dtype(config_.amp));
-    output = state_->forward([&] { return workload_.forward(input); });
+    output = state_->forward(input);
     loss = compute_loss(workload_.train_set.task, output, target);
   }
   if (std::exchange(pass.first, false)) log_shapes(dist_, input, output);
@@ -570,7 +570,7 @@ bool Trainer::stop_requested() {
 
 torch::Tensor Trainer::evaluation_forward(const torch::Tensor& input) {
   if (!state_->sharded()) return workload_.forward(input);  // the module: no collective
-  return state_->forward([&] { return workload_.forward(input); });
+  return state_->forward(input);
 }
 
 void Trainer::run_extra_evaluation_forwards(const data::TensorDataset& set, int64_t batches) {

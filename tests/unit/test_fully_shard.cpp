@@ -63,9 +63,7 @@ TEST(FullyShard, AUnitThatMixesDtypesIsRefusedNamingBoth) {
 
 struct TwiceImpl : torch::nn::Module {
   TwiceImpl() : fc(register_module("fc", torch::nn::Linear(3, 3))) {}
-  torch::Tensor forward(const torch::Tensor& x) {
-    return ddp::nn::call(fc, ddp::nn::call(fc, x));
-  }
+  torch::Tensor forward(const torch::Tensor& x) { return ddp::nn::call(fc, ddp::nn::call(fc, x)); }
   torch::nn::Linear fc;
 };
 TORCH_MODULE(Twice);
@@ -94,6 +92,63 @@ TEST(FullyShard, AUnitThatIsNotInTheModelIsRefused) {
   torch::nn::Linear stranger(2, 2);
   EXPECT_THROW(ddp::FullyShardedDataParallel(net.ptr(), {stranger.ptr()}, local_group()),
                ddp::InputError);
+}
+
+// bf16 compute from float32 shards, on one rank: the forward is a bf16 copy of the model's on
+// inputs cast to bf16, the shards' gradients that copy's cast to float32 (one rank: the average
+// is the gradient itself).
+TEST(FullyShard, MixedPrecisionComputesInParamDtypeFromFloat32Shards) {
+  torch::manual_seed(0);
+  torch::nn::Sequential net(torch::nn::Linear(4, 8), torch::nn::ReLU(), torch::nn::Linear(8, 3));
+  auto copy = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(net->clone());
+  copy->to(torch::kBFloat16);
+  ddp::FullyShardedDataParallel model(
+      net, local_group(),
+      ddp::FullyShardOptions().mp_policy(
+          ddp::MixedPrecisionPolicy().param_dtype(torch::kBFloat16).output_dtype(torch::kFloat32)));
+  const auto x = torch::randn({5, 4});
+  const auto out = model.forward(x);
+  const auto expected = copy->forward(x.to(torch::kBFloat16)).to(torch::kFloat32);
+  ASSERT_EQ(out.scalar_type(), torch::kFloat32);
+  EXPECT_TRUE(out.equal(expected));
+  out.square().sum().backward();
+  expected.square().sum().backward();
+  const auto shards = model.parameters();
+  ASSERT_EQ(shards.size(), 2u);
+  for (size_t unit = 0; unit < 2; ++unit) {
+    const auto& layer = *copy->ptr(unit == 0 ? 0 : 2)->as<torch::nn::Linear>();
+    const auto grads = torch::cat({layer.weight.grad().reshape(-1), layer.bias.grad()});
+    EXPECT_EQ(shards[unit].scalar_type(), torch::kFloat32);
+    ASSERT_EQ(shards[unit].grad().scalar_type(), torch::kFloat32);
+    EXPECT_TRUE(shards[unit].grad().equal(grads.to(torch::kFloat32))) << "unit " << unit;
+  }
+}
+
+TEST(FullyShard, ABatchNormUnderABfloat16PolicyIsRefusedByName) {
+  torch::nn::Sequential net(torch::nn::Linear(3, 4), torch::nn::BatchNorm1d(4));
+  try {
+    ddp::FullyShardedDataParallel model(
+        net, local_group(),
+        ddp::FullyShardOptions().mp_policy(
+            ddp::MixedPrecisionPolicy().param_dtype(torch::kBFloat16)));
+    FAIL() << "a BatchNorm was given bf16 weights beside float32 statistics";
+  } catch (const ddp::InputError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("1 (torch::nn::BatchNorm1d"), std::string::npos) << what;
+    EXPECT_NE(what.find("keeps its running_mean in float32"), std::string::npos) << what;
+  }
+}
+
+// A module whose parameters are all in the root unit gets its inputs cast by forward_with.
+TEST(FullyShard, ForwardWithCastsItsInputsToTheParamDtype) {
+  torch::nn::Linear net(3, 2);
+  ddp::FullyShardedDataParallel model(
+      net.ptr(), {}, local_group(),
+      ddp::FullyShardOptions().mp_policy(
+          ddp::MixedPrecisionPolicy().param_dtype(torch::kBFloat16)));
+  const auto out = model.forward_with([&](const torch::Tensor& x) { return net->forward(x); },
+                                      torch::ones({1, 3}));
+  EXPECT_EQ(out.scalar_type(), torch::kBFloat16);  // no output_dtype: as computed
 }
 
 }  // namespace

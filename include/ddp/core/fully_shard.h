@@ -49,8 +49,10 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -58,6 +60,23 @@
 #include "ddp/nn/forward_hooks.h"
 
 namespace ddp {
+
+// As FSDP2's MixedPrecisionPolicy: the dtype of the units' gathered parameters (so of their
+// computation and of the all-gathers), the one gradients are reduce-scattered in, and the
+// model's output's; the shards, their gradients and the optimizer keep the parameters' own dtype
+// (float32). Unset: the parameters' own dtype (reduce_dtype: param_dtype; output_dtype: as the
+// model computes it).
+//
+//   // bf16 compute and communication:
+//   ddp::FullyShardOptions().mp_policy(ddp::MixedPrecisionPolicy().param_dtype(torch::kBFloat16))
+struct MixedPrecisionPolicy {
+  TORCH_ARG(std::optional<c10::ScalarType>, param_dtype);
+  TORCH_ARG(std::optional<c10::ScalarType>, reduce_dtype);
+  TORCH_ARG(std::optional<c10::ScalarType>, output_dtype);
+  // Floating tensors given to the model's forward and to each unit's are cast to param_dtype
+  // first (a unit computes in its parameters' dtype whatever the code between units made).
+  TORCH_ARG(bool, cast_forward_inputs) = true;
+};
 
 struct FullyShardOptions {
   // The next unit's all-gather is issued before this unit computes (in forward and in backward).
@@ -69,6 +88,7 @@ struct FullyShardOptions {
   // Rank 0's parameters and buffers broadcast to every rank before sharding, as FSDP's
   // sync_module_states.
   TORCH_ARG(bool, init_sync) = true;
+  TORCH_ARG(MixedPrecisionPolicy, mp_policy);
 };
 
 namespace fsdp {
@@ -142,17 +162,28 @@ class FullyShardedDataParallel {
     bool finished_ = false;
   };
 
-  // Any forward: `run` calls the module however it wants; its units through ddp::nn::call.
-  template <class F>
-  auto forward_with(F&& run) {
+  // Any forward: `run` calls the module however it wants, on `inputs` (tensors) cast as the
+  // mixed precision policy says (a `run` that captures its inputs gets them as they are); its
+  // units through ddp::nn::call. A tensor output is cast to the policy's output_dtype.
+  template <class F, class... Tensors>
+  auto forward_with(F&& run, const Tensors&... inputs) {
     Forward scope(*this);
-    auto output = run();
+    auto output = run(cast_input(inputs)...);
     scope.finish();
-    return output;
+    if constexpr (std::is_same_v<decltype(output), torch::Tensor>) {
+      return cast_output(std::move(output));
+    } else {
+      return output;
+    }
   }
+  // A floating tensor in the policy's param_dtype (with cast_forward_inputs), any other as it is.
+  torch::Tensor cast_input(const torch::Tensor& input) const;
+  // A floating tensor in the policy's output_dtype, when it has one.
+  torch::Tensor cast_output(torch::Tensor output) const;
 
-  // The shards the optimizer steps (one per unit with parameters, the root unit's last): float32
-  // leaves whose .grad the backward sets to this rank's part of the averaged gradient.
+  // The shards the optimizer steps (one per unit with parameters, the root unit's last): leaves
+  // in the parameters' own dtype (float32) whatever the policy, whose .grad the backward sets to
+  // this rank's part of the averaged gradient.
   std::vector<torch::Tensor> parameters() const;
   // The whole model's parameters and buffers under the module's names, as its own state_dict:
   // the parameters gathered from the shards (a collective), the buffers this rank's.

@@ -15,6 +15,7 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/types.h>
 
+#include <type_traits>
 #include <utility>
 
 namespace ddp::nn {
@@ -28,6 +29,8 @@ class ForwardHooks {
   virtual void before(const torch::nn::Module& module) = 0;
   // Right after it, with its output; returns what the caller gets.
   virtual torch::Tensor after(const torch::nn::Module& module, torch::Tensor output) = 0;
+  // Each tensor argument of `module`'s forward, as the forward gets it (after before()).
+  virtual torch::Tensor input(const torch::nn::Module& /*module*/, torch::Tensor x) { return x; }
 
   // This thread's hooks (nullptr: none).
   static ForwardHooks* current();
@@ -35,9 +38,22 @@ class ForwardHooks {
   static ForwardHooks* install(ForwardHooks* hooks);
 };
 
-// `module`'s forward with `args`, between the installed hooks' before() and after() when they
-// want `module`. `module`: a module holder (torch::nn::Linear, a TORCH_MODULE), a shared_ptr or a
-// pointer to a module; its forward returns a Tensor.
+namespace detail {
+// A tensor argument as the hooks give it to the forward; any other as it is.
+template <class A>
+decltype(auto) hooked_input(ForwardHooks& hooks, const torch::nn::Module& module, A&& arg) {
+  if constexpr (std::is_same_v<std::decay_t<A>, torch::Tensor>) {
+    return hooks.input(module, arg);
+  } else {
+    return std::forward<A>(arg);
+  }
+}
+}  // namespace detail
+
+// `module`'s forward with `args` (the tensors among them through the hooks' input()), between the
+// installed hooks' before() and after() when they want `module`. `module`: a module holder
+// (torch::nn::Linear, a TORCH_MODULE), a shared_ptr or a pointer to a module; its forward returns a
+// Tensor.
 template <class M, class... Args>
 torch::Tensor call(M&& module, Args&&... args) {
   ForwardHooks* hooks = ForwardHooks::current();
@@ -45,7 +61,8 @@ torch::Tensor call(M&& module, Args&&... args) {
     return module->forward(std::forward<Args>(args)...);
   }
   hooks->before(*module);
-  return hooks->after(*module, module->forward(std::forward<Args>(args)...));
+  return hooks->after(
+      *module, module->forward(detail::hooked_input(*hooks, *module, std::forward<Args>(args))...));
 }
 
 // A Sequential's forward (each child's output the next one's input), each child through call():

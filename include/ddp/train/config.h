@@ -106,6 +106,10 @@ struct Config {
   bool sync_bn = false;                // BatchNorm statistics over the global batch (SyncBatchNorm)
   bool zero = false;                   // ZeroRedundancyOptimizer: optimizer state sharded (ZeRO-1)
   bool fsdp = false;  // FullyShardedDataParallel: parameters, gradients and optimizer sharded
+  // --fsdp's mixed precision policy: the dtype units gather and compute in, and the one gradients
+  // are reduce-scattered in; float32 or bfloat16 (reduce: also param-dtype, fsdp_param_dtype's).
+  std::string fsdp_param_dtype = "float32";
+  std::string fsdp_reduce_dtype = "param-dtype";
   // How the ranks' models are kept together (core/diloco.h): ddp (gradients all-reduced every
   // step), local-sgd (each rank trains alone, models averaged every sync_every steps and at each
   // epoch's end), diloco (the same with the paper's outer Nesterov step on the averaged change).

@@ -64,6 +64,9 @@ struct EpochPosition {
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Config& config,
                                                         const std::vector<torch::Tensor>& params);
 
+// --fsdp's options: fsdp-param-dtype's and fsdp-reduce-dtype's mixed precision policy.
+FullyShardOptions fsdp_options(const Config& config);
+
 // The dtype of --amp's autocast (bf16 or fp16).
 c10::ScalarType autocast_dtype(Amp amp);
 
@@ -96,10 +99,11 @@ class TrainState {
   std::vector<fsdp::UnitTimes> unit_times() const;
   // The gradients dropped before a step's first backward.
   void zero_grad();
-  // `run` (the workload's forward) through the wrapper: DDP's, or --fsdp's gathers around each
-  // unit (then a collective: every rank runs as many forwards), with broadcast-buffers' broadcast
-  // of rank 0's buffers before a training forward in both (DDP: the first after a backward).
-  torch::Tensor forward(const std::function<torch::Tensor()>& run);
+  // The workload's forward on `input` through the wrapper: DDP's, or --fsdp's gathers around each
+  // unit (then a collective: every rank runs as many forwards; the output in float32 whatever
+  // fsdp-param-dtype), with broadcast-buffers' broadcast of rank 0's buffers before a training
+  // forward in both (DDP: the first after a backward).
+  torch::Tensor forward(const torch::Tensor& input);
   // Before an evaluation's forwards: rank 0's buffers to every rank (broadcast-buffers; a
   // collective).
   void before_evaluation();

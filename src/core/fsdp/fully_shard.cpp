@@ -42,6 +42,27 @@ class AfterAccumulate : public torch::autograd::FunctionPostHook {
   std::function<void()> ready_;
 };
 
+// Under a param_dtype, a BatchNorm would compute with weights in it and running statistics in
+// their own dtype, which LibTorch's batch_norm refuses deep in the first forward ("expected
+// scalar type BFloat16 but found Float"): said here, by name, before anything runs.
+void check_batch_norms(const torch::nn::Module& model, const MixedPrecisionPolicy& policy) {
+  if (!policy.param_dtype()) return;
+  for (const auto& item : model.named_modules("", /*include_self=*/true)) {
+    const auto& module = *item.value();
+    if (module.name().find("BatchNorm") == std::string::npos) continue;
+    for (const auto& buffer : module.named_buffers(/*recurse=*/false)) {
+      const auto dtype = buffer.value().scalar_type();
+      if (!torch::isFloatingType(dtype) || dtype == *policy.param_dtype()) continue;
+      throw InputError(fmt::format(
+          "fully_shard: {} ({}) keeps its {} in {}, which LibTorch's batch_norm cannot mix with "
+          "{} weights (param_dtype of the mixed precision policy); use autocast instead, or a "
+          "model without BatchNorm",
+          item.key().empty() ? "the model" : item.key(), module.name(), buffer.key(),
+          comm::dtype_name(dtype), comm::dtype_name(*policy.param_dtype())));
+    }
+  }
+}
+
 }  // namespace
 
 }  // namespace fsdp
@@ -81,6 +102,17 @@ struct FullyShardedDataParallel::State : nn::ForwardHooks {
   torch::Tensor after(const torch::nn::Module& module, torch::Tensor output) override {
     return after(*find(module), std::move(output));
   }
+  torch::Tensor input(const torch::nn::Module& /*module*/, torch::Tensor x) override {
+    return cast_input(x);
+  }
+  torch::Tensor cast_input(const torch::Tensor& x) const {
+    const auto& policy = options.mp_policy();
+    if (!policy.cast_forward_inputs() || !policy.param_dtype() || !x.defined() ||
+        !x.is_floating_point()) {
+      return x;
+    }
+    return x.to(*policy.param_dtype());
+  }
   void before(fsdp::Unit& unit);
   torch::Tensor after(fsdp::Unit& unit, torch::Tensor output);
 
@@ -100,7 +132,7 @@ struct FullyShardedDataParallel::State : nn::ForwardHooks {
 void FullyShardedDataParallel::State::add_unit(std::string name, std::vector<torch::Tensor> params,
                                                std::vector<std::string> names) {
   units.push_back(std::make_unique<fsdp::Unit>(std::move(name), std::move(params), std::move(names),
-                                               *group, options.init_sync()));
+                                               *group, options.init_sync(), options.mp_policy()));
   fsdp::Unit* unit = units.back().get();
   // The hooks after set_data (the Unit's constructor): a change of dtype or device there would
   // give the parameter a new grad accumulator.
@@ -265,6 +297,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(
   DDP_CHECK(module_ != nullptr && group != nullptr, "fully_shard needs a module and a group");
   state_->group = std::move(group);
   state_->options = options;
+  fsdp::check_batch_norms(*module_, options.mp_policy());
   std::map<const torch::nn::Module*, std::string> module_names;
   for (const auto& item : module_->named_modules("", /*include_self=*/false)) {
     module_names[item.value().get()] = item.key();
@@ -328,7 +361,18 @@ torch::Tensor FullyShardedDataParallel::forward(torch::Tensor input) {
         "forward_with");
   }
   return forward_with(
-      [&] { return nn::forward_sequential(**state_->sequential, std::move(input)); });
+      [&](torch::Tensor x) { return nn::forward_sequential(**state_->sequential, std::move(x)); },
+      input);
+}
+
+torch::Tensor FullyShardedDataParallel::cast_input(const torch::Tensor& input) const {
+  return state_->cast_input(input);
+}
+
+torch::Tensor FullyShardedDataParallel::cast_output(torch::Tensor output) const {
+  const auto& dtype = state_->options.mp_policy().output_dtype();
+  if (!dtype || !output.is_floating_point()) return output;
+  return output.to(*dtype);
 }
 
 std::vector<torch::Tensor> FullyShardedDataParallel::parameters() const {

@@ -76,7 +76,7 @@ FlatLayout plan_flat_layout(const std::vector<int64_t>& numels, int world_size) 
 }
 
 Unit::Unit(std::string name, std::vector<torch::Tensor> params, std::vector<std::string> names,
-           comm::ProcessGroup& group, bool init_sync)
+           comm::ProcessGroup& group, bool init_sync, const MixedPrecisionPolicy& policy)
     : name_(std::move(name)), params_(std::move(params)), names_(std::move(names)), group_(group) {
   times_.name = name_;
   DDP_CHECK(!params_.empty() && params_.size() == names_.size(), "a unit has named parameters");
@@ -89,6 +89,9 @@ Unit::Unit(std::string name, std::vector<torch::Tensor> params, std::vector<std:
   if (init_sync) group_.broadcast(full_, 0)->wait();
   shard_ = full_.narrow(0, group_.rank() * layout_.shard, layout_.shard).clone();
   shard_.set_requires_grad(true);
+  const auto param_dtype = policy.param_dtype().value_or(shard_.scalar_type());
+  reduce_dtype_ = policy.reduce_dtype().value_or(param_dtype);
+  if (param_dtype != full_.scalar_type()) full_ = full_.to(param_dtype);
   for (size_t i = 0; i < params_.size(); ++i) {
     params_[i].set_data(
         full_.narrow(0, layout_.offsets[i], params_[i].numel()).view(params_[i].sizes()));
@@ -110,7 +113,9 @@ void Unit::gather_async() {
   resize_storage(full_, static_cast<size_t>(layout_.padded) * full_.element_size());
   const Label label(group_, "gather", name_);
   gather_issued_ = Clock::now();
-  gather_work_ = group_.all_gather(full_, shard_.detach());
+  // Note [Mixed precision: the gathered buffer in param_dtype]
+  sent_ = shard_.detach().to(full_.scalar_type());
+  gather_work_ = group_.all_gather(full_, sent_);
   full_state_ = FullState::kGathering;
 }
 
@@ -119,6 +124,7 @@ void Unit::wait_gathered() {
   if (full_state_ == FullState::kGathering) {
     gather_work_->wait();
     gather_work_.reset();
+    sent_ = torch::Tensor();
     full_state_ = FullState::kGathered;
   }
 }
@@ -148,14 +154,14 @@ void Unit::reduce_async() {
   in_backward_ = false;
   // The gradients autograd left in .grad (zeros where none came), flattened as the parameters
   // lie in the gathered buffer, then dropped: the two copies live together only here.
-  flat_grad_ = torch::zeros({layout_.padded}, full_.options());
+  flat_grad_ = torch::zeros({layout_.padded}, full_.options().dtype(reduce_dtype_));
   for (size_t i = 0; i < params_.size(); ++i) {
     torch::Tensor& grad = params_[i].mutable_grad();
     if (!grad.defined()) continue;
     flat_grad_.narrow(0, layout_.offsets[i], params_[i].numel()).copy_(grad.reshape(-1));
     grad = torch::Tensor();
   }
-  reduced_ = torch::empty({layout_.shard}, shard_.options().requires_grad(false));
+  reduced_ = torch::empty({layout_.shard}, flat_grad_.options());
   const Label label(group_, "reduce-scatter", name_);
   reduce_work_ = group_.reduce_scatter(reduced_, flat_grad_, comm::ReduceOp::kAvg);
 }
@@ -171,7 +177,7 @@ void Unit::finish_reduce() {
   if (grad.defined()) {
     grad.add_(reduced_);
   } else {
-    grad = reduced_;
+    grad = reduced_.to(shard_.scalar_type());
   }
   reduced_ = torch::Tensor();
 }

@@ -12,6 +12,13 @@
 // and autograd's saved tensors stay valid. The gradients are the parameters' .grad as autograd
 // leaves them; once the unit's last one is in, they are copied into a flat buffer laid out as
 // `full_` is, which the reduce-scatter reads whole.
+//
+// Note [Mixed precision: the gathered buffer in param_dtype]
+// Under a mixed precision policy, `full_` has the policy's param_dtype and the shard the
+// parameters' own: a gather sends a copy of the shard cast to param_dtype, so the parameters
+// (views of `full_`) and their gradients are in param_dtype; the flat gradient and the
+// reduce-scatter are in reduce_dtype, and its result is cast to the shard's dtype as it is added
+// into the shard's .grad. The optimizer never sees anything but the shard's dtype.
 
 #include <torch/types.h>
 
@@ -27,10 +34,11 @@ namespace ddp::fsdp {
 class Unit {
  public:
   // `params` (the module's own tensors) with their names in the model; `name` says which unit in
-  // errors. With `init_sync`, rank 0's values are broadcast first (a collective). Throws
-  // InputError for parameters that mix dtypes or devices or do not require grad.
+  // errors. With `init_sync`, rank 0's values are broadcast first (a collective); `policy`'s
+  // param_dtype and reduce_dtype apply. Throws InputError for parameters that mix dtypes or
+  // devices or do not require grad.
   Unit(std::string name, std::vector<torch::Tensor> params, std::vector<std::string> names,
-       comm::ProcessGroup& group, bool init_sync);
+       comm::ProcessGroup& group, bool init_sync, const MixedPrecisionPolicy& policy = {});
   Unit(const Unit&) = delete;
   Unit& operator=(const Unit&) = delete;
 
@@ -87,12 +95,14 @@ class Unit {
   comm::ProcessGroup& group_;
   FlatLayout layout_;
   torch::Tensor shard_;  // [layout_.shard], a leaf the optimizer steps
-  torch::Tensor full_;   // [layout_.padded]; its storage is empty while freed
+  torch::Tensor full_;   // [layout_.padded] in param_dtype; its storage is empty while freed
+  torch::Tensor sent_;   // the shard cast to param_dtype while a gather reads it (mixed precision)
+  c10::ScalarType reduce_dtype_;
   FullState full_state_ = FullState::kGathered;
   comm::WorkPtr gather_work_;
   torch::Tensor flat_grad_;  // [layout_.padded] while its reduce-scatter reads it
   bool in_backward_ = false;
-  torch::Tensor reduced_;    // [layout_.shard] the reduce-scatter's output
+  torch::Tensor reduced_;  // [layout_.shard] the reduce-scatter's output
   comm::WorkPtr reduce_work_;
   std::vector<bool> grad_seen_;  // per parameter, in this backward
   size_t grads_left_ = 0;
