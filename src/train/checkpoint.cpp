@@ -46,6 +46,15 @@ class Entries {
                             v.toTensor().dim() == 1)
         .toTensor();
   }
+  std::vector<at::Tensor> tensor_list(const std::string& key) const {  // 1-D floating tensors
+    std::vector<at::Tensor> out;
+    for (const auto& item : checked(key, get(key).isList()).toListRef()) {
+      checked(key, item.isTensor() && item.toTensor().is_floating_point() &&
+                       item.toTensor().dim() == 1);
+      out.push_back(item.toTensor());
+    }
+    return out;
+  }
   std::vector<at::Tensor> byte_list(const std::string& key) const {
     std::vector<at::Tensor> out;
     for (const auto& item : checked(key, get(key).isList()).toListRef()) {
@@ -123,6 +132,12 @@ c10::IValue to_ivalue(const Checkpoint& c) {
   if (c.bucket_cap_bytes > 0) dict.insert("bucket_cap_bytes", c.bucket_cap_bytes);
   dict.insert("rng_state", c.rng_state.cpu());
   if (c.grad_scaler) dict.insert("grad_scaler", without_floats(*c.grad_scaler));
+  if (c.shard_rank >= 0) {
+    dict.insert("shard_rank", c.shard_rank);
+    c10::impl::GenericList shards(c10::AnyType::get());  // as optimizer_shards
+    for (const auto& shard : c.parameter_shards) shards.push_back(shard.cpu());
+    dict.insert("parameter_shards", shards);
+  }
   return dict;
 }
 
@@ -161,6 +176,10 @@ Checkpoint checkpoint_from(const c10::IValue& contents, const std::string& origi
   if (e.has("grad_scaler")) {
     c.grad_scaler = amp::grad_scaler_state_from(e.get("grad_scaler"), origin + ": 'grad_scaler'");
   }
+  if (e.has("shard_rank")) {
+    c.shard_rank = e.integer("shard_rank");
+    c.parameter_shards = e.tensor_list("parameter_shards");
+  }
   if (c.epoch < 0 || c.step < 0 || c.epoch_step < 0 || c.world_size < 1 || c.batch_size < 1 ||
       c.rng_state.dim() != 2 || c.rng_state.size(0) != c.world_size) {
     throw InputError(
@@ -175,12 +194,20 @@ Checkpoint read_checkpoint(const std::string& path) {
   return checkpoint_from(read_pt_file(path), path);
 }
 
-std::string checkpoint_file_name(CheckpointPosition p) {
-  if (p.epoch_step == 0) return fmt::format("checkpoint-epoch-{:04d}.pt", p.epoch);
-  return fmt::format("checkpoint-epoch-{:04d}-step-{:06d}.pt", p.epoch, p.epoch_step);
+std::string checkpoint_file_name(CheckpointPosition p, bool sharded) {
+  const char* tail = sharded ? ".shards" : ".pt";
+  if (p.epoch_step == 0) return fmt::format("checkpoint-epoch-{:04d}{}", p.epoch, tail);
+  return fmt::format("checkpoint-epoch-{:04d}-step-{:06d}{}", p.epoch, p.epoch_step, tail);
 }
 
-std::optional<CheckpointPosition> checkpoint_file_position(const std::string& name) {
+std::string shard_file_name(int64_t rank, int64_t world_size) {
+  return fmt::format("rank-{:05d}-of-{:05d}.pt", rank, world_size);
+}
+
+std::optional<CheckpointPosition> checkpoint_file_position(const std::string& file_name) {
+  const bool sharded = file_name.size() > 7 && file_name.substr(file_name.size() - 7) == ".shards";
+  const std::string name =
+      sharded ? file_name.substr(0, file_name.size() - 7) + ".pt" : file_name;
   const std::string head = "checkpoint-epoch-", mid = "-step-", tail = ".pt";
   if (name.size() <= head.size() + tail.size() || name.rfind(head, 0) != 0 ||
       name.compare(name.size() - tail.size(), tail.size(), tail) != 0) {
@@ -219,6 +246,44 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
   std::vector<std::string> out;
   for (auto& f : found) out.push_back(std::move(f.second));
   return out;
+}
+
+std::vector<Checkpoint> read_sharded_checkpoint(const std::string& dir) {
+  // The world size is in every file's name; rank 0's says which to expect.
+  int64_t world = 0;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const std::string head = "rank-00000-of-", digits = name.substr(std::min(name.size(), 14ul), 5);
+    if (name.size() == 22 && name.rfind(head, 0) == 0 && name.substr(19) == ".pt" &&
+        std::all_of(digits.begin(), digits.end(), ::isdigit)) {
+      world = std::max<int64_t>(world, std::stoll(digits));
+    }
+  }
+  if (ec) throw InputError(fmt::format("{}: cannot list the directory: {}", dir, ec.message()));
+  if (world == 0) {
+    throw InputError(fmt::format("{}: an incomplete sharded checkpoint: rank 0's file is missing",
+                                 dir));
+  }
+  std::vector<Checkpoint> files;
+  for (int64_t rank = 0; rank < world; ++rank) {
+    const std::string path = (std::filesystem::path(dir) / shard_file_name(rank, world)).string();
+    if (!std::filesystem::exists(path)) {
+      throw InputError(fmt::format(
+          "{}: an incomplete sharded checkpoint: {} is missing (its rank stopped while writing)",
+          dir, shard_file_name(rank, world)));
+    }
+    files.push_back(read_checkpoint(path));
+    const Checkpoint& c = files.back();
+    if (c.shard_rank != rank || c.world_size != world || c.epoch != files[0].epoch ||
+        c.epoch_step != files[0].epoch_step ||
+        c.parameter_shards.size() != files[0].parameter_shards.size()) {
+      throw InputError(fmt::format(
+          "{}: not the file of rank {} of {} of this checkpoint (rank {} of {}, epoch {} step {})",
+          path, rank, world, c.shard_rank, c.world_size, c.epoch, c.epoch_step));
+    }
+  }
+  return files;
 }
 
 std::vector<std::string> stale_checkpoints(const std::vector<std::string>& newest_first,

@@ -336,6 +336,10 @@ std::vector<ConfigKey> make_keys() {
       string_key("fsdp-param-dtype", &C::fsdp_param_dtype, {"float32", "bfloat16"}, "",
                  "FSDP: the dtype layers are gathered and computed in (bfloat16: mixed precision; "
                  "the shards and the optimizer stay float32)"),
+      bool_key("checkpoint-sharded", &C::checkpoint_sharded,
+               "FSDP: each rank writes its shard of every checkpoint in the background "
+               "(checkpoint-epoch-N.shards/, resumable on any number of ranks); model.pt is "
+               "written gathered when the training ends"),
       string_key("fsdp-reduce-dtype", &C::fsdp_reduce_dtype, {"param-dtype", "float32", "bfloat16"},
                  "", "FSDP: the dtype gradients are reduce-scattered in"),
       string_key("sync", &C::sync, {"ddp", "local-sgd", "diloco"}, "",
@@ -606,6 +610,7 @@ void validate_fsdp(const Config& config) {
       config.fsdp_param_dtype != "float32" || config.fsdp_reduce_dtype != "param-dtype";
   if (!config.fsdp) {
     if (mixed) throw InputError("keys 'fsdp-param-dtype' and 'fsdp-reduce-dtype' need fsdp");
+    if (config.checkpoint_sharded) throw InputError("key 'checkpoint-sharded' needs fsdp");
     return;
   }
   const DistributedDataParallelOptions defaults;

@@ -231,4 +231,13 @@ Distributed init_distributed(const Config& config, const comm::Env& env) {
   return d;
 }
 
+void agree_all_ok(const Distributed& dist, const std::exception_ptr& error,
+                  const std::string& what) {
+  const bool failed = comm::any_rank(*dist.group, error != nullptr, dist.device);
+  if (error) std::rethrow_exception(error);
+  if (failed) {
+    throw Error(fmt::format("{} failed on another rank; its log says why", what));
+  }
+}
+
 }  // namespace ddp::train

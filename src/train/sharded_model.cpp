@@ -126,6 +126,95 @@ void ShardedModel::load_unsharded_optimizer_state(torch::optim::Optimizer& local
   }
 }
 
+std::vector<torch::Tensor> ShardedModel::shard_copies() const {
+  std::vector<torch::Tensor> copies;
+  for (const auto& shard : model_->parameters()) copies.push_back(shard.detach().clone());
+  return copies;
+}
+
+StateDict ShardedModel::buffer_copies(const std::string& prefix) const {
+  StateDict buffers;
+  for (const auto& item : module_->named_buffers()) {
+    buffers.emplace_back(prefix + item.key(), item.value().detach().clone());
+  }
+  return buffers;
+}
+
+std::vector<torch::Tensor> ShardedModel::unit_values(int unit,
+                                                     const std::vector<torch::Tensor>& parts,
+                                                     const std::string& path) const {
+  const auto flat = torch::cat(parts);
+  const auto params = module_->named_parameters();
+  std::vector<torch::Tensor> values;
+  int64_t offset = 0;
+  for (const auto& name : model_->parameter_names(unit)) {
+    const auto& like = params[name];
+    if (offset + like.numel() > flat.numel()) {
+      throw InputError(fmt::format(
+          "{}: the shards of unit {} hold {} elements, fewer than this model's parameters up to "
+          "{}: a checkpoint of another model",
+          path, unit, flat.numel(), name));
+    }
+    values.push_back(flat.narrow(0, offset, like.numel()).view(like.sizes()));
+    offset += like.numel();
+  }
+  return values;
+}
+
+void ShardedModel::load_shards(const std::vector<Checkpoint>& files, torch::optim::Optimizer& local,
+                               const OptimizerFactory& make, const std::string& path) {
+  const int units = model_->num_units();
+  if (static_cast<int>(files.front().parameter_shards.size()) != units) {
+    throw InputError(fmt::format("{}: shards of {} units; this model has {}", path,
+                                 files.front().parameter_shards.size(), units));
+  }
+  StateDict weights = files.front().model;  // rank 0's buffers
+  for (int u = 0; u < units; ++u) {
+    std::vector<torch::Tensor> parts;
+    for (const auto& file : files) parts.push_back(file.parameter_shards[u]);
+    const auto values = unit_values(u, parts, path);
+    const auto names = model_->parameter_names(u);
+    for (size_t i = 0; i < names.size(); ++i) weights.emplace_back(names[i], values[i]);
+  }
+  load_state_dict(weights, path);
+  load_shard_optimizers(files, local, make, path);
+}
+
+// Each saved rank's optimizer read back over stand-ins of its shards, then, unit by unit, each
+// element-wise state put together from theirs and cut to this rank's part; the rest of a unit's
+// state (Adam's step count, the same everywhere) is rank 0's.
+void ShardedModel::load_shard_optimizers(const std::vector<Checkpoint>& files,
+                                         torch::optim::Optimizer& local,
+                                         const OptimizerFactory& make, const std::string& path) {
+  std::vector<std::vector<torch::Tensor>> stand_ins_of(files.size());
+  std::vector<std::unique_ptr<torch::optim::Optimizer>> saved;
+  for (size_t r = 0; r < files.size(); ++r) {
+    for (const auto& shard : files[r].parameter_shards) {
+      stand_ins_of[r].push_back(torch::zeros_like(shard));
+    }
+    saved.push_back(make(stand_ins_of[r]));
+    load_optimizer(*saved.back(), files[r].optimizer_state, path, stand_ins_of[r][0].device());
+  }
+  const std::vector<torch::Tensor> shards = model_->parameters();
+  for (int u = 0; u < static_cast<int>(shards.size()); ++u) {
+    std::vector<torch::optim::OptimizerParamState*> states;
+    for (size_t r = 0; r < files.size(); ++r) {
+      auto it = saved[r]->state().find(compat::optimizer_state_key(*saved[r], stand_ins_of[r][u]));
+      if (it != saved[r]->state().end()) states.push_back(it->second.get());
+    }
+    if (states.size() != files.size()) continue;  // not stepped: no state
+    auto mine = states.front()->clone();
+    auto targets = elementwise(*mine);
+    for (size_t f = 0; f < targets.size(); ++f) {
+      if (!elementwise(*states.front())[f]->defined()) continue;
+      std::vector<torch::Tensor> parts;
+      for (auto* state : states) parts.push_back(*elementwise(*state)[f]);
+      *targets[f] = model_->shard(u, unit_values(u, parts, path));
+    }
+    local.state()[compat::optimizer_state_key(local, shards[u])] = std::move(mine);
+  }
+}
+
 void ShardedModel::clip_grad_norm(double max_norm) {
   const std::vector<torch::Tensor> shards = model_->parameters();
   auto squares = torch::zeros({}, shards.front().options().dtype(torch::kDouble));

@@ -15,6 +15,7 @@
 
 #include "ddp/comm/process_group.h"
 #include "ddp/core/fully_shard.h"
+#include "ddp/train/checkpoint.h"
 #include "ddp/train/state_dict.h"
 #include "ddp/train/workload.h"
 #include "optimizer_state.h"
@@ -59,11 +60,29 @@ class ShardedModel {
   void load_unsharded_optimizer_state(torch::optim::Optimizer& local, const at::Tensor& state,
                                       const OptimizerFactory& make, const std::string& path);
 
+  // --checkpoint-sharded. Copies of this rank's shards (one per unit) and of its buffers (keys
+  // prefixed with `prefix`): what its file holds besides the optimizer (no collective).
+  std::vector<torch::Tensor> shard_copies() const;
+  StateDict buffer_copies(const std::string& prefix) const;
+  // The model and `local`'s state from every rank's file of a sharded checkpoint (`files`, in rank
+  // order, of any number of ranks): each unit's parameters and each element-wise optimizer state
+  // put together from the saved shards, then this rank's part taken; the buffers rank 0's file's.
+  // InputError naming `path` when the checkpoint is of another model.
+  void load_shards(const std::vector<Checkpoint>& files, torch::optim::Optimizer& local,
+                   const OptimizerFactory& make, const std::string& path);
+
   // Scales the shards' gradients so that their 2-norm over every rank is at most `max_norm`, as
   // torch.nn.utils.clip_grad_norm_ on the whole gradient (a collective).
   void clip_grad_norm(double max_norm);
 
  private:
+  // Unit `unit`'s parameters (shaped as the module's) from its flat elements, `parts` laid end to
+  // end (every saved rank's shard in rank order; the padding after them ignored).
+  std::vector<torch::Tensor> unit_values(int unit, const std::vector<torch::Tensor>& parts,
+                                         const std::string& path) const;
+  void load_shard_optimizers(const std::vector<Checkpoint>& files, torch::optim::Optimizer& local,
+                             const OptimizerFactory& make, const std::string& path);
+
   std::shared_ptr<torch::nn::Module> module_;
   std::shared_ptr<comm::ProcessGroup> group_;
   std::unique_ptr<FullyShardedDataParallel> model_;

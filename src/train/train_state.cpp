@@ -21,6 +21,7 @@
 #include "ddp/train/pt_file.h"
 #include "optimizer_state.h"
 #include "phase.h"
+#include "sharded_checkpoint_writer.h"
 #include "sharded_model.h"
 #include "torch_errors.h"
 
@@ -50,15 +51,10 @@ const std::vector<std::string> kFreeOnResume = {"epochs",
                                                 "checkpoint-on-signal",
                                                 "record-samples"};
 
-// All ranks learn whether every rank succeeded: each rank that failed rethrows its own error,
-// the others throw an Error naming what failed elsewhere. A collective.
-void agree_all_ok(const Distributed& dist, const std::exception_ptr& error,
-                  const std::string& what) {
-  const bool failed = comm::any_rank(*dist.group, error != nullptr, dist.device);
-  if (error) std::rethrow_exception(error);
-  if (failed) {
-    throw Error(fmt::format("{} failed on another rank; its log says why", what));
-  }
+// "after epoch 2", "5 steps into epoch 3": where a checkpoint is, for the log.
+std::string describe(CheckpointPosition at) {
+  return at.epoch_step == 0 ? fmt::format("after epoch {}", at.epoch)
+                            : fmt::format("{} steps into epoch {}", at.epoch_step, at.epoch + 1);
 }
 
 // The ranks' RNG states (uint8, `bytes` each) as the checkpoint's [rank, byte] tensor.
@@ -68,6 +64,14 @@ at::Tensor rng_rows(const std::vector<std::string>& states, int64_t bytes) {
     std::memcpy(rows[static_cast<int64_t>(r)].data_ptr(), states[r].data(), states[r].size());
   }
   return rows;
+}
+
+// Every rank's RNG state as the checkpoint's [rank, byte] tensor (a collective).
+at::Tensor all_rng_states(const Distributed& dist) {
+  const at::Tensor rng = cpu_rng_state().contiguous();
+  const std::string bytes(static_cast<const char*>(rng.data_ptr()), rng.nbytes());
+  return rng_rows(comm::all_gather_bytes(*dist.group, bytes, dist.device, bytes.size()),
+                  rng.numel());
 }
 
 // --comm-hook's hook on the model; allreduce registers none (the reducer's own average).
@@ -136,26 +140,34 @@ std::string write_checkpoint_files(const Checkpoint& c, CheckpointPosition at,
                config.save_prefix == SavePrefix::kNone ? "" : kModulePrefix);
   for (const auto& old : stale_checkpoints(list_checkpoints(dir.string()), config.keep_last)) {
     std::error_code ec;
-    fs::remove(old, ec);
+    fs::remove_all(old, ec);  // a sharded checkpoint is a directory
   }
   return numbered;
 }
 
+// A checkpoint file, or every rank's file of a sharded checkpoint's directory (rank 0's first).
+std::vector<Checkpoint> read_checkpoints(const std::string& path) {
+  if (fs::is_directory(path)) return read_sharded_checkpoint(path);
+  return {read_checkpoint(path)};
+}
+
 // The checkpoint --resume names (its path into `path`), or with `auto` the newest in the output
-// directory that reads as one (nullopt: none there). `main`: warns of those skipped.
-std::optional<Checkpoint> find_checkpoint(const Config& config, bool main, std::string& path) {
+// directory that reads as one (nullopt: none there; an incomplete sharded checkpoint does not).
+// `main`: warns of those skipped.
+std::optional<std::vector<Checkpoint>> find_checkpoint(const Config& config, bool main,
+                                                       std::string& path) {
   if (config.resume != "auto") {
     path = config.resume;
-    return read_checkpoint(path);
+    return read_checkpoints(path);
   }
   std::vector<std::string> candidates = list_checkpoints(config.output_dir);
   const std::string latest = (fs::path(config.output_dir) / "checkpoint.pt").string();
   if (candidates.empty() && fs::exists(latest)) candidates.push_back(latest);
   for (const auto& candidate : candidates) {
     try {
-      std::optional<Checkpoint> checkpoint = read_checkpoint(candidate);
+      std::vector<Checkpoint> files = read_checkpoints(candidate);
       path = candidate;
-      return checkpoint;
+      return files;
     } catch (const InputError& e) {
       if (main) log::warn("--resume auto: skipping {}", e.what());
     }
@@ -451,14 +463,10 @@ Checkpoint TrainState::checkpoint_here(CheckpointPosition at, const torch::Tenso
 }
 
 std::string TrainState::save(CheckpointPosition at, const torch::Tensor& untrained) {
-  const std::string what = at.epoch_step == 0
-                               ? fmt::format("after epoch {}", at.epoch)
-                               : fmt::format("{} steps into epoch {}", at.epoch_step, at.epoch + 1);
+  if (config_.checkpoint_sharded) return save_sharded(at, untrained);
+  const std::string what = describe(at);
   // Every rank's RNG state, for rank 0 to write: a collective, so all ranks are here.
-  const at::Tensor rng = cpu_rng_state().contiguous();
-  const std::string rng_bytes(static_cast<const char*>(rng.data_ptr()), rng.nbytes());
-  const std::vector<std::string> all_rng =
-      comm::all_gather_bytes(*dist_.group, rng_bytes, dist_.device, rng_bytes.size());
+  const at::Tensor all_rng = all_rng_states(dist_);
   // --zero: every rank's shard of the optimizer state, for rank 0 to write; --sync local-sgd or
   // diloco: every rank's inner optimizer.
   const bool per_rank = zero_ || diloco_;
@@ -484,7 +492,7 @@ std::string TrainState::save(CheckpointPosition at, const torch::Tensor& untrain
           c.outer_momentum.emplace_back(std::to_string(i), diloco_->momentum()[i].cpu());
         }
       }
-      c.rng_state = rng_rows(all_rng, rng.numel());
+      c.rng_state = all_rng;
       if (scaler_) c.grad_scaler = scaler_->state();
       numbered = write_checkpoint_files(c, at, config_);
       log::info("checkpoint {}: {}", what, numbered);
@@ -498,14 +506,43 @@ std::string TrainState::save(CheckpointPosition at, const torch::Tensor& untrain
   return fmt::format("{} ({})", numbered, what);
 }
 
+std::string TrainState::save_sharded(CheckpointPosition at, const torch::Tensor& untrained) {
+  if (!sharded_writer_) sharded_writer_ = std::make_unique<ShardedCheckpointWriter>(config_, dist_);
+  const std::string dir = sharded_writer_->begin(at);  // the previous one settled first
+  Checkpoint c = checkpoint_here(at, untrained, sharded_->buffer_copies(""));
+  c.rng_state = all_rng_states(dist_);
+  c.shard_rank = dist_.rank();
+  c.parameter_shards = sharded_->shard_copies();
+  c.optimizer_state = byte_tensor(serialized(*optimizer_));
+  sharded_writer_->write(std::move(c));
+  log::info("checkpoint {}: {} (each rank writing its file in the background)", describe(at), dir);
+  return fmt::format("{} ({})", dir, describe(at));
+}
+
+void TrainState::finish_saving() {
+  if (!sharded_writer_) return;
+  sharded_writer_->settle();
+  StateDict model = sharded_->state_dict(kModulePrefix);  // gathered: a collective
+  std::exception_ptr error;
+  if (dist_.is_main()) {
+    try {
+      save_weights(model, (fs::path(config_.output_dir) / "model.pt").string(),
+                   config_.save_prefix == SavePrefix::kNone ? "" : kModulePrefix);
+    } catch (const std::exception&) {
+      error = std::current_exception();
+    }
+  }
+  agree_all_ok(dist_, error, "saving model.pt");
+}
+
 bool TrainState::resume() {
   if (config_.resume.empty()) return false;
-  std::optional<Checkpoint> checkpoint;
+  std::optional<std::vector<Checkpoint>> files;
   std::string path;
   std::exception_ptr error;
   try {
-    checkpoint = find_checkpoint(config_, dist_.is_main(), path);
-    if (checkpoint) apply(*checkpoint, path);
+    files = find_checkpoint(config_, dist_.is_main(), path);
+    if (files) apply(files->front(), path, files->front().shard_rank >= 0 ? &*files : nullptr);
   } catch (const std::exception&) {
     error = std::current_exception();
   }
@@ -513,6 +550,7 @@ bool TrainState::resume() {
 
   // Every rank must continue from the same epoch (a node with another copy of the output dir
   // would silently train a different model).
+  const Checkpoint* checkpoint = files ? &files->front() : nullptr;
   const int64_t epoch = checkpoint ? checkpoint->epoch : -1;
   const int64_t epoch_step = checkpoint ? checkpoint->epoch_step : -1;
   auto range =
@@ -531,12 +569,21 @@ bool TrainState::resume() {
     log::info("--resume auto: no checkpoint in '{}' yet, starting from scratch",
               config_.output_dir);
   }
-  return checkpoint.has_value();
+  return checkpoint != nullptr;
 }
 
-void TrainState::apply(const Checkpoint& c, const std::string& path) {
+void TrainState::apply(const Checkpoint& c, const std::string& path,
+                       const std::vector<Checkpoint>* shard_files) {
+  if (c.shard_rank >= 0 && (!sharded_ || shard_files == nullptr)) {
+    throw InputError(fmt::format(
+        "{}: {} of a sharded checkpoint (--checkpoint-sharded), which resumes under --fsdp from "
+        "its directory; model.pt holds the weights whole",
+        path, shard_files == nullptr ? "one rank's file" : "the directory"));
+  }
   check_resumable(c, path);  // may change the batch size per rank
-  if (sharded_) {
+  if (shard_files != nullptr) {
+    sharded_->load_shards(*shard_files, *optimizer_, factory(), path);
+  } else if (sharded_) {
     sharded_->load_state_dict(c.model, path);  // this rank's shards of it
   } else {
     load_state_dict(*module_, c.model, path);
@@ -634,6 +681,8 @@ void TrainState::load_optimizer_state(const Checkpoint& c, const std::string& pa
     }
   } else if (diloco_) {
     load_sync_state(c, path);
+  } else if (sharded_ && c.shard_rank >= 0) {
+    return;  // loaded with the model's shards (apply)
   } else if (sharded_) {  // this rank's part of the per-parameter state
     sharded_->load_unsharded_optimizer_state(*optimizer_, zero_state_of(c, path, false, 0),
                                              factory(), path);

@@ -309,9 +309,13 @@ TrainResult Trainer::train() {
     // member takes one state (elastic_member.h).
     const bool kept = elastic_->attempt(
         [&] { result.stopped_by_signal = !train_epoch(epoch, m) || end_of_epoch(m, result); });
-    if (result.stopped_by_signal) return result;
+    if (result.stopped_by_signal) {
+      state_->finish_saving();
+      return result;
+    }
     epoch = kept ? epoch + 1 : state_->position().epoch;  // re-formed: where the state taken is
   }
+  state_->finish_saving();
   elastic_->done_training();  // --elastic: what follows is the job's ending, not its training
 
   const EpochMetrics& final = result.epochs.back();

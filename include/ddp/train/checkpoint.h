@@ -48,6 +48,12 @@ struct Checkpoint {
   // --bucket-cap-mb auto: the bucket size the first steps chose, in bytes (0: none chosen yet), so
   // that a resume trains with it instead of tuning again.
   int64_t bucket_cap_bytes = 0;
+  // One rank's file of a sharded checkpoint (--checkpoint-sharded, under --fsdp; 0 and up, -1 for
+  // a whole checkpoint): that rank's shard of each unit's flat parameters, in the model's unit
+  // order. `model` then holds the rank's buffers only and optimizer_state its optimizer over the
+  // shards; the rest (rng_state: every rank's) is the same in every rank's file.
+  int64_t shard_rank = -1;
+  std::vector<at::Tensor> parameter_shards;
 };
 
 // As a dict of ints, strings and tensors (no floats: Python 1.13's weights-only loader refuses
@@ -72,12 +78,21 @@ struct CheckpointPosition {
 };
 
 // "checkpoint-epoch-0003.pt" after 3 epochs, "checkpoint-epoch-0003-step-000042.pt" 42 steps
-// into the 4th, and back (nullopt for any other name).
-std::string checkpoint_file_name(CheckpointPosition position);
+// into the 4th, and back (nullopt for any other name); a sharded checkpoint's directory ends in
+// ".shards" instead of ".pt".
+std::string checkpoint_file_name(CheckpointPosition position, bool sharded = false);
 std::optional<CheckpointPosition> checkpoint_file_position(const std::string& file_name);
 
-// The numbered checkpoints in `dir`, newest first (paths).
+// In a sharded checkpoint's directory: "rank-00002-of-00004.pt".
+std::string shard_file_name(int64_t rank, int64_t world_size);
+
+// The numbered checkpoints in `dir` (files and sharded directories), newest first (paths).
 std::vector<std::string> list_checkpoints(const std::string& dir);
+
+// The files of the sharded checkpoint in directory `dir`, in rank order. InputError naming the
+// directory and the file when one is missing (a rank stopped while it wrote: the checkpoint is
+// incomplete), unreadable, or of another checkpoint.
+std::vector<Checkpoint> read_sharded_checkpoint(const std::string& dir);
 
 // The ones to delete so that the `keep_last` newest remain.
 std::vector<std::string> stale_checkpoints(const std::vector<std::string>& newest_first,

@@ -4,6 +4,7 @@
 #include <torch/types.h>
 
 #include <memory>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -80,5 +81,10 @@ std::string hierarchy_decision(const std::string& setting, const std::vector<std
 
 // The table rank 0 prints once: one line per rank.
 std::string format_topology(const std::vector<RankTopology>& ranks, const std::string& backend);
+
+// All ranks learn whether every rank succeeded: each rank that failed rethrows its own error,
+// the others throw an Error naming what failed elsewhere. A collective.
+void agree_all_ok(const Distributed& dist, const std::exception_ptr& error,
+                  const std::string& what);
 
 }  // namespace ddp::train

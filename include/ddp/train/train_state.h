@@ -45,7 +45,8 @@
 
 namespace ddp::train {
 
-class ShardedModel;  // --fsdp (src/train/sharded_model.h)
+class ShardedModel;             // --fsdp (src/train/sharded_model.h)
+class ShardedCheckpointWriter;  // --checkpoint-sharded (src/train/sharded_checkpoint_writer.h)
 
 // Where the training stands in an epoch: after its last counted step, or where a state was set
 // (its start, a resume, a heal). Under --elastic, where the next generation goes on.
@@ -138,7 +139,13 @@ class TrainState {
   // (every rank calls it: see Note [No collective in a rank-0 branch]). In the middle of an
   // epoch, `untrained` holds its ids not yet trained. Returns the file and where it stands
   // ("<dir>/checkpoint-epoch-0002.pt (after epoch 2)"; rank 0's file, "" elsewhere).
+  // --checkpoint-sharded: each rank writes its own file of `<dir>/checkpoint-epoch-N.shards/` in
+  // the background instead, after a copy of its shards and optimizer state (the save waits only
+  // for that; the previous save is settled first: sharded_checkpoint_writer.h).
   std::string save(CheckpointPosition at, const torch::Tensor& untrained = {});
+  // After the training's last save (every rank): --checkpoint-sharded's last write settled, and
+  // model.pt written gathered (rank 0), as save() writes it without the option.
+  void finish_saving();
   // Loads the checkpoint config.resume names (none: nothing to do), on every rank; returns false
   // when there is none to load (`auto` finds none).
   bool resume();
@@ -169,8 +176,11 @@ class TrainState {
   // --fsdp: `model`, the state gathered from the shards.
   Checkpoint checkpoint_here(CheckpointPosition at, const torch::Tensor& untrained,
                              StateDict model) const;
+  std::string save_sharded(CheckpointPosition at, const torch::Tensor& untrained);
   // Sets the state to `checkpoint` (read from `path`): the model, the training state, the step.
-  void apply(const Checkpoint& checkpoint, const std::string& path);
+  // A sharded checkpoint's: `checkpoint` is rank 0's file, `shard_files` every rank's.
+  void apply(const Checkpoint& checkpoint, const std::string& path,
+             const std::vector<Checkpoint>* shard_files = nullptr);
   // Throws InputError when the run cannot continue `checkpoint` (another optimizer, a global batch
   // the world size cannot share); on another world size, sets the batch per rank that keeps the
   // global batch; warns of changed settings.
@@ -192,6 +202,7 @@ class TrainState {
   Timeline* timeline_;
   DistributedDataParallel<> model_{nullptr};            // not under --fsdp
   std::unique_ptr<ShardedModel> sharded_;               // --fsdp
+  std::unique_ptr<ShardedCheckpointWriter> sharded_writer_;  // --checkpoint-sharded
   std::unique_ptr<torch::optim::Optimizer> optimizer_;  // null with --zero
   std::unique_ptr<ZeroRedundancyOptimizer> zero_;       // --zero
   std::unique_ptr<amp::GradScaler> scaler_;             // --amp fp16

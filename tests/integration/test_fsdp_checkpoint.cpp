@@ -1,0 +1,123 @@
+// ddp_train --fsdp --checkpoint-sharded: each rank writes its shard of every checkpoint in the
+// background; the checkpoints resume on as many ranks bitwise and on another number as the
+// gathered checkpoint of the same run does; a rank killed while it writes leaves the previous
+// checkpoint whole, and --resume auto goes on from it.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "built_paths.h"
+#include "ranks.h"
+#include "run_files.h"
+#include "subprocess.h"
+#include "train_args.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using ddp::testing::config;
+using ddp::testing::TempDir;
+using std::chrono::seconds;
+
+// The MLP on 256 Fashion-MNIST samples, Adam, batch 16 per rank (global 32) under --fsdp.
+std::vector<std::string> mlp(const TempDir& out, int64_t epochs,
+                             std::vector<std::string> extra = {}) {
+  std::vector<std::string> argv = {
+      DDP_TRAIN_BIN, "--config",         config("fashion_mnist_mlp.yaml"),
+      "--output-dir", out.path(),        "--progress",
+      "off",         "--device",         "cpu",
+      "--fsdp",      "--train-subset",   "256",
+      "--test-subset", "64",             "--global-batch-size",
+      "32",          "--optimizer",      "adam",
+      "--epochs",    std::to_string(epochs)};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
+
+void run_ranks(int ranks, const std::vector<std::string>& argv) {
+  ddp::testing::expect_all_exit_zero(ddp::testing::run_env_ranks(ranks, argv, seconds(180)));
+}
+
+std::vector<std::string> sharded(std::vector<std::string> extra = {}) {
+  extra.insert(extra.begin(), "--checkpoint-sharded");
+  return extra;
+}
+
+TEST(FsdpCheckpoint, ShardedCheckpointsResumeBitwiseOnAsManyRanksAndOnAnotherAsTheGatheredOne) {
+  TempDir whole, split, gathered;
+  run_ranks(2, mlp(whole, 3, sharded()));
+  run_ranks(2, mlp(split, 2, sharded({"--keep-last", "1"})));
+  // Each rank's file, in a directory per checkpoint; keep-last 1 deleted epoch 1's once epoch 2's
+  // was whole.
+  EXPECT_TRUE(fs::exists(split.file("checkpoint-epoch-0002.shards/rank-00000-of-00002.pt")));
+  EXPECT_TRUE(fs::exists(split.file("checkpoint-epoch-0002.shards/rank-00001-of-00002.pt")));
+  EXPECT_FALSE(fs::exists(split.file("checkpoint-epoch-0001.shards")));
+  run_ranks(2, mlp(gathered, 2));  // the same training, its checkpoint gathered on rank 0
+  // Epoch 3 on 4 ranks from either checkpoint, then on 2 from the sharded one.
+  TempDir four_sharded, four_gathered;
+  run_ranks(4, mlp(four_sharded, 3,
+                   sharded({"--resume", split.file("checkpoint-epoch-0002.shards")})));
+  run_ranks(4, mlp(four_gathered, 3, {"--resume", gathered.file("checkpoint-epoch-0002.pt")}));
+  ddp::testing::expect_same_weights(four_sharded.file("model.pt"), four_gathered.file("model.pt"));
+  run_ranks(2, mlp(split, 3, sharded({"--resume", "auto"})));
+  ddp::testing::expect_same_weights(split.file("model.pt"), whole.file("model.pt"));
+}
+
+// The pid of a process (not `except`) that has a file open whose path contains `part`; -1.
+int pid_writing(const std::string& part) {
+  std::error_code ec;
+  for (const auto& proc : fs::directory_iterator("/proc", ec)) {
+    const std::string pid = proc.path().filename().string();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::error_code fd_ec;
+    for (const auto& fd : fs::directory_iterator(proc.path() / "fd", fd_ec)) {
+      std::error_code link_ec;
+      if (fs::read_symlink(fd.path(), link_ec).string().find(part) != std::string::npos) {
+        return std::stoi(pid);
+      }
+    }
+  }
+  return -1;
+}
+
+// Each 64 KiB of an atomic write takes 40 ms more (tests/support/slow_writes.c, preloaded): a
+// rank's file of the MLP (about 1 MB) takes over half a second, during which rank 1 is killed.
+TEST(FsdpCheckpoint, ARankKilledWhileItWritesLeavesThePreviousCheckpointWhole) {
+  TempDir reference, out;
+  run_ranks(2, mlp(reference, 3, sharded()));
+  auto argv = mlp(out, 3, sharded());
+  argv.insert(argv.begin(), {DDP_LAUNCHER_BIN, "--nproc", "2"});
+  ddp::testing::Child child(argv,
+                            {{"LD_PRELOAD", DDP_SLOW_WRITES_LIB}, {"DDP_SLOW_WRITES_MS", "40"}});
+  const auto deadline = std::chrono::steady_clock::now() + seconds(120);
+  const std::string second = out.file("checkpoint-epoch-0002.shards/rank-00001-of-00002.pt.tmp-");
+  int writer = -1;
+  while (writer < 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    writer = pid_writing(second);
+  }
+  ASSERT_GT(writer, 0) << "rank 1 never wrote its file of epoch 2\n" << child.output();
+  ::kill(writer, SIGKILL);
+  const auto killed = child.wait_until(deadline);
+  EXPECT_NE(killed.exit_code, 0) << killed.output;
+
+  EXPECT_FALSE(fs::exists(out.file("checkpoint-epoch-0002.shards/rank-00001-of-00002.pt")));
+  EXPECT_TRUE(fs::exists(out.file("checkpoint-epoch-0001.shards/rank-00000-of-00002.pt")));
+  EXPECT_TRUE(fs::exists(out.file("checkpoint-epoch-0001.shards/rank-00001-of-00002.pt")));
+  const auto resumed = ddp::testing::run_env_ranks(2, mlp(out, 3, sharded({"--resume", "auto"})),
+                                                   seconds(180));
+  ddp::testing::expect_all_exit_zero(resumed);
+  // (Rank 0's file may be missing too: the launcher stops it when rank 1 dies.)
+  EXPECT_NE(resumed[0].output.find("skipping " + out.file("checkpoint-epoch-0002.shards") +
+                                   ": an incomplete sharded checkpoint"),
+            std::string::npos)
+      << resumed[0].output;
+  EXPECT_NE(resumed[0].output.find("resumed from " + out.file("checkpoint-epoch-0001.shards")),
+            std::string::npos)
+      << resumed[0].output;
+  ddp::testing::expect_same_weights(out.file("model.pt"), reference.file("model.pt"));
+}
+
+}  // namespace
