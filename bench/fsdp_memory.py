@@ -20,6 +20,7 @@ Speed: samples/s of the run (metrics.jsonl), FSDP against DDP at each world size
 rounds.
 
   bench/fsdp_memory.py --build build --worlds 2 4 --rounds 2
+  bench/fsdp_memory.py --models wide-mlp --worlds 2 --fsdp-args=--checkpoint-sharded
 """
 import argparse
 import datetime
@@ -86,7 +87,7 @@ def run(args, model, world, fsdp, width):
                "--train-subset", str(samples), "--test-subset", "64", "--threads", "1",
                "--backend", args.backend, "--progress", "off", "--device", "cpu", "--output-dir", out]
         if fsdp:
-            cmd.append("--fsdp")
+            cmd += ["--fsdp", *args.fsdp_args]
         log = open(os.path.join(out, "run.log"), "w+")
         launcher = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
         samples, ranks = [], {}  # (wall time, pid, kB); pid -> rank (None: not a rank)
@@ -126,6 +127,8 @@ def main():
     p.add_argument("--models", nargs="*", default=["wide-mlp", "resnet18"])
     p.add_argument("--backend", choices=["mpi", "gloo"], default="mpi",
                    help="mpi: the ranks under mpirun; gloo: under the launcher")
+    p.add_argument("--fsdp-args", nargs="*", default=[],
+                   help="more ddp_train arguments for the FSDP runs (--checkpoint-sharded)")
     args = p.parse_args()
     unit_mb = (args.width * args.width + args.width) * 4 / 2**20
     print(f"| model | ranks | DDP MB/rank (train, +checkpoint) | FSDP MB/rank (train, +checkpoint) "

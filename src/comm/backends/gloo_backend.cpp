@@ -179,7 +179,8 @@ void check_cpu(const at::Tensor& t, const CollectiveInfo& info) {
 // c10d's all-gather of `input` into the flat `output` (world_size blocks), as bytes.
 c10::intrusive_ptr<c10d::Work> gather_bytes(c10d::ProcessGroupGloo& pg, const at::Tensor& output,
                                             const at::Tensor& input, int world_size) {
-  // c10d wants one output tensor per rank: views into the flat output, so no copy follows.
+  // c10d wants one output tensor per rank: views into the flat output (c10d still gathers into a
+  // flat buffer of its own first, then copies each block into them: one staged copy).
   const auto in = as_bytes(input);
   const auto out = as_bytes(output);
   std::vector<std::vector<at::Tensor>> outputs(1);

@@ -11,11 +11,13 @@
 #include <climits>
 #include <cmath>
 #include <condition_variable>
+#include <cstring>
 #include <cstdlib>
 #include <functional>
 #include <mutex>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "backends/backends.h"
 #include "job_thread.h"
@@ -263,6 +265,34 @@ int comm_size(MPI_Comm comm) {
   return size;
 }
 
+// Note [A ring reduce-scatter]
+// Open MPI 4.1's MPI_Reduce_scatter_block picks, at 4 ranks and tens of MB, its basic linear
+// algorithm: a reduce to rank 0, then a scatter, so rank 0 alone holds the whole reduced buffer
+// and more (docs/benchmarks.md, "Fully sharded data parallelism"). A ring holds two blocks on
+// every rank: at step s each rank sends the partial sum it holds of one block to the next rank,
+// receives the previous rank's partial sum of another and adds its own part of that block into
+// it; after N - 1 steps each rank holds the whole sum of its own block. Same bytes on the wire as
+// any reduce-scatter, (N - 1) / N of the input per rank.
+int ring_reduce_scatter(const at::Tensor& input, const at::Tensor& output, int count,
+                        MPI_Datatype type, MPI_Op op, MPI_Comm comm) {
+  const int rank = comm_rank(comm), size = comm_size(comm);
+  const auto* in = static_cast<const char*>(input.data_ptr());
+  const size_t block = static_cast<size_t>(count) * input.element_size();
+  const auto part = [&](int index) { return in + static_cast<size_t>(index) * block; };
+  std::vector<char> held(part((rank + size - 1) % size), part((rank + size - 1) % size) + block);
+  std::vector<char> received(block);
+  for (int step = 0; step + 1 < size; ++step) {
+    const int index = (rank - step - 2 + 2 * size) % size;  // the block received at this step
+    int rc = MPI_Sendrecv(held.data(), count, type, (rank + 1) % size, 0, received.data(), count,
+                          type, (rank + size - 1) % size, 0, comm, MPI_STATUS_IGNORE);
+    if (rc == MPI_SUCCESS) rc = MPI_Reduce_local(part(index), received.data(), count, type, op);
+    if (rc != MPI_SUCCESS) return rc;
+    held.swap(received);
+  }
+  std::memcpy(output.data_ptr(), held.data(), block);
+  return MPI_SUCCESS;
+}
+
 class MpiProcessGroup : public ProcessGroup {
  public:
   static constexpr int64_t kPartElements = int64_t{1} << 20;
@@ -330,8 +360,7 @@ class MpiProcessGroup : public ProcessGroup {
     return enqueue(
         info,
         [comm = comm_, output, input, count, type = type, mpi_op = mpi_op] {
-          return MPI_Reduce_scatter_block(input.data_ptr(), output.data_ptr(), count, type, mpi_op,
-                                          comm);
+          return ring_reduce_scatter(input, output, count, type, mpi_op, comm);
         },
         op == ReduceOp::kAvg ? output : at::Tensor());
   }
