@@ -49,8 +49,8 @@ class Entries {
   std::vector<at::Tensor> tensor_list(const std::string& key) const {  // 1-D floating tensors
     std::vector<at::Tensor> out;
     for (const auto& item : checked(key, get(key).isList()).toListRef()) {
-      checked(key, item.isTensor() && item.toTensor().is_floating_point() &&
-                       item.toTensor().dim() == 1);
+      checked(key,
+              item.isTensor() && item.toTensor().is_floating_point() && item.toTensor().dim() == 1);
       out.push_back(item.toTensor());
     }
     return out;
@@ -206,8 +206,7 @@ std::string shard_file_name(int64_t rank, int64_t world_size) {
 
 std::optional<CheckpointPosition> checkpoint_file_position(const std::string& file_name) {
   const bool sharded = file_name.size() > 7 && file_name.substr(file_name.size() - 7) == ".shards";
-  const std::string name =
-      sharded ? file_name.substr(0, file_name.size() - 7) + ".pt" : file_name;
+  const std::string name = sharded ? file_name.substr(0, file_name.size() - 7) + ".pt" : file_name;
   const std::string head = "checkpoint-epoch-", mid = "-step-", tail = ".pt";
   if (name.size() <= head.size() + tail.size() || name.rfind(head, 0) != 0 ||
       name.compare(name.size() - tail.size(), tail.size(), tail) != 0) {
@@ -262,8 +261,8 @@ std::vector<Checkpoint> read_sharded_checkpoint(const std::string& dir) {
   }
   if (ec) throw InputError(fmt::format("{}: cannot list the directory: {}", dir, ec.message()));
   if (world == 0) {
-    throw InputError(fmt::format("{}: an incomplete sharded checkpoint: rank 0's file is missing",
-                                 dir));
+    throw InputError(
+        fmt::format("{}: an incomplete sharded checkpoint: rank 0's file is missing", dir));
   }
   std::vector<Checkpoint> files;
   for (int64_t rank = 0; rank < world; ++rank) {

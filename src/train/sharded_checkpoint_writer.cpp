@@ -22,6 +22,7 @@ void BackgroundWrite::start(Checkpoint checkpoint, std::string path) {
   // The thread owns the copy; error_ is read only after join().
   thread_ = std::thread([this, c = std::move(checkpoint), path = std::move(path)] {
     try {
+      fs::create_directories(fs::path(path).parent_path());  // each host's, where not shared
       write_pt_file(path, to_ivalue(c));
     } catch (...) {
       error_ = std::current_exception();
@@ -49,7 +50,6 @@ std::string ShardedCheckpointWriter::begin(CheckpointPosition at) {
     }
   }
   agree_all_ok(dist_, error, "clearing " + dir.string());  // no rank writes into it before
-  fs::create_directories(dir);
   dir_ = dir.string();
   return dir_;
 }
@@ -74,8 +74,8 @@ void ShardedCheckpointWriter::settle() {
   if (!dist_.is_main()) return;
   log::info("checkpoint {}: every rank's file written", dir);
   // Note [A sharded checkpoint is whole or absent]: only now may older ones go.
-  for (const auto& old : stale_checkpoints(list_checkpoints(config_.output_dir),
-                                           config_.keep_last)) {
+  for (const auto& old :
+       stale_checkpoints(list_checkpoints(config_.output_dir), config_.keep_last)) {
     std::error_code ec;
     fs::remove_all(old, ec);
   }

@@ -58,7 +58,7 @@ class ShardedCheckpointWriter {
   const Config& config_;
   const Distributed& dist_;
   BackgroundWrite write_;
-  std::string dir_;      // of the checkpoint being written ("": none)
+  std::string dir_;  // of the checkpoint being written ("": none)
 };
 
 }  // namespace ddp::train

@@ -682,7 +682,7 @@ void TrainState::load_optimizer_state(const Checkpoint& c, const std::string& pa
   } else if (diloco_) {
     load_sync_state(c, path);
   } else if (sharded_ && c.shard_rank >= 0) {
-    return;  // loaded with the model's shards (apply)
+    return;               // loaded with the model's shards (apply)
   } else if (sharded_) {  // this rank's part of the per-parameter state
     sharded_->load_unsharded_optimizer_state(*optimizer_, zero_state_of(c, path, false, 0),
                                              factory(), path);

@@ -24,14 +24,26 @@ using std::chrono::seconds;
 // The MLP on 256 Fashion-MNIST samples, Adam, batch 16 per rank (global 32) under --fsdp.
 std::vector<std::string> mlp(const TempDir& out, int64_t epochs,
                              std::vector<std::string> extra = {}) {
-  std::vector<std::string> argv = {
-      DDP_TRAIN_BIN, "--config",         config("fashion_mnist_mlp.yaml"),
-      "--output-dir", out.path(),        "--progress",
-      "off",         "--device",         "cpu",
-      "--fsdp",      "--train-subset",   "256",
-      "--test-subset", "64",             "--global-batch-size",
-      "32",          "--optimizer",      "adam",
-      "--epochs",    std::to_string(epochs)};
+  std::vector<std::string> argv = {DDP_TRAIN_BIN,
+                                   "--config",
+                                   config("fashion_mnist_mlp.yaml"),
+                                   "--output-dir",
+                                   out.path(),
+                                   "--progress",
+                                   "off",
+                                   "--device",
+                                   "cpu",
+                                   "--fsdp",
+                                   "--train-subset",
+                                   "256",
+                                   "--test-subset",
+                                   "64",
+                                   "--global-batch-size",
+                                   "32",
+                                   "--optimizer",
+                                   "adam",
+                                   "--epochs",
+                                   std::to_string(epochs)};
   argv.insert(argv.end(), extra.begin(), extra.end());
   return argv;
 }
@@ -57,8 +69,8 @@ TEST(FsdpCheckpoint, ShardedCheckpointsResumeBitwiseOnAsManyRanksAndOnAnotherAsT
   run_ranks(2, mlp(gathered, 2));  // the same training, its checkpoint gathered on rank 0
   // Epoch 3 on 4 ranks from either checkpoint, then on 2 from the sharded one.
   TempDir four_sharded, four_gathered;
-  run_ranks(4, mlp(four_sharded, 3,
-                   sharded({"--resume", split.file("checkpoint-epoch-0002.shards")})));
+  run_ranks(
+      4, mlp(four_sharded, 3, sharded({"--resume", split.file("checkpoint-epoch-0002.shards")})));
   run_ranks(4, mlp(four_gathered, 3, {"--resume", gathered.file("checkpoint-epoch-0002.pt")}));
   ddp::testing::expect_same_weights(four_sharded.file("model.pt"), four_gathered.file("model.pt"));
   run_ranks(2, mlp(split, 3, sharded({"--resume", "auto"})));
@@ -106,8 +118,8 @@ TEST(FsdpCheckpoint, ARankKilledWhileItWritesLeavesThePreviousCheckpointWhole) {
   EXPECT_FALSE(fs::exists(out.file("checkpoint-epoch-0002.shards/rank-00001-of-00002.pt")));
   EXPECT_TRUE(fs::exists(out.file("checkpoint-epoch-0001.shards/rank-00000-of-00002.pt")));
   EXPECT_TRUE(fs::exists(out.file("checkpoint-epoch-0001.shards/rank-00001-of-00002.pt")));
-  const auto resumed = ddp::testing::run_env_ranks(2, mlp(out, 3, sharded({"--resume", "auto"})),
-                                                   seconds(180));
+  const auto resumed =
+      ddp::testing::run_env_ranks(2, mlp(out, 3, sharded({"--resume", "auto"})), seconds(180));
   ddp::testing::expect_all_exit_zero(resumed);
   // (Rank 0's file may be missing too: the launcher stops it when rank 1 dies.)
   EXPECT_NE(resumed[0].output.find("skipping " + out.file("checkpoint-epoch-0002.shards") +

@@ -219,15 +219,17 @@ TEST(FsdpTrain, AResumeOnAsManyRanksIsBitwiseAndOnAnotherEqualsDdpsResume) {
 }
 
 // A SIGTERM to rank 1 after step 6 (the tests' ddp_fault_train): every rank stops after the same
-// step, rank 0 writes a checkpoint in the middle of the epoch, and the resume ends as the run that
+// step, a checkpoint is written in the middle of the epoch (rank 0's, or with `mode`
+// --checkpoint-sharded each rank's, settled before the exit), and the resume ends as the run that
 // was never stopped.
-TEST(FsdpTrain, CheckpointOnSignalStopsEveryRankAndTheResumeEndsAsAnUninterruptedRun) {
+void expect_a_signal_stop_to_resume_as_an_uninterrupted_run(const std::vector<std::string>& mode) {
   TempDir whole, stopped;
-  const auto linear = [](const TempDir& out, const std::string& program,
-                         const std::vector<std::string>& extra) {
+  const auto linear = [&](const TempDir& out, const std::string& program,
+                          const std::vector<std::string>& extra) {
     std::vector<std::string> argv = {
         DDP_LAUNCHER_BIN, "--nproc",  "2", program,        "--config", config("random_linear.yaml"),
         "--fsdp",         "--epochs", "2", "--output-dir", out.path()};
+    argv.insert(argv.end(), mode.begin(), mode.end());
     argv.insert(argv.end(), extra.begin(), extra.end());
     return ddp::testing::run_process(argv, {}, seconds(120));
   };
@@ -241,6 +243,14 @@ TEST(FsdpTrain, CheckpointOnSignalStopsEveryRankAndTheResumeEndsAsAnUninterrupte
   const auto resumed = linear(stopped, DDP_TRAIN_BIN, {"--resume", "auto"});
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   ddp::testing::expect_same_weights(model_of(stopped), model_of(whole));
+}
+
+TEST(FsdpTrain, CheckpointOnSignalStopsEveryRankAndTheResumeEndsAsAnUninterruptedRun) {
+  expect_a_signal_stop_to_resume_as_an_uninterrupted_run({});
+}
+
+TEST(FsdpTrain, CheckpointOnSignalWithShardedCheckpointsResumesAsAnUninterruptedRun) {
+  expect_a_signal_stop_to_resume_as_an_uninterrupted_run({"--checkpoint-sharded"});
 }
 
 // A span of the timeline: its lane (0: the step; 1 + u: unit u), name, step and times (us).

@@ -3,8 +3,8 @@
 
 #include <torch/types.h>
 
-#include <memory>
 #include <exception>
+#include <memory>
 #include <string>
 #include <vector>
 

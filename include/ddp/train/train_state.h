@@ -200,13 +200,13 @@ class TrainState {
   const Workload& workload_;
   int64_t train_samples_;  // the training set's size
   Timeline* timeline_;
-  DistributedDataParallel<> model_{nullptr};            // not under --fsdp
-  std::unique_ptr<ShardedModel> sharded_;               // --fsdp
+  DistributedDataParallel<> model_{nullptr};                 // not under --fsdp
+  std::unique_ptr<ShardedModel> sharded_;                    // --fsdp
   std::unique_ptr<ShardedCheckpointWriter> sharded_writer_;  // --checkpoint-sharded
-  std::unique_ptr<torch::optim::Optimizer> optimizer_;  // null with --zero
-  std::unique_ptr<ZeroRedundancyOptimizer> zero_;       // --zero
-  std::unique_ptr<amp::GradScaler> scaler_;             // --amp fp16
-  std::unique_ptr<DiLoCo> diloco_;                      // --sync local-sgd or diloco
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;       // null with --zero
+  std::unique_ptr<ZeroRedundancyOptimizer> zero_;            // --zero
+  std::unique_ptr<amp::GradScaler> scaler_;                  // --amp fp16
+  std::unique_ptr<DiLoCo> diloco_;                           // --sync local-sgd or diloco
   // --bucket-cap-mb auto: the trials while they run; the size kept (bytes; 0: none yet).
   std::unique_ptr<core::BucketCapTuner> bucket_tuner_;
   int64_t tuned_bucket_cap_bytes_ = 0;

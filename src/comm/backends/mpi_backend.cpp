@@ -11,8 +11,8 @@
 #include <climits>
 #include <cmath>
 #include <condition_variable>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <mutex>
 #include <optional>
