@@ -46,25 +46,23 @@ class Entries {
                             v.toTensor().dim() == 1)
         .toTensor();
   }
-  std::vector<at::Tensor> tensor_list(const std::string& key) const {  // 1-D floating tensors
-    std::vector<at::Tensor> out;
-    for (const auto& item : checked(key, get(key).isList()).toListRef()) {
-      checked(key,
-              item.isTensor() && item.toTensor().is_floating_point() && item.toTensor().dim() == 1);
-      out.push_back(item.toTensor());
-    }
-    return out;
-  }
   std::vector<at::Tensor> byte_list(const std::string& key) const {
-    std::vector<at::Tensor> out;
-    for (const auto& item : checked(key, get(key).isList()).toListRef()) {
-      checked(key, item.isTensor() && item.toTensor().scalar_type() == at::kByte);
-      out.push_back(item.toTensor());
-    }
-    return out;
+    return list(key, [](const at::Tensor& t) { return t.scalar_type() == at::kByte; });
+  }
+  std::vector<at::Tensor> floating_list(const std::string& key) const {  // 1-D
+    return list(key, [](const at::Tensor& t) { return t.is_floating_point() && t.dim() == 1; });
   }
 
  private:
+  // A list of tensors each of which is `ok`.
+  std::vector<at::Tensor> list(const std::string& key, bool (*ok)(const at::Tensor&)) const {
+    std::vector<at::Tensor> out;
+    for (const auto& item : checked(key, get(key).isList()).toListRef()) {
+      checked(key, item.isTensor() && ok(item.toTensor()));
+      out.push_back(item.toTensor());
+    }
+    return out;
+  }
   const c10::IValue& checked(const std::string& key, bool ok) const {
     if (!ok) {
       throw InputError(fmt::format("{}: checkpoint key '{}' holds a {} of the wrong kind", origin_,
@@ -178,7 +176,7 @@ Checkpoint checkpoint_from(const c10::IValue& contents, const std::string& origi
   }
   if (e.has("shard_rank")) {
     c.shard_rank = e.integer("shard_rank");
-    c.parameter_shards = e.tensor_list("parameter_shards");
+    c.parameter_shards = e.floating_list("parameter_shards");
   }
   if (c.epoch < 0 || c.step < 0 || c.epoch_step < 0 || c.world_size < 1 || c.batch_size < 1 ||
       c.rng_state.dim() != 2 || c.rng_state.size(0) != c.world_size) {
@@ -290,6 +288,13 @@ std::vector<std::string> stale_checkpoints(const std::vector<std::string>& newes
   const size_t keep = static_cast<size_t>(std::max<int64_t>(keep_last, 0));
   if (newest_first.size() <= keep) return {};
   return {newest_first.begin() + static_cast<std::ptrdiff_t>(keep), newest_first.end()};
+}
+
+void remove_stale_checkpoints(const std::string& dir, int64_t keep_last) {
+  for (const auto& old : stale_checkpoints(list_checkpoints(dir), keep_last)) {
+    std::error_code ec;
+    std::filesystem::remove_all(old, ec);  // a sharded checkpoint is a directory
+  }
 }
 
 std::optional<int64_t> batch_size_for_world(int64_t batch, int64_t saved_world, int64_t world) {

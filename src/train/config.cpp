@@ -336,12 +336,12 @@ std::vector<ConfigKey> make_keys() {
       string_key("fsdp-param-dtype", &C::fsdp_param_dtype, {"float32", "bfloat16"}, "",
                  "FSDP: the dtype layers are gathered and computed in (bfloat16: mixed precision; "
                  "the shards and the optimizer stay float32)"),
+      string_key("fsdp-reduce-dtype", &C::fsdp_reduce_dtype, {"param-dtype", "float32", "bfloat16"},
+                 "", "FSDP: the dtype gradients are reduce-scattered in"),
       bool_key("checkpoint-sharded", &C::checkpoint_sharded,
                "FSDP: each rank writes its shard of every checkpoint in the background "
                "(checkpoint-epoch-N.shards/, resumable on any number of ranks); model.pt is "
                "written gathered when the training ends"),
-      string_key("fsdp-reduce-dtype", &C::fsdp_reduce_dtype, {"param-dtype", "float32", "bfloat16"},
-                 "", "FSDP: the dtype gradients are reduce-scattered in"),
       string_key("sync", &C::sync, {"ddp", "local-sgd", "diloco"}, "",
                  "ddp: gradients all-reduced every step; local-sgd: each rank trains alone and "
                  "the models are averaged every sync-every steps and at each epoch's end; diloco: "

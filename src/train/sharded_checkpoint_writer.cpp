@@ -74,11 +74,7 @@ void ShardedCheckpointWriter::settle() {
   if (!dist_.is_main()) return;
   log::info("checkpoint {}: every rank's file written", dir);
   // Note [A sharded checkpoint is whole or absent]: only now may older ones go.
-  for (const auto& old :
-       stale_checkpoints(list_checkpoints(config_.output_dir), config_.keep_last)) {
-    std::error_code ec;
-    fs::remove_all(old, ec);
-  }
+  remove_stale_checkpoints(config_.output_dir, config_.keep_last);
 }
 
 }  // namespace ddp::train

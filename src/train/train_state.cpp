@@ -127,6 +127,12 @@ LrSchedule lr_schedule_of(const Config& config, int64_t batch_size, int world_si
   return schedule;
 }
 
+// model.pt in the output directory, its keys as --save-prefix says (`model`'s have `module.`).
+void write_model_file(const StateDict& model, const Config& config) {
+  save_weights(model, (fs::path(config.output_dir) / "model.pt").string(),
+               config.save_prefix == SavePrefix::kNone ? "" : kModulePrefix);
+}
+
 // The numbered file first, then the names that point at the newest: a kill at any moment leaves
 // every name holding a complete file. Then model.pt, and the checkpoints past --keep-last go.
 // Returns the numbered file.
@@ -136,12 +142,8 @@ std::string write_checkpoint_files(const Checkpoint& c, CheckpointPosition at,
   const std::string numbered = (dir / checkpoint_file_name(at)).string();
   write_pt_file(numbered, to_ivalue(c));
   link_atomically(numbered, (dir / "checkpoint.pt").string());
-  save_weights(c.model, (dir / "model.pt").string(),
-               config.save_prefix == SavePrefix::kNone ? "" : kModulePrefix);
-  for (const auto& old : stale_checkpoints(list_checkpoints(dir.string()), config.keep_last)) {
-    std::error_code ec;
-    fs::remove_all(old, ec);  // a sharded checkpoint is a directory
-  }
+  write_model_file(c.model, config);
+  remove_stale_checkpoints(dir.string(), config.keep_last);
   return numbered;
 }
 
@@ -526,8 +528,7 @@ void TrainState::finish_saving() {
   std::exception_ptr error;
   if (dist_.is_main()) {
     try {
-      save_weights(model, (fs::path(config_.output_dir) / "model.pt").string(),
-                   config_.save_prefix == SavePrefix::kNone ? "" : kModulePrefix);
+      write_model_file(model, config_);
     } catch (const std::exception&) {
       error = std::current_exception();
     }

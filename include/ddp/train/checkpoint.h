@@ -98,6 +98,10 @@ std::vector<Checkpoint> read_sharded_checkpoint(const std::string& dir);
 std::vector<std::string> stale_checkpoints(const std::vector<std::string>& newest_first,
                                            int64_t keep_last);
 
+// Deletes the numbered checkpoints of `dir` that stale_checkpoints() names (files and sharded
+// directories); what cannot be deleted stays.
+void remove_stale_checkpoints(const std::string& dir, int64_t keep_last);
+
 // The per-rank batch size that keeps the global batch (batch x saved_world) on `world` ranks;
 // nullopt when the global batch is not a multiple of `world`.
 std::optional<int64_t> batch_size_for_world(int64_t batch, int64_t saved_world, int64_t world);

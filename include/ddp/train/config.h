@@ -109,10 +109,10 @@ struct Config {
   // --fsdp's mixed precision policy: the dtype units gather and compute in, and the one gradients
   // are reduce-scattered in; float32 or bfloat16 (reduce: also param-dtype, fsdp_param_dtype's).
   std::string fsdp_param_dtype = "float32";
+  std::string fsdp_reduce_dtype = "param-dtype";
   // --fsdp: each rank writes its shard of every checkpoint in the background (a directory of one
   // file per rank); model.pt is written gathered when the training ends.
   bool checkpoint_sharded = false;
-  std::string fsdp_reduce_dtype = "param-dtype";
   // How the ranks' models are kept together (core/diloco.h): ddp (gradients all-reduced every
   // step), local-sgd (each rank trains alone, models averaged every sync_every steps and at each
   // epoch's end), diloco (the same with the paper's outer Nesterov step on the averaged change).

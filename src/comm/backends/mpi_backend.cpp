@@ -12,7 +12,6 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -276,20 +275,20 @@ int comm_size(MPI_Comm comm) {
 int ring_reduce_scatter(const at::Tensor& input, const at::Tensor& output, int count,
                         MPI_Datatype type, MPI_Op op, MPI_Comm comm) {
   const int rank = comm_rank(comm), size = comm_size(comm);
-  const auto* in = static_cast<const char*>(input.data_ptr());
-  const size_t block = static_cast<size_t>(count) * input.element_size();
-  const auto part = [&](int index) { return in + static_cast<size_t>(index) * block; };
-  std::vector<char> held(part((rank + size - 1) % size), part((rank + size - 1) % size) + block);
-  std::vector<char> received(block);
+  const auto blocks = input.view({size, count});
+  at::Tensor held = blocks[(rank + size - 1) % size].clone();
+  at::Tensor received = at::empty_like(held);
   for (int step = 0; step + 1 < size; ++step) {
     const int index = (rank - step - 2 + 2 * size) % size;  // the block received at this step
-    int rc = MPI_Sendrecv(held.data(), count, type, (rank + 1) % size, 0, received.data(), count,
-                          type, (rank + size - 1) % size, 0, comm, MPI_STATUS_IGNORE);
-    if (rc == MPI_SUCCESS) rc = MPI_Reduce_local(part(index), received.data(), count, type, op);
+    int rc = MPI_Sendrecv(held.data_ptr(), count, type, (rank + 1) % size, 0, received.data_ptr(),
+                          count, type, (rank + size - 1) % size, 0, comm, MPI_STATUS_IGNORE);
+    if (rc == MPI_SUCCESS) {
+      rc = MPI_Reduce_local(blocks[index].data_ptr(), received.data_ptr(), count, type, op);
+    }
     if (rc != MPI_SUCCESS) return rc;
-    held.swap(received);
+    std::swap(held, received);
   }
-  std::memcpy(output.data_ptr(), held.data(), block);
+  output.copy_(held);
   return MPI_SUCCESS;
 }
 
