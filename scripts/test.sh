@@ -33,8 +33,19 @@ if [[ ! -f "$costs" ]]; then
   mkdir -p "$(dirname "$costs")"
   cp "$root/tests/ctest-costs.txt" "$costs"
 fi
+# CI's deadline (DDP_CI_DEADLINE, seconds since the epoch, set by .ci/run): a test still running
+# then times out and is named, with its seconds, by ctest, instead of CI cutting the whole run.
+# ctest takes the time of day, in local time (a time already past it takes as tomorrow's).
+deadline_args=()
+if [[ -n "${DDP_CI_DEADLINE:-}" ]]; then
+  if (( DDP_CI_DEADLINE <= $(date +%s) )); then
+    echo "test.sh: CI's deadline ($(date -d "@$DDP_CI_DEADLINE")) passed before ctest began" >&2
+    exit 1
+  fi
+  deadline_args=(--stop-time "$(date -d "@$DDP_CI_DEADLINE" +%H:%M:%S)")
+fi
 stage "ctest ($tier${*:+: $*})" bash -c 'cd "$1" && shift && ctest --output-on-failure -j "$(nproc)" "$@"' \
-  ctest "$build" "${tier_args[@]}" "$@"
+  ctest "$build" "${deadline_args[@]}" "${tier_args[@]}" "$@"
 [[ "$tier" == full ]] || exit 0
 if [[ "${DDP_SANITIZE_TESTS:-1}" != 0 ]]; then
   # The MPI tests' second run under the sanitizers costs 4 minutes of CI's 40: by hand only.

@@ -100,7 +100,7 @@ debian_root_run() {
   cp -L /etc/hosts "$dir/etc/hosts" 2>/dev/null || true
   local status=0
   chroot "$dir" /usr/bin/env -i HOME=/root TERM="${TERM:-dumb}" LANG=C.UTF-8 CI="${CI:-}" \
-    DDP_CCACHE_ROOT="${DDP_CCACHE_ROOT:-}" \
+    DDP_CCACHE_ROOT="${DDP_CCACHE_ROOT:-}" DDP_CI_DEADLINE="${DDP_CI_DEADLINE:-}" \
     PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     /bin/bash -c "$command" || status=$?
   _debian_root_unmount

@@ -41,3 +41,23 @@ stage() {
     "$([[ $status -ne 0 ]] && echo " (failed, exit $status)")"
   return "$status"
 }
+
+# ci_summary START STATUS: the one line a CI run ends with, whatever its status: its wall time
+# since START ($SECONDS then), the CPU seconds of this shell and every process it waited for (all
+# the stages', as stage() counts them), and the machine's CPU, so that a run on a slower machine
+# can be told from a run that did more work. docs/design.md ("Build and CI time") keeps the figures.
+ci_summary() {
+  local start="$1" status="$2" took model
+  local -a fields
+  read -r -a fields <"/proc/$BASHPID/stat"
+  took=$((SECONDS - start))
+  # "AMD EPYC, family 25 model 17, 2.6 GHz": a virtual machine's model name may be no more than
+  # the vendor's brand, and the family, model and clock tell the machines of a kind apart.
+  model="$(awk -F': *' '/^model name/ && !n {n = $2} /^cpu family/ && !f {f = $2}
+    /^model[[:space:]]*:/ && !m {m = $2} /^cpu MHz/ && !c {c = $2}
+    END {printf "%s, family %s model %s, %.1f GHz", n, f, m, c / 1000}' /proc/cpuinfo)"
+  printf 'ci: %s in %d min %02d s, CPU %d s, on %s (%d cores)\n' \
+    "$([[ $status -eq 0 ]] && echo passed || echo "failed (exit $status)")" $((took / 60)) \
+    $((took % 60)) $(((fields[13] + fields[14] + fields[15] + fields[16]) / $(getconf CLK_TCK))) \
+    "$model" "$(nproc)"
+}
