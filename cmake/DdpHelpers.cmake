@@ -9,8 +9,14 @@ endfunction()
 # Every target that includes LibTorch reuses one precompiled header: a TU including
 # <torch/torch.h> costs ~20 s on 2 cores, ~8 s with the PCH.
 # They are also compiled in unity batches (DDP_UNITY_BUILD): the PCH is then loaded once a batch.
+# ddp_use_torch_pch(target [pch_target]): the PCH of pch_target (default ddp_pch, the library's;
+# the tests have one of their own, tests/CMakeLists.txt), made with the same flags as target.
 function(ddp_use_torch_pch target)
-  target_precompile_headers(${target} REUSE_FROM ddp_pch)
+  set(pch ddp_pch)
+  if(ARGC GREATER 1)
+    set(pch ${ARGV1})
+  endif()
+  target_precompile_headers(${target} REUSE_FROM ${pch})
   if(DDP_UNITY_BUILD)
     set_target_properties(${target} PROPERTIES UNITY_BUILD ON
                                                UNITY_BUILD_BATCH_SIZE ${DDP_UNITY_BATCH_SIZE})

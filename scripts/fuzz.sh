@@ -15,7 +15,7 @@ targets=("$@")
 [[ ${#targets[@]} -gt 0 ]] || targets=(idx csv config checkpoint)
 
 cmake -S "$root/tests/fuzz" -B "$build" -G Ninja -DCMAKE_CXX_COMPILER=clang++ \
-  -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  -DCMAKE_EXE_LINKER_FLAGS=-fuse-ld=lld -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$build"
 
 # One target per core at a time (CI's two cores fuzz two readers at once); each one's report is

@@ -10,7 +10,8 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
 
 # libFuzzer and the sanitizers' runtimes for clang (scripts/fuzz.sh) are in libclang-rt-N-dev, N
-# being the release's default clang (14 on Debian 12, 19 on Debian 13).
+# being the release's default clang (14 on Debian 12, 19 on Debian 13); lld, LLVM's linker of the
+# same release, links the clang builds (scripts/sanitize.sh, scripts/fuzz.sh).
 clang_major() {
   # apt-cache fails (100) where the lists are empty; that means "not known yet", not an error.
   { apt-cache depends clang 2>/dev/null || true; } |
@@ -36,7 +37,7 @@ packages=(
   dataset-fashion-mnist
   python3 python3-torch python3-numpy python3-yaml python3-matplotlib
   libopenblas0-openmp libopenblas0-pthread
-  clang "libclang-rt-${major}-dev"
+  clang "libclang-rt-${major}-dev" lld
   universal-ctags
   slurmctld slurmd slurm-client munge iproute2
 )
