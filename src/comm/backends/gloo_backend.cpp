@@ -5,6 +5,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdlib>
 #include <exception>
 #include <functional>
@@ -241,6 +242,17 @@ DevicePtr make_device(const LaunchInfo& launch) {
   return c10d::ProcessGroupGloo::createDeviceForHostname(route.source);
 }
 
+// gloo's TCP pairs write with writev(), which raises SIGPIPE where the peer has gone: a C++ rank
+// died of it (exit 141) when its peer left in the middle of a collective, where Python, which
+// ignores SIGPIPE, gets gloo's error. A peer's exit must end the collective with an error naming
+// it, so the default action (death) is replaced by "ignore"; a handler the program set stays.
+void ignore_sigpipe_unless_handled() {
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    std::signal(SIGPIPE, SIG_IGN);
+  }
+}
+
 class GlooProcessGroup : public ProcessGroup {
  public:
   // The world group over the job's store, or a subgroup over a prefix of its parent's store; the
@@ -254,6 +266,7 @@ class GlooProcessGroup : public ProcessGroup {
     auto opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
     opts->devices.push_back(device_);
     opts->threads = 2;  // as torch.distributed does for one device
+    ignore_sigpipe_unless_handled();
     try {
       pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, rank, size, opts);
     } catch (const std::exception& e) {
