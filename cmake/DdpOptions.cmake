@@ -19,7 +19,7 @@ the PyTorch wheel's site-packages/nvidia/nccl, the CUDA toolkit, /usr")
 # it, instantiating the same templates again); a unity build compiles the sources of a target in
 # batches, each batch one translation unit. docs/design.md has the figures.
 option(DDP_UNITY_BUILD "Compile each LibTorch target's sources in batches (CMake's unity build)" ON)
-set(DDP_UNITY_BATCH_SIZE 16 CACHE STRING "Sources per batch of the unity build")
+set(DDP_UNITY_BATCH_SIZE 32 CACHE STRING "Sources per batch of the unity build")
 
 set(DDP_SANITIZE "" CACHE STRING
     "Sanitizers for every target, as -fsanitize= takes them (e.g. address,undefined); \"\": none. \

@@ -4,6 +4,8 @@
 #
 # Set by the file that includes it:
 #   DDP_GTEST_PROGRAM     the program
+#   DDP_GTEST_GROUP       the name of what is registered: the program's, or a group's of its tests
+#   DDP_GTEST_FILTER      the group's tests (a GoogleTest filter); empty: every test of the program
 #   DDP_GTEST_CMAKE       cmake, for the test that fails when the program cannot list its tests
 #   DDP_GTEST_PROPERTIES  properties of every test (TIMEOUT, RESOURCE_LOCK...), labels aside
 #   DDP_GTEST_LABELS      labels of every test (the platform's is added to them)
@@ -22,25 +24,23 @@
 # Every other test is registered on its own, as GoogleTest's gtest_discover_tests does, under its
 # GoogleTest name, a value-parameterised test's index replaced by its value as gtest_discover_tests
 # does (Worlds/GlooRanks.X/2, not .../0); a test that calls GTEST_SKIP() shows as skipped.
-execute_process(COMMAND "${DDP_GTEST_PROGRAM}" --gtest_list_tests
+set(list_filter "")
+if(DDP_GTEST_FILTER)
+  set(list_filter "--gtest_filter=${DDP_GTEST_FILTER}")
+endif()
+execute_process(COMMAND "${DDP_GTEST_PROGRAM}" --gtest_list_tests ${list_filter}
                 OUTPUT_VARIABLE listing ERROR_VARIABLE listing_errors RESULT_VARIABLE listed
                 TIMEOUT 60)
-get_filename_component(program "${DDP_GTEST_PROGRAM}" NAME)
+set(program "${DDP_GTEST_GROUP}")
 if(NOT listed EQUAL 0)
   # Registered as a test that fails saying why, as gtest_discover_tests does.
   add_test("${program}_NOT_LISTED" "${DDP_GTEST_CMAKE}" -E echo
-           "${DDP_GTEST_PROGRAM} --gtest_list_tests failed (${listed}): ${listing_errors}")
+           "${DDP_GTEST_PROGRAM} --gtest_list_tests ${list_filter} failed (${listed}): ${listing_errors}")
   set_tests_properties("${program}_NOT_LISTED" PROPERTIES WILL_FAIL TRUE)
   return()
 endif()
 
-# A GoogleTest filter as a regular expression of the whole name.
-function(ddp_filter_regex filter out)
-  string(REGEX REPLACE "([.+^$()|\\[\\]\\\\])" "\\\\\\1" regex "${filter}")
-  string(REPLACE "*" ".*" regex "${regex}")
-  string(REPLACE "?" "." regex "${regex}")
-  set(${out} "^${regex}$" PARENT_SCOPE)
-endfunction()
+include("${CMAKE_CURRENT_LIST_DIR}/gtest_filter.cmake")
 
 set(both_regexes "")
 foreach(filter IN LISTS DDP_GTEST_ON_BOTH)

@@ -162,7 +162,7 @@ TEST(TwoGpus, ElasticOnNcclALostRankIsRestartedAndJoinsWhileTheOtherGoesOn) {
 
 // The two weights files hold the same keys, in order, and tensors equal to `tolerance` of the
 // largest magnitude of each.
-void expect_close_weights(const std::string& a, const std::string& b, double tolerance) {
+void expect_relatively_close_weights(const std::string& a, const std::string& b, double tolerance) {
   const auto wa = ddp::train::state_dict_from(ddp::train::read_pt_file(a), a);
   const auto wb = ddp::train::state_dict_from(ddp::train::read_pt_file(b), b);
   ASSERT_EQ(wa.size(), wb.size());
@@ -212,7 +212,7 @@ TEST(TwoGpus, MpirunTrainsOnBothGpusAsTheLauncher) {
   EXPECT_NE(mpi.output.find("2 rank(s), backend nccl"), std::string::npos) << mpi.output;
   EXPECT_NE(mpi.output.find("cuda:1"), std::string::npos) << mpi.output;
   EXPECT_NE(mpi.output.find("test accuracy "), std::string::npos) << mpi.output;
-  expect_close_weights(mpi_dir.file("model.pt"), launched_dir.file("model.pt"), 1e-5);
+  expect_relatively_close_weights(mpi_dir.file("model.pt"), launched_dir.file("model.pt"), 1e-5);
   const auto ml = last_metrics(launched_dir.path()), mm = last_metrics(mpi_dir.path());
   EXPECT_NEAR(metrics_field(mm, "train_loss"), metrics_field(ml, "train_loss"),
               1e-5 * std::abs(metrics_field(ml, "train_loss")))

@@ -21,6 +21,8 @@
 #include "ddp/core/distributed_data_parallel.h"
 #include "tensor_compare.h"
 
+namespace two_gpu_worker {
+
 namespace {
 
 using ddp::testing::max_relative_error;
@@ -246,7 +248,7 @@ int check_ddp(const std::shared_ptr<ProcessGroup>& group, torch::Device device) 
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   if (argc != 2) {
     std::cerr << "usage: two_gpu_worker collectives|ddp\n";
     return 64;
@@ -272,3 +274,5 @@ int main(int argc, char** argv) {
     return 5;
   }
 }
+
+}  // namespace two_gpu_worker

@@ -57,6 +57,8 @@
 #include "scenario_runner.h"
 #include "shared_segments.h"
 
+namespace comm_worker {
+
 namespace {
 
 using ddp::comm::ReduceOp;
@@ -504,7 +506,8 @@ void versus_gloo(ddp::comm::ProcessGroup* gloo, ddp::comm::ProcessGroup* shm) {
       at::Tensor mine = random_input(me, n, dtype);
       at::Tensor by_shm = mine.clone();
       shm->all_reduce(by_shm, ReduceOp::kSum)->wait();
-      expect_equal(by_shm, rank_order_sum(w, n, dtype), "shm all_reduce is the rank-order sum, " + what);
+      expect_equal(by_shm, rank_order_sum(w, n, dtype),
+                   "shm all_reduce is the rank-order sum, " + what);
       // Gloo adds in its ring's order: at 2 ranks a + b == b + a; integers are exact anyway.
       // Otherwise within a few roundings of the largest partial sum (float16 on gloo rounds to
       // 16 bits after every addition).
@@ -691,7 +694,8 @@ void die_in_all_reduce(ddp::comm::ProcessGroup& pg, bool in_buffer) {
   } catch (const ddp::comm::CommError& e) {
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
         std::chrono::steady_clock::now() - start);
-    std::cout << "rank " << pg.rank() << ": after " << ms.count() << " ms: " << e.what() << std::endl;
+    std::cout << "rank " << pg.rank() << ": after " << ms.count() << " ms: " << e.what()
+              << std::endl;
     throw;
   }
 }
@@ -869,7 +873,7 @@ int run_group_scenarios(const std::string& backend, const std::vector<std::strin
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   if (argc < 3) {
     std::cerr << "usage: comm_worker BACKEND SCENARIO...|skip|setup [TIMEOUT_MS]\n";
     return 64;
@@ -931,3 +935,5 @@ int main(int argc, char** argv) {
     return e.exit_code();
   }
 }
+
+}  // namespace comm_worker

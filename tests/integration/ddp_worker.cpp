@@ -37,6 +37,8 @@
 #include "shared_segments.h"
 #include "tensor_compare.h"
 
+namespace ddp_worker {
+
 namespace {
 
 using ddp::testing::max_relative_error;
@@ -455,8 +457,8 @@ int check_training(const std::shared_ptr<ddp::comm::ProcessGroup>& group,
     model->zero_grad();
     for (int m = 0; m < micro; ++m) {
       const int64_t size = kBatch / micro;
-      const auto rows = torch::arange(global + rank * kBatch + m * size,
-                                      global + rank * kBatch + (m + 1) * size);
+      const auto rows =
+          torch::arange(global + rank * kBatch + m * size, global + rank * kBatch + (m + 1) * size);
       auto run = [&] {
         torch::mse_loss(model->forward(x.index_select(0, rows)), y.index_select(0, rows))
             .backward();
@@ -533,8 +535,8 @@ int check_training(const std::shared_ptr<ddp::comm::ProcessGroup>& group,
 }
 
 // One scenario on `group`; `argument` is the word after '=' (clip's record, diloco's reference).
-int run_scenario(const std::shared_ptr<ddp::comm::ProcessGroup>& group,
-                 const std::string& scenario, const std::string& argument) {
+int run_scenario(const std::shared_ptr<ddp::comm::ProcessGroup>& group, const std::string& scenario,
+                 const std::string& argument) {
   if (scenario == "buffers" || scenario == "no-buffers")
     return check_buffers(group, scenario == "buffers");
   if (scenario == "grad-scaler") return check_grad_scaler(group);
@@ -548,7 +550,7 @@ int run_scenario(const std::shared_ptr<ddp::comm::ProcessGroup>& group,
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   if (argc < 3) {
     std::cerr << "usage: ddp_worker BACKEND SCENARIO...\n";
     return 64;
@@ -576,3 +578,5 @@ int main(int argc, char** argv) {
     return 5;
   }
 }
+
+}  // namespace ddp_worker

@@ -26,6 +26,8 @@
 #include "ddp/core/fully_shard.h"
 #include "worker_group.h"
 
+namespace fsdp_worker {
+
 namespace {
 
 int g_failures = 0;
@@ -329,7 +331,7 @@ void versus_ddp(const Group& g) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   if (argc != 3) {
     std::cerr << "usage: fsdp_worker BACKEND sequential|custom|overlap|versus-ddp\n";
     return 64;
@@ -358,3 +360,5 @@ int main(int argc, char** argv) {
     return 2;
   }
 }
+
+}  // namespace fsdp_worker

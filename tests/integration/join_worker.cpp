@@ -14,6 +14,8 @@
 #include "ddp/train/pt_file.h"
 #include "ddp/train/state_dict.h"
 
+namespace join_worker {
+
 namespace {
 
 struct NetImpl : torch::nn::Module {
@@ -66,7 +68,7 @@ int run(const std::shared_ptr<ddp::comm::ProcessGroup>& group, const std::string
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   if (argc < 3) {
     std::cerr << "usage: join_worker BACKEND OUT_DIR\n";
     return 64;
@@ -83,3 +85,5 @@ int main(int argc, char** argv) {
     return 5;
   }
 }
+
+}  // namespace join_worker

@@ -15,6 +15,8 @@
 #include "ddp/train/pt_file.h"
 #include "worker_group.h"
 
+namespace powersgd_worker {
+
 namespace {
 
 int g_failures = 0;
@@ -101,7 +103,7 @@ void check_config(const std::shared_ptr<ddp::comm::ProcessGroup>& group,
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   if (argc != 3) {
     std::cerr << "usage: powersgd_worker BACKEND DIR\n";
     return 64;
@@ -122,3 +124,5 @@ int main(int argc, char** argv) {
     return 2;
   }
 }
+
+}  // namespace powersgd_worker

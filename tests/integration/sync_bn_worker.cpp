@@ -7,7 +7,9 @@
 #include "ddp/comm/rendezvous.h"
 #include "ddp/core/sync_batch_norm.h"
 
-int main() {
+namespace sync_bn_worker {
+
+int run(int /*argc*/, char** /*argv*/) {
   const auto launch = ddp::comm::detect_launch(ddp::comm::current_env());
   std::shared_ptr<ddp::comm::ProcessGroup> group =
       ddp::comm::create_process_group("gloo", launch, {}, false);
@@ -60,3 +62,5 @@ int main() {
   const double worst = std::max({d_out, d_input, d_params, d_running, d_eval});
   return worst <= 1e-5 ? 0 : 1;
 }
+
+}  // namespace sync_bn_worker

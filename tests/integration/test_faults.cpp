@@ -35,8 +35,9 @@ namespace fs = std::filesystem;
 // (100 samples, 15 per rank and step), a checkpoint after every epoch.
 // `fault`: ddp_fault_train's --fault options (tests/support/fault_train.cpp), which then runs
 // instead of ddp_train.
-std::vector<std::string> linear_job(const std::string& out, std::vector<std::string> extra = {},
-                                    const std::vector<std::string>& fault = {}) {
+std::vector<std::string> launched_linear_job(const std::string& out,
+                                             std::vector<std::string> extra = {},
+                                             const std::vector<std::string>& fault = {}) {
   std::vector<std::string> argv = {DDP_LAUNCHER_BIN,
                                    "--nproc",
                                    "2",
@@ -59,7 +60,7 @@ constexpr int kSteps = 40;
 const std::string& reference_weights() {
   static TempDir dir;
   static const bool done = [] {
-    const auto r = ddp::testing::run_process(linear_job(dir.path()), {}, seconds(120));
+    const auto r = ddp::testing::run_process(launched_linear_job(dir.path()), {}, seconds(120));
     EXPECT_EQ(r.exit_code, 0) << r.output;
     return true;
   }();
@@ -83,9 +84,9 @@ TEST_P(KillARandomRank, TheJobEndsWithin10sAndResumesToTheUninterruptedResult) {
   const std::string reference = reference_weights();
 
   TempDir out;
-  Child job(linear_job(out.path(), {},
-                       {"--fault", "kill", "--fault-rank", std::to_string(rank),
-                        "--fault-after-step", std::to_string(step)}),
+  Child job(launched_linear_job(out.path(), {},
+                                {"--fault", "kill", "--fault-rank", std::to_string(rank),
+                                 "--fault-after-step", std::to_string(step)}),
             {});
   ASSERT_TRUE(job.wait_for_output("fault: SIGKILL after step", Clock::now() + seconds(60)))
       << job.output();
@@ -115,8 +116,8 @@ TEST_P(KillARandomRank, TheJobEndsWithin10sAndResumesToTheUninterruptedResult) {
     EXPECT_FALSE(contains(r.output, claim)) << r.output;
   }
 
-  const auto resumed =
-      ddp::testing::run_process(linear_job(out.path(), {"--resume", "auto"}), {}, seconds(120));
+  const auto resumed = ddp::testing::run_process(
+      launched_linear_job(out.path(), {"--resume", "auto"}), {}, seconds(120));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_TRUE(contains(resumed.output, step > 4 ? "resumed from" : "starting from scratch"))
       << resumed.output;
@@ -132,8 +133,9 @@ INSTANTIATE_TEST_SUITE_P(FiveSeeds, KillARandomRank, ::testing::Values(1, 2, 3, 
 TEST(Hang, TheLauncherMergesTheFlightRecordsAndNamesTheLateRank) {
   TempDir out;
   const auto r = ddp::testing::run_process(
-      linear_job(out.path(), {"--comm-timeout", "4", "--stall-warning", "1"},
-                 {"--fault", "delay:30", "--fault-rank", "1", "--fault-at", "step 3: backward"}),
+      launched_linear_job(
+          out.path(), {"--comm-timeout", "4", "--stall-warning", "1"},
+          {"--fault", "delay:30", "--fault-rank", "1", "--fault-at", "step 3: backward"}),
       {}, seconds(90));
   EXPECT_FALSE(r.timed_out);
   EXPECT_EQ(r.exit_code, 1) << r.output;
@@ -205,8 +207,8 @@ TEST(CheckpointOnSignal, EveryRankStopsAfterTheSameStepAndTheResumeEndsAsAnUnint
   const std::string reference = reference_weights();
   TempDir out;
   const auto r = ddp::testing::run_process(
-      linear_job(out.path(), {"--checkpoint-on-signal"},
-                 {"--fault", "sigterm", "--fault-rank", "1", "--fault-after-step", "6"}),
+      launched_linear_job(out.path(), {"--checkpoint-on-signal"},
+                          {"--fault", "sigterm", "--fault-rank", "1", "--fault-after-step", "6"}),
       {}, seconds(120));
   EXPECT_EQ(r.exit_code, 143) << r.output;
   const std::string saved = out.file("checkpoint-epoch-0001-step-000002.pt");
@@ -217,8 +219,8 @@ TEST(CheckpointOnSignal, EveryRankStopsAfterTheSameStepAndTheResumeEndsAsAnUnint
   EXPECT_EQ(c.epoch_step, 2);
   EXPECT_EQ(c.step, 6);
 
-  const auto resumed =
-      ddp::testing::run_process(linear_job(out.path(), {"--resume", "auto"}), {}, seconds(120));
+  const auto resumed = ddp::testing::run_process(
+      launched_linear_job(out.path(), {"--resume", "auto"}), {}, seconds(120));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_TRUE(contains(resumed.output, "resumed from " + saved +
                                            ": epoch 1, step 6 (2 steps into "

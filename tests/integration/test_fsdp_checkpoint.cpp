@@ -22,8 +22,8 @@ using ddp::testing::TempDir;
 using std::chrono::seconds;
 
 // The MLP on 256 Fashion-MNIST samples, Adam, batch 16 per rank (global 32) under --fsdp.
-std::vector<std::string> mlp(const TempDir& out, int64_t epochs,
-                             std::vector<std::string> extra = {}) {
+std::vector<std::string> sharded_mlp_job(const TempDir& out, int64_t epochs,
+                                         std::vector<std::string> extra = {}) {
   std::vector<std::string> argv = {DDP_TRAIN_BIN,
                                    "--config",
                                    config("fashion_mnist_mlp.yaml"),
@@ -59,21 +59,23 @@ std::vector<std::string> sharded(std::vector<std::string> extra = {}) {
 
 TEST(FsdpCheckpoint, ShardedCheckpointsResumeBitwiseOnAsManyRanksAndOnAnotherAsTheGatheredOne) {
   TempDir whole, split, gathered;
-  run_ranks(2, mlp(whole, 3, sharded()));
-  run_ranks(2, mlp(split, 2, sharded({"--keep-last", "1"})));
+  run_ranks(2, sharded_mlp_job(whole, 3, sharded()));
+  run_ranks(2, sharded_mlp_job(split, 2, sharded({"--keep-last", "1"})));
   // Each rank's file, in a directory per checkpoint; keep-last 1 deleted epoch 1's once epoch 2's
   // was whole.
   EXPECT_TRUE(fs::exists(split.file("checkpoint-epoch-0002.shards/rank-00000-of-00002.pt")));
   EXPECT_TRUE(fs::exists(split.file("checkpoint-epoch-0002.shards/rank-00001-of-00002.pt")));
   EXPECT_FALSE(fs::exists(split.file("checkpoint-epoch-0001.shards")));
-  run_ranks(2, mlp(gathered, 2));  // the same training, its checkpoint gathered on rank 0
+  run_ranks(2,
+            sharded_mlp_job(gathered, 2));  // the same training, its checkpoint gathered on rank 0
   // Epoch 3 on 4 ranks from either checkpoint, then on 2 from the sharded one.
   TempDir four_sharded, four_gathered;
-  run_ranks(
-      4, mlp(four_sharded, 3, sharded({"--resume", split.file("checkpoint-epoch-0002.shards")})));
-  run_ranks(4, mlp(four_gathered, 3, {"--resume", gathered.file("checkpoint-epoch-0002.pt")}));
+  run_ranks(4, sharded_mlp_job(four_sharded, 3,
+                               sharded({"--resume", split.file("checkpoint-epoch-0002.shards")})));
+  run_ranks(4, sharded_mlp_job(four_gathered, 3,
+                               {"--resume", gathered.file("checkpoint-epoch-0002.pt")}));
   ddp::testing::expect_same_weights(four_sharded.file("model.pt"), four_gathered.file("model.pt"));
-  run_ranks(2, mlp(split, 3, sharded({"--resume", "auto"})));
+  run_ranks(2, sharded_mlp_job(split, 3, sharded({"--resume", "auto"})));
   ddp::testing::expect_same_weights(split.file("model.pt"), whole.file("model.pt"));
 }
 
@@ -98,8 +100,8 @@ int pid_writing(const std::string& part) {
 // rank's file of the MLP (about 1 MB) takes over half a second, during which rank 1 is killed.
 TEST(FsdpCheckpoint, ARankKilledWhileItWritesLeavesThePreviousCheckpointWhole) {
   TempDir reference, out;
-  run_ranks(2, mlp(reference, 3, sharded()));
-  auto argv = mlp(out, 3, sharded());
+  run_ranks(2, sharded_mlp_job(reference, 3, sharded()));
+  auto argv = sharded_mlp_job(out, 3, sharded());
   argv.insert(argv.begin(), {DDP_LAUNCHER_BIN, "--nproc", "2"});
   ddp::testing::Child child(argv,
                             {{"LD_PRELOAD", DDP_SLOW_WRITES_LIB}, {"DDP_SLOW_WRITES_MS", "40"}});
@@ -118,8 +120,8 @@ TEST(FsdpCheckpoint, ARankKilledWhileItWritesLeavesThePreviousCheckpointWhole) {
   EXPECT_FALSE(fs::exists(out.file("checkpoint-epoch-0002.shards/rank-00001-of-00002.pt")));
   EXPECT_TRUE(fs::exists(out.file("checkpoint-epoch-0001.shards/rank-00000-of-00002.pt")));
   EXPECT_TRUE(fs::exists(out.file("checkpoint-epoch-0001.shards/rank-00001-of-00002.pt")));
-  const auto resumed =
-      ddp::testing::run_env_ranks(2, mlp(out, 3, sharded({"--resume", "auto"})), seconds(180));
+  const auto resumed = ddp::testing::run_env_ranks(
+      2, sharded_mlp_job(out, 3, sharded({"--resume", "auto"})), seconds(180));
   ddp::testing::expect_all_exit_zero(resumed);
   // (Rank 0's file may be missing too: the launcher stops it when rank 1 dies.)
   EXPECT_NE(resumed[0].output.find("skipping " + out.file("checkpoint-epoch-0002.shards") +

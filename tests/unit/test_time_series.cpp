@@ -33,7 +33,7 @@ TimeSeriesOptions small() {
   return o;
 }
 
-std::string error_of(const std::string& csv, TimeSeriesOptions o = small()) {
+std::string csv_error_of(const std::string& csv, TimeSeriesOptions o = small()) {
   ddp::testing::TempDir dir;
   ddp::testing::write_file(dir.file("d.csv"), csv);
   try {
@@ -110,28 +110,28 @@ TEST(TimeSeries, DatesGiveMonthDayWeekdayHour) {
 
 TEST(TimeSeries, BadFilesNameFileLineAndColumn) {
   std::string csv = hourly_csv(200);
-  EXPECT_EQ(error_of(csv,
-                     [] {
-                       auto o = small();
-                       o.target = "price";
-                       return o;
-                     }()),
+  EXPECT_EQ(csv_error_of(csv,
+                         [] {
+                           auto o = small();
+                           o.target = "price";
+                           return o;
+                         }()),
             "d.csv: no target column 'price' (columns: date, a, b, OT)");
   std::string bad = csv;
   bad.replace(bad.find(",7,15,"), 6, ",7,x5,");  // the row of r = 7: line 9
-  EXPECT_EQ(error_of(bad), "d.csv:9: column 'b': 'x5' is not a number");
+  EXPECT_EQ(csv_error_of(bad), "d.csv:9: column 'b': 'x5' is not a number");
   std::string ragged = csv;
   ragged.replace(ragged.find(",3,7,"), 5, ",3,");  // line 5 loses a cell
-  EXPECT_EQ(error_of(ragged), "d.csv:5: 3 cells where the header has 4 columns");
+  EXPECT_EQ(csv_error_of(ragged), "d.csv:5: 3 cells where the header has 4 columns");
   std::string undated = csv;
   undated.replace(undated.find("2021-01-01 02:00:00"), 19, "soon");
-  EXPECT_EQ(error_of(undated),
+  EXPECT_EQ(csv_error_of(undated),
             "d.csv:4: column 'date': 'soon' is not a date (YYYY-MM-DD HH:MM:SS)");
-  EXPECT_EQ(error_of(hourly_csv(40)),
+  EXPECT_EQ(csv_error_of(hourly_csv(40)),
             "d.csv: 40 rows give the training part 28 rows, fewer than seq_len + pred_len = 30 "
             "(use a longer file or shorter windows)");
-  EXPECT_EQ(error_of(""), "d.csv: empty file");
-  EXPECT_EQ(error_of("date,a\n"), "d.csv: a header but no rows");
+  EXPECT_EQ(csv_error_of(""), "d.csv: empty file");
+  EXPECT_EQ(csv_error_of("date,a\n"), "d.csv: a header but no rows");
 }
 
 TEST(TimeSeries, WindowDatasetViewsEachWindowAndItsFuture) {
