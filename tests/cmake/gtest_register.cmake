@@ -35,7 +35,8 @@ set(program "${DDP_GTEST_GROUP}")
 if(NOT listed EQUAL 0)
   # Registered as a test that fails saying why, as gtest_discover_tests does.
   add_test("${program}_NOT_LISTED" "${DDP_GTEST_CMAKE}" -E echo
-           "${DDP_GTEST_PROGRAM} --gtest_list_tests ${list_filter} failed (${listed}): ${listing_errors}")
+           "${DDP_GTEST_PROGRAM} --gtest_list_tests ${list_filter} failed (${listed}): "
+           "${listing_errors}")
   set_tests_properties("${program}_NOT_LISTED" PROPERTIES WILL_FAIL TRUE)
   return()
 endif()
