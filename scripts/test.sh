@@ -7,7 +7,7 @@
 #
 # DDP_TEST_TIER=fast: the tests labelled `fast` only (ctest -L fast: pure functions and quick
 # single-process runs, a few minutes), without the sanitizer and fuzzing stages; the default,
-# `full`, is everything, as CI runs it. Extra arguments go to ctest (e.g. -R Config).
+# `full`, is everything, as CI runs it. Extra arguments go to ctest (e.g. -R Cli).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${DDP_BUILD_DIR:-$root/build}"
