@@ -32,28 +32,36 @@
 //       plain tensor of its size: each rank says how its all_reduce ended
 //   comm_worker BACKEND all-reduce-until-error TIMEOUT_MS   all_reduces until one fails (a test
 //       stops, resumes or kills a rank from outside), a line every 200 ms saying how many passed
-//   comm_worker gloo shm-set-up-fault RANK K kill|fail   the shared-memory group made over a
-//       gloo group, then a buffer of it allocated, where rank RANK, at the K-th collective over
-//       gloo, kills itself (SIGKILL) or throws instead (K past the set-up's: it kills itself once
-//       the buffer is made); every rank says how its set-up ended (Note [Nothing left in
-//       /dev/shm])
+//   comm_worker gloo shm-set-up-faults DIR RANK:K:MODE,...   for each case, in a process
+//       forked for it: the shared-memory group made over a gloo group of its own, then a buffer of
+//       it allocated, where rank RANK, at the K-th collective over gloo, kills itself (SIGKILL,
+//       MODE kill) or throws instead (fail; K past the set-up's: it kills itself once the buffer
+//       is made); every rank says how its set-up ended (Note [Nothing left in /dev/shm]). Case
+//       I's lines are between "[case I] begin" and "[case I] rank R: exit E" (E: the exit code,
+//       128 + the signal that ended it, or "timeout"); rank 0 writes the port of each case's
+//       group into DIR, where the others read it
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <thread>
 #include <vector>
 
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "backends/backends.h"  // make_shm_process_group, for versus-gloo
 #include "ddp/comm/hierarchical.h"
 #include "ddp/comm/rendezvous.h"
+#include "ddp/common/socket.h"
 #include "scenario_runner.h"
 #include "shared_segments.h"
 
@@ -803,14 +811,89 @@ int shm_set_up_fault(const std::shared_ptr<ddp::comm::ProcessGroup>& gloo, int r
   return 0;
 }
 
-std::vector<std::string> split_commas(const std::string& text) {
+std::vector<std::string> split(const std::string& text, char separator) {
   std::vector<std::string> out;
   size_t begin = 0;
-  for (size_t comma; (comma = text.find(',', begin)) != std::string::npos; begin = comma + 1) {
-    out.push_back(text.substr(begin, comma - begin));
+  for (size_t at; (at = text.find(separator, begin)) != std::string::npos; begin = at + 1) {
+    out.push_back(text.substr(begin, at - begin));
   }
   out.push_back(text.substr(begin));
   return out;
+}
+std::vector<std::string> split_commas(const std::string& text) { return split(text, ','); }
+
+// The port case `index`'s group meets on: rank 0 takes a free one and writes it into `dir` (a
+// file renamed into place), the others wait for it there.
+std::string case_port(const std::string& dir, int index, int rank) {
+  const std::string path = fmt::format("{}/case-{}.port", dir, index);
+  if (rank == 0) {
+    const int port = ddp::net::listen_tcp("127.0.0.1", 0).port;
+    {
+      std::ofstream(path + ".tmp") << port;
+    }
+    std::filesystem::rename(path + ".tmp", path);
+    return std::to_string(port);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  std::string port;
+  while (!(std::ifstream(path) >> port) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return port;
+}
+
+// How the process `pid` ended: its exit code, 128 + the signal that ended it, or "timeout" (then
+// it is killed) when it runs past `limit`.
+std::string wait_for(pid_t pid, std::chrono::seconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  int status = 0;
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      return "timeout";
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+}
+
+// The set-up fault sweep in one launch: each case's ranks are processes forked from this one,
+// which has loaded LibTorch already (a process that links it takes 0.45 s of CPU to start, 1 s
+// under ASan: a launch a case cost the sweep 56 such starts). This process makes no thread and no
+// group, so that a child starts as a fresh process would; the child's group is its own, on its own
+// port, and the child ends as the worker of one case did.
+int shm_set_up_faults(const std::string& backend, const std::string& dir,
+                      const std::string& cases) {
+  const int rank = ddp::comm::detect_launch(ddp::comm::current_env()).rank;
+  int index = 0;
+  for (const std::string& spec : split_commas(cases)) {
+    const auto fields = split(spec, ':');
+    if (fields.size() != 3) throw ddp::InputError("comm_worker: a case is RANK:K:MODE, not " + spec);
+    const std::string port = case_port(dir, index, rank);
+    std::cout << "[case " << index << "] begin" << std::endl;  // flushed: the child copies no buffer
+    const pid_t child = ::fork();
+    if (child == 0) {
+      ::setenv("MASTER_PORT", port.c_str(), 1);
+      ddp::comm::ProcessGroupOptions options;
+      options.timeout = std::chrono::seconds(20);
+      options.rendezvous_timeout = std::chrono::seconds(30);
+      int code = 1;
+      try {
+        code = shm_set_up_fault(ddp::comm::create_process_group(
+                                    backend, ddp::comm::detect_launch(ddp::comm::current_env()),
+                                    options, /*cuda_device=*/false),
+                                std::stoi(fields[0]), std::stoi(fields[1]), fields[2]);
+      } catch (const ddp::Error& e) {
+        std::cout << "error: " << e.what() << std::endl;
+      }
+      std::exit(code);
+    }
+    std::cout << "[case " << index << "] rank " << rank << ": exit "
+              << wait_for(child, std::chrono::seconds(60)) << std::endl;
+    ++index;
+  }
+  return 0;
 }
 
 // Every closed-form check of one group.
@@ -881,6 +964,7 @@ int run(int argc, char** argv) {
   const std::string backend = argv[1];
   const std::string scenario = argv[2];
   try {
+    if (scenario == "shm-set-up-faults" && argc > 4) return shm_set_up_faults(backend, argv[3], argv[4]);
     if (scenario == "mismatch" && argc > 4) {
       return mismatch(backend, std::vector<std::string>(argv + 4, argv + argc),
                       std::chrono::milliseconds(std::stoll(argv[3])));
@@ -890,21 +974,16 @@ int run(int argc, char** argv) {
                                              "die-in-all-reduce",
                                              "die-in-buffer-all-reduce",
                                              "buffer-mismatch",
-                                             "all-reduce-until-error",
-                                             "shm-set-up-fault"};
+                                             "all-reduce-until-error"};
     if (std::find(single.begin(), single.end(), scenario) == single.end()) {
       return run_group_scenarios(backend, std::vector<std::string>(argv + 2, argv + argc));
     }
     const auto launch = ddp::comm::detect_launch(ddp::comm::current_env());
     ddp::comm::ProcessGroupOptions options;
     if (argc > 3) options.timeout = std::chrono::milliseconds(std::stoll(argv[3]));
-    if (scenario == "shm-set-up-fault") options.timeout = std::chrono::seconds(20);
     options.rendezvous_timeout = std::chrono::seconds(30);
     std::shared_ptr<ddp::comm::ProcessGroup> pg =
         ddp::comm::create_process_group(backend, launch, options, /*cuda_device=*/false);
-    if (scenario == "shm-set-up-fault" && argc > 5) {
-      return shm_set_up_fault(pg, std::stoi(argv[3]), std::stoi(argv[4]), argv[5]);
-    }
     if (scenario == "all-reduce-until-error") all_reduce_until_error(*pg);
     if (scenario == "die-in-all-reduce" || scenario == "die-in-buffer-all-reduce") {
       die_in_all_reduce(*pg, scenario == "die-in-buffer-all-reduce");

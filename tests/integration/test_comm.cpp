@@ -4,6 +4,7 @@
 
 #include <arpa/inet.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -48,6 +49,17 @@ std::string segments_of_rank_zero(const std::string& output) {
     if (name.rfind("ddp-" + zero[1].str() + "-", 0) == 0) left += name + " ";
   }
   return left;
+}
+
+// Case `index`'s lines of a rank's output (comm_worker's shm-set-up-faults): from its "[case I]
+// begin" line to its "[case I] rank R: exit E" line, those included; "" when it has none.
+std::string case_lines(const std::string& output, size_t index) {
+  const std::string tag = fmt::format("[case {}] ", index);
+  const size_t begin = output.find(tag + "begin\n");
+  if (begin == std::string::npos) return "";
+  const size_t exit = output.find(tag + "rank ", begin);
+  const size_t end = exit == std::string::npos ? std::string::npos : output.find('\n', exit);
+  return output.substr(begin, end == std::string::npos ? std::string::npos : end + 1 - begin);
 }
 
 // The first child of process `pid` (/proc/PID/task/PID/children); -1 when it has none.
@@ -511,7 +523,8 @@ TEST(Shm, ARankInItsOwnPidNamespaceIsNamedWhenKilledNotWhenPaused) {
 // The set-up of the shared-memory group, then of a buffer of it (allocate_buffer), fails on a rank
 // at each of their collectives over gloo (it dies there, or throws), or the rank dies once the
 // buffer is made: every rank ends, and the segments' names are gone from /dev/shm (Note [Nothing
-// left in /dev/shm]).
+// left in /dev/shm]). One launch of 2 ranks for the 28 cases: each case's ranks are processes
+// that the workers fork for it, with a group of their own (comm_worker's shm-set-up-faults).
 TEST(Shm, ASetUpThatFailsAnywhereLeavesNothingInDevShm) {
   if (!compiled("shm")) GTEST_FAIL() << "shm backend not compiled in";
   // The group's: all_gather_bytes (the segment's name), any_rank, all_gather_bytes; the
@@ -526,20 +539,30 @@ TEST(Shm, ASetUpThatFailsAnywhereLeavesNothingInDevShm) {
   for (int k : {3, 4, 5, kGroupSetUp + 3, kGroupSetUp + 4, kGroupSetUp + 5}) {
     faults.emplace_back(0, k, "fail");
   }
-  for (const auto& [rank, k, mode] : faults) {
-    const std::string what = fmt::format("rank {} ({}) at set-up collective {}", rank, mode, k);
-    const auto results =
-        run_env_ranks(2, {"gloo", "shm-set-up-fault", std::to_string(rank), std::to_string(k), mode},
-                      std::chrono::seconds(60));
+  std::vector<std::string> cases;
+  for (const auto& [rank, k, mode] : faults) cases.push_back(fmt::format("{}:{}:{}", rank, k, mode));
+  ddp::testing::TempDir ports;
+  const auto results = run_env_ranks(
+      2, {"gloo", "shm-set-up-faults", ports.path(), fmt::format("{}", fmt::join(cases, ","))},
+      std::chrono::seconds(300));
+  for (size_t i = 0; i < faults.size(); ++i) {
+    const auto& [rank, k, mode] = faults[i];
+    const std::string what = fmt::format("case {}: rank {} ({}) at set-up collective {}", i, rank,
+                                         mode, k);
     const int other = 1 - rank;
-    EXPECT_EQ(results[rank].exit_code, mode == "kill" ? 128 + SIGKILL : 1)
-        << what << "\n" << results[rank].output;
-    EXPECT_EQ(results[other].exit_code, 1) << what << "\n" << results[other].output;
-    EXPECT_NE(results[other].output.find(fmt::format("rank {}: set-up ended: ", other)),
+    const std::string mine = case_lines(results[static_cast<size_t>(rank)].output, i);
+    const std::string theirs = case_lines(results[static_cast<size_t>(other)].output, i);
+    EXPECT_NE(mine.find(fmt::format("rank {}: exit {}\n", rank,
+                                    mode == "kill" ? 128 + SIGKILL : 1)),
               std::string::npos)
-        << what << "\n" << results[other].output;
-    EXPECT_EQ(segments_of_rank_zero(results[0].output), "") << what;
+        << what << "\n" << mine;
+    EXPECT_NE(theirs.find(fmt::format("rank {}: exit 1\n", other)), std::string::npos)
+        << what << "\n" << theirs;
+    EXPECT_NE(theirs.find(fmt::format("rank {}: set-up ended: ", other)), std::string::npos)
+        << what << "\n" << theirs;
+    EXPECT_EQ(segments_of_rank_zero(case_lines(results[0].output, i)), "") << what;
   }
+  for (const auto& r : results) EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
 // A buffer that /dev/shm cannot hold: 2 ranks in a mount namespace whose /dev/shm is a tmpfs of
