@@ -481,10 +481,11 @@ void check_hierarchical(ddp::comm::ProcessGroup& flat, ddp::comm::ProcessGroup& 
 }
 
 // Rank r's input for versus-gloo: random values of `dtype` from seed r (any rank can make any
-// rank's), integers in a range that sums exactly in every dtype.
+// rank's), integers in a range that sums exactly in every dtype. Floats are uniform in (-256, 256):
+// a normal distribution's sines and logarithms took a quarter of these scenarios' CPU time.
 at::Tensor random_input(int r, int64_t n, at::ScalarType dtype) {
   at::manual_seed(1000 + r);
-  if (at::isFloatingType(dtype)) return at::randn({n}, at::kDouble).mul(100).to(dtype);
+  if (at::isFloatingType(dtype)) return at::rand({n}, at::kDouble).sub(0.5).mul(512).to(dtype);
   if (dtype == at::kBool) return at::randint(0, 2, {n}, at::kLong).to(dtype);
   return at::randint(-20, 20, {n}, at::kLong).to(dtype);
 }
@@ -523,7 +524,7 @@ void versus_gloo(ddp::comm::ProcessGroup* gloo, ddp::comm::ProcessGroup* shm) {
       gloo->all_reduce(by_gloo, ReduceOp::kSum)->wait();
       const bool exact = n == 0 || w == 2 || !at::isFloatingType(dtype);
       const double eps = dtype == at::kHalf ? 0x1p-10 : dtype == at::kBFloat16 ? 0x1p-7 : 1e-6;
-      const double tolerance = w * 1024.0 * eps;  // |inputs| < 512 (5 sigma)
+      const double tolerance = w * 1024.0 * eps;  // |inputs| < 256
       ++g_checks;
       if (exact ? !at::equal(by_shm, by_gloo)
                 : (by_shm.to(at::kDouble) - by_gloo.to(at::kDouble)).abs().max().item<double>() >
