@@ -870,9 +870,12 @@ int shm_set_up_faults(const std::string& backend, const std::string& dir,
   int index = 0;
   for (const std::string& spec : split_commas(cases)) {
     const auto fields = split(spec, ':');
-    if (fields.size() != 3) throw ddp::InputError("comm_worker: a case is RANK:K:MODE, not " + spec);
+    if (fields.size() != 3) {
+      throw ddp::InputError("comm_worker: a case is RANK:K:MODE, not " + spec);
+    }
     const std::string port = case_port(dir, index, rank);
-    std::cout << "[case " << index << "] begin" << std::endl;  // flushed: the child copies no buffer
+    // Flushed (endl) before the fork: the child copies no buffered output.
+    std::cout << "[case " << index << "] begin" << std::endl;
     const pid_t child = ::fork();
     if (child == 0) {
       ::setenv("MASTER_PORT", port.c_str(), 1);
@@ -965,7 +968,9 @@ int run(int argc, char** argv) {
   const std::string backend = argv[1];
   const std::string scenario = argv[2];
   try {
-    if (scenario == "shm-set-up-faults" && argc > 4) return shm_set_up_faults(backend, argv[3], argv[4]);
+    if (scenario == "shm-set-up-faults" && argc > 4) {
+      return shm_set_up_faults(backend, argv[3], argv[4]);
+    }
     if (scenario == "mismatch" && argc > 4) {
       return mismatch(backend, std::vector<std::string>(argv + 4, argv + argc),
                       std::chrono::milliseconds(std::stoll(argv[3])));

@@ -540,7 +540,9 @@ TEST(Shm, ASetUpThatFailsAnywhereLeavesNothingInDevShm) {
     faults.emplace_back(0, k, "fail");
   }
   std::vector<std::string> cases;
-  for (const auto& [rank, k, mode] : faults) cases.push_back(fmt::format("{}:{}:{}", rank, k, mode));
+  for (const auto& [rank, k, mode] : faults) {
+    cases.push_back(fmt::format("{}:{}:{}", rank, k, mode));
+  }
   ddp::testing::TempDir ports;
   const auto results = run_env_ranks(
       2, {"gloo", "shm-set-up-faults", ports.path(), fmt::format("{}", fmt::join(cases, ","))},
