@@ -11,7 +11,9 @@ export DEBIAN_FRONTEND=noninteractive
 
 # libFuzzer and the sanitizers' runtimes for clang (scripts/fuzz.sh) are in libclang-rt-N-dev, N
 # being the release's default clang (14 on Debian 12, 19 on Debian 13); lld, LLVM's linker of the
-# same release, links the clang builds (scripts/sanitize.sh, scripts/fuzz.sh).
+# same release, links the clang builds (scripts/sanitize.sh, scripts/fuzz.sh). Only those two
+# stages use them: DDP_INSTALL_CLANG=0 leaves the three out where neither runs (scripts/
+# test-trixie.sh by default: about 300 MB that a new Debian 13 root need not unpack).
 clang_major() {
   # apt-cache fails (100) where the lists are empty; that means "not known yet", not an error.
   { apt-cache depends clang 2>/dev/null || true; } |
@@ -37,10 +39,13 @@ packages=(
   dataset-fashion-mnist
   python3 python3-torch python3-numpy python3-yaml python3-matplotlib
   libopenblas0-openmp libopenblas0-pthread
-  clang "libclang-rt-${major}-dev" lld
   universal-ctags
   slurmctld slurmd slurm-client munge iproute2
 )
+
+if [[ "${DDP_INSTALL_CLANG:-1}" != 0 ]]; then
+  packages+=(clang "libclang-rt-${major}-dev" lld)
+fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -13,8 +13,9 @@
 #   scripts/test-trixie.sh --full      every test, as Debian 12 runs them
 #
 # The sanitizer and fuzzing stages, which Debian 12 runs, are off here by default:
-# DDP_TRIXIE_SANITIZE=1 and DDP_TRIXIE_FUZZ_SECONDS=N turn them on. The workflow lint runs on the
-# host only (DDP_INSTALL_NPM=0 here: see scripts/install-deps.sh). The build is at -O1
+# DDP_TRIXIE_SANITIZE=1 and DDP_TRIXIE_FUZZ_SECONDS=N turn them on (the root then gets clang, which
+# it otherwise goes without: DDP_INSTALL_CLANG=0 in scripts/install-deps.sh). The workflow lint
+# runs on the host only (DDP_INSTALL_NPM=0 here: see scripts/install-deps.sh). The build is at -O1
 # (DDP_TRIXIE_RELEASE_FLAGS, default "-O1 -DNDEBUG", for scripts/build.sh's DDP_RELEASE_FLAGS):
 # GCC 14 compiles every target in three quarters of the CPU seconds of -O3, and Debian 12's build
 # keeps the -O3 that users' builds have (docs/design.md, "Build and CI time").
@@ -28,8 +29,12 @@ chroot_dir="${DDP_TRIXIE_ROOT:-/var/cache/ddp/trixie-root}"
 
 debian_root_make trixie "$chroot_dir"
 debian_root_clone "$chroot_dir" "$root"
+sanitize="${DDP_TRIXIE_SANITIZE:-0}" fuzz_seconds="${DDP_TRIXIE_FUZZ_SECONDS:-0}"
+install_clang=0
+[[ "$sanitize" == 0 && "$fuzz_seconds" == 0 ]] || install_clang=1
 if [[ "${1:-}" == --prepare ]]; then
-  debian_root_run "$chroot_dir" "cd /work/ddp && DDP_INSTALL_NPM=0 scripts/install-deps.sh"
+  debian_root_run "$chroot_dir" "cd /work/ddp && DDP_INSTALL_NPM=0 DDP_INSTALL_CLANG=$install_clang \
+    scripts/install-deps.sh"
   exit 0
 fi
 echo "test-trixie: scripts/test.sh on $(sed -n 's/^PRETTY_NAME="\(.*\)"$/\1/p' "$chroot_dir/etc/os-release"), \
@@ -40,7 +45,7 @@ if [[ "${1:-}" == --full ]]; then
   shift
 fi
 ctest_args+=("$@")
-debian_root_run "$chroot_dir" "cd /work/ddp && DDP_INSTALL_NPM=0 \
-  DDP_SANITIZE_TESTS=${DDP_TRIXIE_SANITIZE:-0} DDP_FUZZ_SECONDS=${DDP_TRIXIE_FUZZ_SECONDS:-0} \
+debian_root_run "$chroot_dir" "cd /work/ddp && DDP_INSTALL_NPM=0 DDP_INSTALL_CLANG=$install_clang \
+  DDP_SANITIZE_TESTS=$(printf '%q' "$sanitize") DDP_FUZZ_SECONDS=$(printf '%q' "$fuzz_seconds") \
   DDP_RELEASE_FLAGS=$(printf '%q' "${DDP_TRIXIE_RELEASE_FLAGS:--O1 -DNDEBUG}") \
   scripts/test.sh $(printf '%q ' "${ctest_args[@]}")"
