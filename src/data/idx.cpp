@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "ddp/common/error.h"
 
@@ -44,9 +45,9 @@ size_t uncompressed_size_hint(const std::string& path) {
   return std::min(isize, kMaxHint);
 }
 
-}  // namespace
-
-IdxArray parse_idx(const std::string& bytes, int expected_rank, const std::string& name) {
+// The header's dimensions, each checked, and the header's size in bytes.
+std::vector<int64_t> parse_header(const std::string& bytes, int expected_rank,
+                                  const std::string& name, size_t* header_bytes) {
   if (bytes.size() < 4) {
     throw InputError(fmt::format(
         "{}: not an IDX file: {} bytes, shorter than the 4-byte magic number", name, bytes.size()));
@@ -65,7 +66,7 @@ IdxArray parse_idx(const std::string& bytes, int expected_rank, const std::strin
     throw InputError(
         fmt::format("{}: truncated IDX header: {} bytes, expected {}", name, bytes.size(), header));
   }
-  IdxArray out;
+  std::vector<int64_t> dims;
   int64_t count = 1;
   for (int d = 0; d < rank; ++d) {
     const int64_t dim = read_be32(bytes, 4 + 4 * static_cast<size_t>(d));
@@ -75,35 +76,64 @@ IdxArray parse_idx(const std::string& bytes, int expected_rank, const std::strin
     }
     if (dim > kMaxElements / count) {  // divided, not multiplied: the product may overflow
       throw InputError(fmt::format("{}: IDX dimensions {} x .. x {} exceed {} elements", name,
-                                   out.dims.empty() ? dim : out.dims.front(), dim, kMaxElements));
+                                   dims.empty() ? dim : dims.front(), dim, kMaxElements));
     }
     count *= dim;
-    out.dims.push_back(dim);
+    dims.push_back(dim);
   }
+  *header_bytes = header;
+  return dims;
+}
+
+// The items of `dims` that a read of at most `max_items` (0: all) keeps.
+int64_t items_kept(const std::vector<int64_t>& dims, int64_t max_items) {
+  return max_items > 0 && max_items < dims.front() ? max_items : dims.front();
+}
+
+int64_t item_bytes(const std::vector<int64_t>& dims) {
+  int64_t bytes = 1;
+  for (size_t d = 1; d < dims.size(); ++d) bytes *= dims[d];
+  return bytes;
+}
+
+}  // namespace
+
+IdxArray parse_idx(const std::string& bytes, int expected_rank, const std::string& name,
+                   int64_t max_items) {
+  size_t header = 0;
+  IdxArray out;
+  out.dims = parse_header(bytes, expected_rank, name, &header);
+  out.items = items_kept(out.dims, max_items);
+  const auto all = static_cast<size_t>(out.dims.front() * item_bytes(out.dims));
+  const auto kept = static_cast<size_t>(out.items * item_bytes(out.dims));
   const size_t payload = bytes.size() - header;
-  if (payload != static_cast<size_t>(count)) {
-    throw InputError(fmt::format("{}: IDX data has {} bytes, the header's dimensions need {}{}",
-                                 name, payload, count,
-                                 payload < static_cast<size_t>(count) ? " (truncated)" : ""));
+  if (kept == all ? payload != all : payload < kept) {
+    throw InputError(fmt::format(
+        "{}: IDX data has {} bytes, {} need {}{}", name, payload,
+        kept == all ? "the header's dimensions" : fmt::format("its first {} items", out.items),
+        kept, payload < kept ? " (truncated)" : ""));
   }
-  out.values.assign(bytes.begin() + static_cast<std::ptrdiff_t>(header), bytes.end());
+  const auto begin = bytes.begin() + static_cast<std::ptrdiff_t>(header);
+  out.values.assign(begin, begin + static_cast<std::ptrdiff_t>(kept));
   return out;
 }
 
-std::string read_maybe_gzip(const std::string& path) {
+std::string read_maybe_gzip(const std::string& path, size_t limit) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) {
     throw InputError(fmt::format("{}: no such file", path));
   }
   gzFile file = gzopen(path.c_str(), "rb");
   if (file == nullptr) throw InputError(fmt::format("{}: cannot open for reading", path));
+  const size_t wanted = limit > 0 ? limit : std::numeric_limits<size_t>::max();
   std::string out;
-  out.reserve(uncompressed_size_hint(path));
+  out.reserve(std::min(uncompressed_size_hint(path), wanted));
   char buffer[1 << 16];
-  while (true) {
-    const int n = gzread(file, buffer, sizeof(buffer));
+  while (out.size() < wanted) {
+    const auto ask = static_cast<unsigned>(std::min(sizeof(buffer), wanted - out.size()));
+    const int n = gzread(file, buffer, ask);
     if (n > 0) out.append(buffer, static_cast<size_t>(n));
-    if (n < static_cast<int>(sizeof(buffer))) {
+    if (n < static_cast<int>(ask)) {
       int errnum = Z_OK;
       const char* message = gzerror(file, &errnum);
       // zlib reports a gzip stream cut short as Z_BUF_ERROR ("unexpected end of file").
@@ -119,8 +149,18 @@ std::string read_maybe_gzip(const std::string& path) {
   return out;
 }
 
-IdxArray read_idx(const std::string& path, int expected_rank) {
-  return parse_idx(read_maybe_gzip(path), expected_rank, path);
+IdxArray read_idx(const std::string& path, int expected_rank, int64_t max_items) {
+  size_t limit = 0;
+  if (max_items > 0) {
+    // The header first, for the bytes that the first max_items items take.
+    size_t header = 0;
+    const std::string head = read_maybe_gzip(path, 4 + 4 * static_cast<size_t>(expected_rank));
+    const auto dims = parse_header(head, expected_rank, path, &header);
+    if (max_items < dims.front()) {
+      limit = header + static_cast<size_t>(max_items * item_bytes(dims));
+    }
+  }
+  return parse_idx(read_maybe_gzip(path, limit), expected_rank, path, max_items);
 }
 
 }  // namespace ddp::data

@@ -101,7 +101,7 @@ void load_data(const Config& config, Workload& w) {
   if (config.dataset == "fashion-mnist") {
     const std::string dir = config.data.empty() ? kDefaultFashionMnistDir : config.data;
     w.train_set = data::load_fashion_mnist(dir, data::Split::kTrain, config.train_subset);
-    w.test_set = data::load_fashion_mnist(dir, data::Split::kTest);
+    w.test_set = data::load_fashion_mnist(dir, data::Split::kTest, config.test_subset);
   } else if (config.dataset == "random") {
     // One seeded draw so train and test share the target map; the test half follows the train half.
     auto all = data::make_random_dataset(2 * kRandomRows, kRandomFeatures, kRandomOutputs,

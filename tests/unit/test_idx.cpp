@@ -109,6 +109,33 @@ TEST(Idx, RejectsTruncatedGzip) {
       << msg;
 }
 
+// max_items reads the first items only: a gzip file cut after them still gives them (the rest is
+// never gunzipped), one cut before them is truncated; in memory, bytes past them are not kept, and
+// too few for them are truncated data.
+TEST(Idx, TheFirstItemsAreReadWithoutTheRest) {
+  TempDir dir;
+  std::vector<uint8_t> values(300000);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<uint8_t>(i * 7 + i / 251);
+  write_gz(dir.file("full.gz"), idx_bytes({100000, 3}, values));
+  const std::string gz = ddp::testing::read_file(dir.file("full.gz"));
+  ddp::testing::write_file(dir.file("cut.gz"), gz.substr(0, gz.size() / 2));
+  const auto head = ddp::data::read_idx(dir.file("cut.gz"), 2, 1000);
+  EXPECT_EQ(head.dims, (std::vector<int64_t>{100000, 3}));
+  EXPECT_EQ(head.items, 1000);
+  EXPECT_EQ(head.values, std::vector<uint8_t>(values.begin(), values.begin() + 3000));
+  const auto msg = input_error_of([&] { ddp::data::read_idx(dir.file("cut.gz"), 2, 99000); });
+  EXPECT_NE(msg.find(dir.file("cut.gz") + ": corrupt or truncated gzip data"), std::string::npos)
+      << msg;
+
+  const auto bytes = idx_bytes({4, 2}, {1, 2, 3, 4, 5, 6, 7, 8});
+  EXPECT_EQ(ddp::data::parse_idx(bytes, 2, "m", 3).values, (std::vector<uint8_t>{1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(input_error_of([&] { ddp::data::parse_idx(bytes.substr(0, 13), 2, "m", 3); }),
+            "m: IDX data has 1 bytes, its first 3 items need 6 (truncated)");
+  // max_items past the count: every item, the payload checked whole.
+  EXPECT_EQ(input_error_of([&] { ddp::data::parse_idx(bytes + "x", 2, "m", 9); }),
+            "m: IDX data has 9 bytes, the header's dimensions need 8");
+}
+
 // The gzip trailer's size is only a hint for the read's allocation: one that claims 4 GiB is
 // read as the corrupt file it is.
 TEST(Idx, ATrailerClaimingFourGibIsACorruptFileNotAnAllocation) {

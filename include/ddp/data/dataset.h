@@ -39,8 +39,8 @@ enum class Split { kTrain, kTest };
 // Loads `{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz` from `dir` (plain files without .gz
 // are accepted too). Images become float32 [N, 1, 28, 28] normalised with the mean and std
 // above; labels int64 [N]. Throws InputError naming the file on a missing or corrupt file,
-// a count mismatch between images and labels, or a label outside [0, 10). `max_items` > 0 keeps
-// the first max_items only (the files are still checked whole).
+// a count mismatch between images and labels, or a label outside [0, 10). `max_items` > 0 reads
+// and checks the first max_items only (idx.h's read_idx), of a file whose header holds more.
 TensorDataset load_fashion_mnist(const std::string& dir, Split split, int64_t max_items = 0);
 
 // The DataParallel tutorial's RandomDataset: `rows` vectors of `features` standard normal values,
