@@ -15,6 +15,7 @@
 #include "ranks.h"
 #include "run_files.h"
 #include "subprocess.h"
+#include "train_args.h"
 
 namespace {
 
@@ -42,7 +43,8 @@ std::vector<std::string> train_job(const char* config, const std::string& out, i
 std::vector<std::string> mlp_job(const std::string& out, int epochs,
                                  std::vector<std::string> extra = {}) {
   extra.insert(extra.begin(),
-               {"--data", DDP_FASHION_MNIST_DIR, "--train-subset", "1200", "--batch-size", "32"});
+               {"--data", DDP_FASHION_MNIST_DIR, "--train-subset", "1200", "--test-subset",
+                ddp::testing::kTestSubset, "--batch-size", "32"});
   return train_job("fashion_mnist_mlp.yaml", out, epochs, std::move(extra));
 }
 

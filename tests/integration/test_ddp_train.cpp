@@ -391,6 +391,7 @@ TEST(BucketTuning, AutoTrainsAsTheDefaultAndAResumeKeepsTheSizeChosen) {
         "--seq-len", "16", "--label-len", "8", "--pred-len", "4",
         "--batch-size", "4",
         "--train-subset", "320",
+        "--test-subset", "16",
         "--first-bucket-mb", "0.5",
         "--threads", "1",
         "--eval-every", "0",

@@ -21,7 +21,7 @@ std::vector<std::string> mlp_job(const std::string& out, std::vector<std::string
       DDP_TRAIN_BIN,  "--config",  std::string(DDP_SOURCE_DIR) + "/configs/fashion_mnist_mlp.yaml",
       "--epochs",     "1",         "--train-subset",
       "2048",         "--threads", "1",
-      "--output-dir", out};
+      "--test-subset", "1000",     "--output-dir", out};
   argv.insert(argv.end(), extra.begin(), extra.end());
   return argv;
 }

@@ -14,11 +14,16 @@ inline std::string config(const char* name) {
   return std::string(DDP_SOURCE_DIR) + "/configs/" + name;
 }
 
-// A Fashion-MNIST MLP run of `epochs` on 1200 samples, batch 32 per rank, written to `out`.
+// A Fashion-MNIST MLP run of `epochs` on 1200 samples, batch 32 per rank, evaluated on the first
+// 1000 test images (kTestSubset), written to `out`.
+// Evaluating all 10,000 after every epoch was half of such a run's CPU time (1.40 s against 0.76
+// for 4 epochs on one process).
+inline constexpr const char* kTestSubset = "1000";
 inline std::vector<std::string> mlp_args(const std::string& out, int epochs) {
   return {"--config",       config("fashion_mnist_mlp.yaml"),
           "--data",         DDP_FASHION_MNIST_DIR,
           "--train-subset", "1200",
+          "--test-subset",  kTestSubset,
           "--batch-size",   "32",
           "--epochs",       std::to_string(epochs),
           "--output-dir",   out};
