@@ -23,8 +23,9 @@ IdxArray parse_idx(const std::string& bytes, int expected_rank, const std::strin
                    int64_t max_items = 0);
 
 // Reads a file, gunzipping it when it is gzip-compressed (zlib reads plain files as is): the
-// whole of it, or its first `limit` bytes where `limit` > 0. Throws InputError on a missing,
-// unreadable or truncated file (cut short before the end, or before `limit` bytes).
+// whole of it, or its first `limit` bytes where `limit` > 0 (all there is where it holds fewer:
+// parse_idx names that). Throws InputError on a missing or unreadable file, and on gzip data that
+// is corrupt or cut short before the end or before `limit` bytes.
 std::string read_maybe_gzip(const std::string& path, size_t limit = 0);
 
 // read_maybe_gzip + parse_idx, reading only the bytes of the first `max_items` items where
