@@ -10,9 +10,11 @@
 #include <ATen/autocast_mode.h>
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
+#include <c10/core/TensorImpl.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/version.h>
 
+#include <optional>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -85,6 +87,30 @@ auto optimizer_state_key(const Optimizer& optimizer, const at::Tensor& p) {
   } else {
     return static_cast<Key>(p.unsafeGetTensorImpl());
   }
+}
+
+template <typename Impl, typename = void>
+struct HasStorageErrorMessage : std::false_type {};
+template <typename Impl>
+struct HasStorageErrorMessage<
+    Impl, std::void_t<decltype(std::declval<Impl&>()
+                                   .release_storage_and_set_meta_custom_data_ptr_error_msg_(
+                                       std::optional<std::string>()))>> : std::true_type {};
+
+// A tensor shaped, typed and placed as `like` that has no storage: LibTorch throws c10::Error at
+// any read of its data or storage (never a read of freed memory), while its sizes, dtype and
+// device stay readable. The error says `message` where the release can (2.1 and later:
+// FakeTensor's custom message); 1.13 says "Cannot access data pointer of Tensor that doesn't have
+// storage" or "Cannot access storage of TensorImpl".
+template <typename Impl = c10::TensorImpl>
+at::Tensor storageless_like(const at::Tensor& like, const std::string& message) {
+  auto impl = c10::make_intrusive<Impl>(like.key_set(), like.dtype(), like.device());
+  impl->set_sizes_contiguous(like.sizes());
+  impl->set_storage_access_should_throw();
+  if constexpr (HasStorageErrorMessage<Impl>::value) {
+    impl->release_storage_and_set_meta_custom_data_ptr_error_msg_(message);
+  }
+  return at::Tensor(std::move(impl));
 }
 
 }  // namespace ddp::compat

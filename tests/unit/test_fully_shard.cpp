@@ -152,3 +152,90 @@ TEST(FullyShard, ForwardWithCastsItsInputsToTheParamDtype) {
 }
 
 }  // namespace
+
+// A block whose forward calls its unit `fc` through ddp::nn::call, or (`direct`) as users forget
+// to: fc(x).
+struct BlockImpl : torch::nn::Module {
+  explicit BlockImpl(bool direct)
+      : fc(register_module("fc", torch::nn::Linear(3, 3))),
+        head(register_module("head", torch::nn::Linear(3, 1))),
+        direct(direct) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    return head(direct ? fc(x) : ddp::nn::call(fc, x));
+  }
+  torch::nn::Linear fc, head;
+  bool direct;
+};
+TORCH_MODULE(Block);
+
+std::string error_of(const std::function<void()>& run) {
+  try {
+    run();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(FullyShard, AUnitCalledWithoutCallIsRefusedNamingItAndTheCall) {
+  Block net(/*direct=*/true);
+  ddp::FullyShardedDataParallel model(net.ptr(), {net->fc.ptr()}, local_group());
+  for (int step = 0; step < 2; ++step) {  // the first forward (prefetch predicts fc) and a later
+    const std::string what =
+        error_of([&] { model.forward_with([&] { return net->forward(torch::ones({2, 3})); }); });
+    EXPECT_NE(what.find("parameters that hold no data"), std::string::npos) << what;
+    EXPECT_NE(what.find("ddp::nn::call(unit, ...)"), std::string::npos) << what;
+    EXPECT_NE(what.find("this forward so far: fc"), std::string::npos) << what;
+  }
+  EXPECT_EQ(model.resident_parameter_bytes(),
+            model.parameters()[0].nbytes() + model.parameters()[1].nbytes());
+}
+
+TEST(FullyShard, ALibTorchErrorInAUnitsForwardNamesTheUnit) {
+  Block net(/*direct=*/false);
+  ddp::FullyShardedDataParallel model(net.ptr(), {net->fc.ptr()}, local_group());
+  const std::string what =
+      error_of([&] { model.forward_with([&] { return net->forward(torch::ones({2, 5})); }); });
+  EXPECT_NE(what.find("the forward of unit fc failed: "), std::string::npos) << what;
+  EXPECT_EQ(what.find("hold no data"), std::string::npos) << what;
+}
+
+// Between steps the parameters' values are not there (each rank holds a shard): reading them
+// throws, naming the parameter where the LibTorch release lets the error say so; their shapes
+// stay readable, and state_dict() gives the values.
+TEST(FullyShard, ParametersBetweenStepsThrowWhenReadNeverCrash) {
+  Block net(/*direct=*/false);
+  torch::manual_seed(3);
+  const auto before = net->fc->weight.detach().clone();
+  ddp::FullyShardedDataParallel model(net.ptr(), {net->fc.ptr()}, local_group());
+  auto out = model.forward_with([&] { return net->forward(torch::ones({2, 3})); });
+  out.sum().backward();
+  const auto& weight = net->fc->weight;
+  EXPECT_EQ(weight.sizes(), before.sizes());
+  const std::string norm = error_of([&] { (void)weight.norm().item<float>(); });
+  EXPECT_NE(norm, "(no error)");
+  const std::string print = error_of([&] {
+    std::ostringstream text;
+    text << weight;
+  });
+  EXPECT_NE(print, "(no error)");
+  std::ostringstream file;
+  EXPECT_NE(error_of([&] { torch::save(net, file); }), "(no error)");
+  EXPECT_NE(error_of([&] { (void)net->forward(torch::ones({2, 3})); }), "(no error)");
+  if (norm.find("fully_shard") != std::string::npos) {  // LibTorch 2.1 and later
+    EXPECT_NE(norm.find("parameter fc.weight of unit fc holds no data"), std::string::npos) << norm;
+  }
+  const auto state = model.state_dict();
+  EXPECT_EQ(state[0].first, "fc.weight");
+  EXPECT_TRUE(state[0].second.equal(before));
+}
+
+TEST(FullyShard, ReadsOfParametersWithoutDataAreToldFromOtherErrors) {
+  using ddp::fsdp::reads_parameters_without_data;
+  EXPECT_TRUE(reads_parameters_without_data(
+      "Cannot access data pointer of Tensor that doesn't have storage"));
+  EXPECT_TRUE(reads_parameters_without_data("Cannot access storage of TensorImpl"));
+  EXPECT_TRUE(reads_parameters_without_data(
+      "fully_shard: parameter a of unit b holds no data while the unit is not gathered: ..."));
+  EXPECT_FALSE(reads_parameters_without_data("mat1 and mat2 shapes cannot be multiplied"));
+}

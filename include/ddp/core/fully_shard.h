@@ -38,9 +38,11 @@
 // DistributedDataParallel with broadcast_buffers(false).
 //
 // The module's own parameters become views of the units' gathered buffers (Note [Parameters are
-// views of the gathered buffer] in src/core/fsdp/unit.h): outside a unit's forward and backward
-// they hold no memory, so never hand them to an optimizer, read them, or use the module once the
-// wrapper is gone; state_dict() gives the whole model.
+// views of the gathered buffer] in src/core/fsdp/unit.h). Outside a unit's forward and backward
+// they hold no data: their sizes, dtype and names are there, but reading their values (weight.norm(),
+// printing them, torch::save of the module, calling a unit without ddp::nn::call) throws
+// LibTorch's error instead (Note [Parameters hold no data while the unit is not gathered]).
+// state_dict() gives the whole model's values; parameters() the shards to optimize.
 
 #include <torch/arg.h>
 #include <torch/nn/module.h>
@@ -120,6 +122,10 @@ struct FlatLayout {
 };
 FlatLayout plan_flat_layout(const std::vector<int64_t>& numels, int world_size);
 
+// Whether LibTorch's error message `error` is that of a read of a parameter that holds no data
+// (a unit not gathered). A pure function.
+bool reads_parameters_without_data(const std::string& error);
+
 }  // namespace fsdp
 
 class FullyShardedDataParallel {
@@ -151,6 +157,11 @@ class FullyShardedDataParallel {
     explicit Forward(FullyShardedDataParallel& model);
     // After the forward returned: frees what no backward needs.
     void finish();
+    // A LibTorch error in the forward rethrown as InputError, saying in which unit's forward it
+    // arose and, where it is a read of parameters that hold no data, that a unit was not called
+    // through ddp::nn::call (Note [Parameters hold no data while the unit is not gathered] in
+    // src/core/fsdp/unit.h).
+    [[noreturn]] void fail(const c10::Error& error);
     // Without finish() (the forward threw): frees everything it gathered.
     ~Forward();
     Forward(const Forward&) = delete;
@@ -168,7 +179,13 @@ class FullyShardedDataParallel {
   template <class F, class... Tensors>
   auto forward_with(F&& run, const Tensors&... inputs) {
     Forward scope(*this);
-    auto output = run(cast_input(inputs)...);
+    auto output = [&] {
+      try {
+        return run(cast_input(inputs)...);
+      } catch (const c10::Error& error) {
+        scope.fail(error);
+      }
+    }();
     scope.finish();
     if constexpr (std::is_same_v<decltype(output), torch::Tensor>) {
       return cast_output(std::move(output));

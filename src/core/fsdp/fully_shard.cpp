@@ -65,6 +65,15 @@ void check_batch_norms(const torch::nn::Module& model, const MixedPrecisionPolic
 
 }  // namespace
 
+bool reads_parameters_without_data(const std::string& error) {
+  // Our own message (LibTorch 2.1 and later) and 1.13's two for a tensor without storage.
+  for (const char* marker : {"holds no data while the unit is not gathered",
+                             "Tensor that doesn't have storage", "Cannot access storage of"}) {
+    if (error.find(marker) != std::string::npos) return true;
+  }
+  return false;
+}
+
 }  // namespace fsdp
 
 using fsdp::children_of;
@@ -90,6 +99,7 @@ struct FullyShardedDataParallel::State : nn::ForwardHooks {
   // This iteration's.
   std::vector<fsdp::Unit*> forward_order;  // units as this forward called them
   std::vector<fsdp::Unit*> predicted;      // the last forward's order: whose gather to issue next
+  fsdp::Unit* entered = nullptr;           // whose forward runs now (before() without after())
   fsdp::Unit* last_reduced = nullptr;      // whose reduce-scatter is in flight
   bool in_backward = false;
 
@@ -156,6 +166,7 @@ fsdp::Unit* FullyShardedDataParallel::State::neighbour(const fsdp::Unit& unit, i
 
 void FullyShardedDataParallel::State::begin_forward() {
   forward_order.clear();
+  entered = nullptr;
   for (auto& unit : units) {
     unit->times() = fsdp::UnitTimes();
     unit->times().name = unit->name();
@@ -173,6 +184,7 @@ void FullyShardedDataParallel::State::before(fsdp::Unit& unit) {
         unit.name()));
   }
   forward_order.push_back(&unit);
+  entered = &unit;
   unit.wait_gathered();  // issued by the unit before's prefetch, or now
   unit.times().forward_gather = unit.gather_issued();
   unit.times().forward_begin = fsdp::Clock::now();
@@ -182,6 +194,7 @@ void FullyShardedDataParallel::State::before(fsdp::Unit& unit) {
 }
 
 torch::Tensor FullyShardedDataParallel::State::after(fsdp::Unit& unit, torch::Tensor output) {
+  entered = nullptr;
   unit.times().forward_end = fsdp::Clock::now();
   if (output.requires_grad()) {
     output.register_hook([this, &unit](const torch::Tensor& grad) {
@@ -270,6 +283,32 @@ void FullyShardedDataParallel::Forward::finish() {
   nn::ForwardHooks::install(nullptr);
   finished_ = true;
   model_.state_->end_forward(grad_enabled_);
+}
+
+void FullyShardedDataParallel::Forward::fail(const c10::Error& error) {
+  const State& state = *model_.state_;
+  const std::string what = error.what_without_backtrace();
+  std::string message =
+      state.entered != nullptr
+          ? fmt::format("fully_shard: the forward of unit {} failed: {}", state.entered->name(),
+                        what)
+          : fmt::format("fully_shard: the sharded model's forward failed: {}", what);
+  if (fsdp::reads_parameters_without_data(what)) {
+    std::vector<std::string> not_called;
+    for (const auto& unit : state.units) {
+      const auto& order = state.forward_order;
+      if (unit.get() != state.root &&
+          std::find(order.begin(), order.end(), unit.get()) == order.end()) {
+        not_called.push_back(unit->name());
+      }
+    }
+    message += fmt::format(
+        "\n  That is a read of parameters that hold no data: a unit's parameters hold its values "
+        "only while its forward runs through ddp::nn::call(unit, ...) (or the Sequential's "
+        "forward). Units not called that way in this forward so far: {}",
+        not_called.empty() ? std::string("none") : fmt::format("{}", fmt::join(not_called, ", ")));
+  }
+  throw InputError(message);
 }
 
 FullyShardedDataParallel::Forward::~Forward() {

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "ddp/common/error.h"
+#include "torch_compat.h"
 
 namespace ddp::fsdp {
 namespace {
@@ -93,11 +94,24 @@ Unit::Unit(std::string name, std::vector<torch::Tensor> params, std::vector<std:
   reduce_dtype_ = policy.reduce_dtype().value_or(param_dtype);
   if (param_dtype != full_.scalar_type()) full_ = full_.to(param_dtype);
   for (size_t i = 0; i < params_.size(); ++i) {
-    params_[i].set_data(
+    views_.push_back(
         full_.narrow(0, layout_.offsets[i], params_[i].numel()).view(params_[i].sizes()));
+    no_data_.push_back(compat::storageless_like(
+        views_.back(),
+        fmt::format("fully_shard: parameter {} of unit {} holds no data while the unit is not "
+                    "gathered: a unit's forward runs through ddp::nn::call(unit, ...) inside the "
+                    "sharded model's forward, and FullyShardedDataParallel::state_dict() gives "
+                    "the model's values",
+                    names_[i], name_)));
   }
+  show_parameters(true);
   grad_seen_.assign(params_.size(), false);
   free();
+}
+
+void Unit::show_parameters(bool gathered) {
+  const auto& shown = gathered ? views_ : no_data_;
+  for (size_t i = 0; i < params_.size(); ++i) params_[i].set_data(shown[i]);
 }
 
 torch::Tensor Unit::flatten(const std::vector<torch::Tensor>& values) const {
@@ -126,12 +140,14 @@ void Unit::wait_gathered() {
     gather_work_.reset();
     sent_ = torch::Tensor();
     full_state_ = FullState::kGathered;
+    show_parameters(true);
   }
 }
 
 void Unit::free() {
   if (full_state_ == FullState::kFreed) return;
   wait_gathered();  // never give back memory a collective still writes
+  show_parameters(false);
   resize_storage(full_, 0);
   full_state_ = FullState::kFreed;
 }

@@ -4,12 +4,22 @@
 // src/core/fsdp.
 //
 // Note [Parameters are views of the gathered buffer]
-// Each parameter of the unit is pointed once (set_data) at its place in `full_`, the buffer the
-// all-gather fills. Freeing gives the buffer's storage back (its size set to 0) without touching
-// the tensors: the module's parameters, and whatever autograd saved of them in the forward, stay
-// views of the same storage, and read the parameters again once a gather has filled it anew.
-// The collectives write the storage directly, so the parameters' version counters do not move
-// and autograd's saved tensors stay valid. The gradients are the parameters' .grad as autograd
+// While the unit is gathered, each parameter of the unit is (set_data) a view of its place in
+// `full_`, the buffer the all-gather fills. Freeing gives the buffer's storage back (its size set
+// to 0): the views autograd saved of the parameters in the forward (a Linear's weight.t()) keep
+// the same storage and read it again once a gather has filled it anew. The collectives write the
+// storage directly, so the parameters' version counters do not move and autograd's saved tensors
+// stay valid.
+//
+// Note [Parameters hold no data while the unit is not gathered]
+// From the free to the next gather's completion each parameter is (set_data) a tensor of its
+// shape without storage (compat::storageless_like): any read of it (a unit called without
+// ddp::nn::call, so never gathered; weight.norm() between steps; torch::save of the module)
+// throws LibTorch's error, which says so and names the parameter where the release can. Without
+// this, such a read got freed memory (a segfault) or, while a prefetched gather was still writing
+// the buffer, silently wrong values. autograd saves a leaf parameter as itself, so the backward
+// reads the parameter again once before_backward has gathered the unit. set_data keeps the dtype
+// and device, so the parameters' grad accumulators (and their hooks) stay. The gradients are the parameters' .grad as autograd
 // leaves them; once the unit's last one is in, they are copied into a flat buffer laid out as
 // `full_` is, which the reduce-scatter reads whole.
 //
@@ -88,6 +98,8 @@ class Unit {
  private:
   enum class FullState { kFreed, kGathering, kGathered };
   torch::Tensor flatten(const std::vector<torch::Tensor>& values) const;
+  // Points the parameters at `full_` (gathered) or at tensors without storage (not).
+  void show_parameters(bool gathered);
 
   std::string name_;
   std::vector<torch::Tensor> params_;
@@ -97,6 +109,8 @@ class Unit {
   torch::Tensor shard_;  // [layout_.shard], a leaf the optimizer steps
   torch::Tensor full_;   // [layout_.padded] in param_dtype; its storage is empty while freed
   torch::Tensor sent_;   // the shard cast to param_dtype while a gather reads it (mixed precision)
+  std::vector<torch::Tensor> views_;     // of each parameter's place in full_
+  std::vector<torch::Tensor> no_data_;   // each parameter's stand-in while not gathered
   c10::ScalarType reduce_dtype_;
   FullState full_state_ = FullState::kGathered;
   comm::WorkPtr gather_work_;
