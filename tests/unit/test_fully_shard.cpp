@@ -181,8 +181,9 @@ TEST(FullyShard, AUnitCalledWithoutCallIsRefusedNamingItAndTheCall) {
   Block net(/*direct=*/true);
   ddp::FullyShardedDataParallel model(net.ptr(), {net->fc.ptr()}, local_group());
   for (int step = 0; step < 2; ++step) {  // the first forward (prefetch predicts fc) and a later
-    const std::string what =
-        error_of([&] { model.forward_with([&] { return net->forward(torch::ones({2, 3})); }); });
+    const std::string what = error_of([&] {
+      model.forward_with([&] { return net->forward(torch::ones({2, 3})); });
+    });
     EXPECT_NE(what.find("parameters that hold no data"), std::string::npos) << what;
     EXPECT_NE(what.find("ddp::nn::call(unit, ...)"), std::string::npos) << what;
     EXPECT_NE(what.find("this forward so far: fc"), std::string::npos) << what;
@@ -194,8 +195,9 @@ TEST(FullyShard, AUnitCalledWithoutCallIsRefusedNamingItAndTheCall) {
 TEST(FullyShard, ALibTorchErrorInAUnitsForwardNamesTheUnit) {
   Block net(/*direct=*/false);
   ddp::FullyShardedDataParallel model(net.ptr(), {net->fc.ptr()}, local_group());
-  const std::string what =
-      error_of([&] { model.forward_with([&] { return net->forward(torch::ones({2, 5})); }); });
+  const std::string what = error_of([&] {
+    model.forward_with([&] { return net->forward(torch::ones({2, 5})); });
+  });
   EXPECT_NE(what.find("the forward of unit fc failed: "), std::string::npos) << what;
   EXPECT_EQ(what.find("hold no data"), std::string::npos) << what;
 }
@@ -238,4 +240,100 @@ TEST(FullyShard, ReadsOfParametersWithoutDataAreToldFromOtherErrors) {
   EXPECT_TRUE(reads_parameters_without_data(
       "fully_shard: parameter a of unit b holds no data while the unit is not gathered: ..."));
   EXPECT_FALSE(reads_parameters_without_data("mat1 and mat2 shapes cannot be multiplied"));
+}
+
+// A projection that uses another module's weight as its own (registered under its own name), as
+// a language model's head shares its embedding's.
+struct ProjImpl : torch::nn::Module {
+  explicit ProjImpl(const torch::Tensor& shared) : weight(register_parameter("weight", shared)) {}
+  torch::Tensor forward(const torch::Tensor& x) { return x.matmul(weight.t()); }
+  torch::Tensor weight;
+};
+TORCH_MODULE(Proj);
+
+struct TiedBlockImpl : torch::nn::Module {
+  TiedBlockImpl()
+      : lin(register_module("lin", torch::nn::Linear(3, 3))),
+        proj(register_module("proj", Proj(lin->weight))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return proj(torch::tanh(lin(x))); }
+  torch::nn::Linear lin;
+  Proj proj;
+};
+TORCH_MODULE(TiedBlock);
+
+// `block` a unit whose two modules share a weight; `out` ties to the block's weight (when
+// `tie_out`) or has its own.
+struct TiedNetImpl : torch::nn::Module {
+  explicit TiedNetImpl(bool tie_out)
+      : block(register_module("block", TiedBlock())),
+        out(register_module("out", Proj(tie_out ? block->lin->weight : torch::randn({3, 3})))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return out(ddp::nn::call(block, x)); }
+  TiedBlock block;
+  Proj out;
+};
+TORCH_MODULE(TiedNet);
+
+TEST(FullyShard, AWeightTiedInsideAUnitIsShardedOnceAndSavedUnderBothNames) {
+  torch::manual_seed(4);
+  TiedNet reference(/*tie_out=*/false);
+  TiedNet net(/*tie_out=*/false);
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < net->parameters().size(); ++i) {
+    net->parameters()[i].copy_(reference->parameters()[i]);
+  }
+  ddp::FullyShardedDataParallel model(net.ptr(), {net->block.ptr()}, local_group());
+  EXPECT_EQ(model.parameters()[0].numel(), 9 + 3);  // lin.weight (= proj.weight) and lin.bias
+  const auto x = torch::randn({4, 3});
+  torch::AutoGradMode grad(true);
+  model.forward_with([&] { return net->forward(x); }).pow(2).sum().backward();
+  reference->forward(x).pow(2).sum().backward();
+  const auto& lin = reference->block->lin;
+  EXPECT_TRUE(model.parameters()[0].grad().allclose(
+      torch::cat({lin->weight.grad().reshape(-1), lin->bias.grad()}), 1e-6, 1e-6));
+  std::map<std::string, torch::Tensor> state;
+  for (const auto& [name, value] : model.state_dict()) state[name] = value;
+  EXPECT_TRUE(state.at("block.proj.weight").equal(lin->weight));
+  EXPECT_TRUE(state.at("block.lin.weight").equal(lin->weight));
+}
+
+TEST(FullyShard, AWeightTiedBetweenAUnitAndTheRestIsRefusedNamingBoth) {
+  TiedNet net(/*tie_out=*/true);
+  const std::string what = error_of(
+      [&] { ddp::FullyShardedDataParallel(net.ptr(), {net->block.ptr()}, local_group()); });
+  EXPECT_NE(what.find("out.weight (unit (root)) is the same tensor as block.lin.weight (unit "
+                      "block)"),
+            std::string::npos)
+      << what;
+}
+
+TEST(FullyShard, AWeightTiedBetweenTwoUnitsIsRefusedNamingBoth) {
+  TiedNet net(/*tie_out=*/true);
+  const std::string what = error_of([&] {
+    ddp::FullyShardedDataParallel(net.ptr(), {net->block.ptr(), net->out.ptr()}, local_group());
+  });
+  EXPECT_NE(what.find("out.weight (unit out) is the same tensor as block.lin.weight (unit block)"),
+            std::string::npos)
+      << what;
+}
+
+TEST(FullyShard, AWeightTiedInsideTheRootIsShardedOnce) {
+  TiedNet net(/*tie_out=*/true);
+  ddp::FullyShardedDataParallel model(net.ptr(), {}, local_group());
+  ASSERT_EQ(model.num_units(), 1);
+  EXPECT_EQ(model.parameters()[0].numel(), 9 + 3);
+  std::map<std::string, torch::Tensor> state;
+  for (const auto& [name, value] : model.state_dict()) state[name] = value;
+  EXPECT_EQ(state.size(), 4u);  // block.lin.weight, block.lin.bias, block.proj.weight, out.weight
+  EXPECT_TRUE(state.at("out.weight").equal(state.at("block.lin.weight")));
+}
+
+TEST(FullyShard, NestedUnitsAreRefused) {
+  TiedNet net(/*tie_out=*/false);
+  const std::string what = error_of([&] {
+    ddp::FullyShardedDataParallel(net.ptr(), {net->block.ptr(), net->block->lin.ptr()},
+                                  local_group());
+  });
+  EXPECT_NE(what.find("parameter block.lin.weight belongs to units block and block.lin"),
+            std::string::npos)
+      << what;
 }

@@ -39,9 +39,9 @@
 //
 // The module's own parameters become views of the units' gathered buffers (Note [Parameters are
 // views of the gathered buffer] in src/core/fsdp/unit.h). Outside a unit's forward and backward
-// they hold no data: their sizes, dtype and names are there, but reading their values (weight.norm(),
-// printing them, torch::save of the module, calling a unit without ddp::nn::call) throws
-// LibTorch's error instead (Note [Parameters hold no data while the unit is not gathered]).
+// they hold no data: their sizes, dtype and names are there, but reading their values
+// (weight.norm(), printing them, torch::save of the module, calling a unit without ddp::nn::call)
+// throws LibTorch's error instead (Note [Parameters hold no data while the unit is not gathered]).
 // state_dict() gives the whole model's values; parameters() the shards to optimize.
 
 #include <torch/arg.h>
@@ -52,7 +52,6 @@
 #include <chrono>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -114,6 +113,8 @@ struct UnitTimes {
 // How a unit's parameters lie in its flat buffer: each at an offset, in registration order, the
 // total padded to a multiple of the world size so that every rank's shard is as long. A pure
 // function.
+class Claims;  // which unit holds which parameter (fully_shard.cpp)
+
 struct FlatLayout {
   std::vector<int64_t> offsets;  // of each parameter in the flat buffer
   int64_t numel = 0;             // of the parameters together
@@ -229,8 +230,8 @@ class FullyShardedDataParallel {
 
  private:
   struct State;
-  // The parameters no unit holds (not in `claimed`), as the root unit.
-  void add_root_unit(const std::set<const c10::TensorImpl*>& claimed);
+  // The parameters no unit holds (not in `claims`), as the root unit.
+  void add_root_unit(fsdp::Claims& claims);
 
   std::shared_ptr<torch::nn::Module> module_;
   std::unique_ptr<State> state_;

@@ -18,6 +18,31 @@
 
 namespace ddp {
 namespace fsdp {
+
+const char* const kRootUnit = "(root)";
+
+// Which unit holds each parameter tensor, under which names, as the units are made: a tensor
+// reached under a second name in the same unit is tied there (an alias, sharded once); in another
+// unit, or once under the same name (nested units), it is refused naming both.
+class Claims {
+ public:
+  // True when `param` is new (the unit `unit` shards it as `name`); false when it is an alias of
+  // the same unit's (recorded in `aliases`: name -> the name it is sharded under). Throws
+  // InputError for a tensor another unit holds, or a name seen before.
+  bool claim(const torch::Tensor& param, const std::string& name, const std::string& unit,
+             std::map<std::string, std::string>& aliases);
+  // Whether a unit other than the root holds `param` under `name`.
+  bool claimed_as(const torch::Tensor& param, const std::string& name) const;
+
+ private:
+  struct Claim {
+    std::string unit;
+    std::string name;             // sharded as
+    std::set<std::string> names;  // every name seen
+  };
+  std::map<const c10::TensorImpl*, Claim> by_tensor_;
+};
+
 namespace {
 
 std::vector<std::shared_ptr<torch::nn::Module>> children_of(const torch::nn::SequentialImpl& seq) {
@@ -65,6 +90,34 @@ void check_batch_norms(const torch::nn::Module& model, const MixedPrecisionPolic
 
 }  // namespace
 
+bool Claims::claim(const torch::Tensor& param, const std::string& name, const std::string& unit,
+                   std::map<std::string, std::string>& aliases) {
+  auto [it, added] = by_tensor_.emplace(param.unsafeGetTensorImpl(), Claim{unit, name, {name}});
+  if (added) return true;
+  Claim& first = it->second;
+  if (first.names.count(name) != 0) {  // the same module reached through two units
+    throw InputError(
+        fmt::format("fully_shard: parameter {} belongs to units {} and {}; units do not nest", name,
+                    first.unit, unit));
+  }
+  if (first.unit != unit) {
+    throw InputError(fmt::format(
+        "fully_shard: parameter {} (unit {}) is the same tensor as {} (unit {}): a tied "
+        "parameter is gathered with one unit, so the modules that share it must be in the same "
+        "unit (name a module that holds both as the unit, or leave both to the root unit)",
+        name, unit, first.name, first.unit));
+  }
+  first.names.insert(name);
+  aliases[name] = first.name;
+  return false;
+}
+
+bool Claims::claimed_as(const torch::Tensor& param, const std::string& name) const {
+  auto it = by_tensor_.find(param.unsafeGetTensorImpl());
+  return it != by_tensor_.end() && it->second.unit != fsdp::kRootUnit &&
+         it->second.names.count(name);
+}
+
 bool reads_parameters_without_data(const std::string& error) {
   // Our own message (LibTorch 2.1 and later) and 1.13's two for a tensor without storage.
   for (const char* marker : {"holds no data while the unit is not gathered",
@@ -93,6 +146,7 @@ struct FullyShardedDataParallel::State : nn::ForwardHooks {
   std::vector<std::unique_ptr<fsdp::Unit>> units;  // the named units in order, the root last
   fsdp::Unit* root = nullptr;
   std::map<const torch::nn::Module*, fsdp::Unit*> by_module;
+  std::map<std::string, std::string> aliases;  // a tied parameter's other names: the unit's name
   std::vector<compat::GradAccumulator> accumulators;  // kept alive: autograd holds them weakly
   std::vector<uintptr_t> hook_keys;
 
@@ -341,7 +395,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(
   for (const auto& item : module_->named_modules("", /*include_self=*/false)) {
     module_names[item.value().get()] = item.key();
   }
-  std::set<const at::TensorImpl*> claimed;
+  fsdp::Claims claims;
   for (const auto& unit : units) {
     auto it = module_names.find(unit.get());
     if (it == module_names.end()) {
@@ -351,19 +405,17 @@ FullyShardedDataParallel::FullyShardedDataParallel(
     std::vector<torch::Tensor> params;
     std::vector<std::string> names;
     for (const auto& item : unit->named_parameters()) {
-      if (!claimed.insert(item.value().unsafeGetTensorImpl()).second) {
-        throw InputError(fmt::format(
-            "fully_shard: parameter {}.{} belongs to two units; units do not nest or share",
-            it->second, item.key()));
+      const std::string name = it->second + "." + item.key();
+      if (claims.claim(item.value(), name, it->second, state_->aliases)) {
+        params.push_back(item.value());
+        names.push_back(name);
       }
-      params.push_back(item.value());
-      names.push_back(it->second + "." + item.key());
     }
     if (params.empty()) continue;  // nothing to shard: runs as it is (ReLU, Flatten, ...)
     state_->add_unit(it->second, std::move(params), std::move(names));
     state_->by_module[unit.get()] = state_->units.back().get();
   }
-  add_root_unit(claimed);
+  add_root_unit(claims);
   // Until a forward shows the order, gathers are issued ahead in the order units were given.
   for (const auto& unit : state_->units) {
     if (unit.get() != state_->root) state_->predicted.push_back(unit.get());
@@ -373,16 +425,18 @@ FullyShardedDataParallel::FullyShardedDataParallel(
   }
 }
 
-void FullyShardedDataParallel::add_root_unit(const std::set<const at::TensorImpl*>& claimed) {
+void FullyShardedDataParallel::add_root_unit(fsdp::Claims& claims) {
   std::vector<torch::Tensor> params;
   std::vector<std::string> names;
   for (const auto& item : module_->named_parameters()) {
-    if (claimed.count(item.value().unsafeGetTensorImpl()) != 0) continue;
-    params.push_back(item.value());
-    names.push_back(item.key());
+    if (claims.claimed_as(item.value(), item.key())) continue;  // a unit's, under this name
+    if (claims.claim(item.value(), item.key(), fsdp::kRootUnit, state_->aliases)) {
+      params.push_back(item.value());
+      names.push_back(item.key());
+    }
   }
   if (params.empty()) return;
-  state_->add_unit("(root)", std::move(params), std::move(names));
+  state_->add_unit(fsdp::kRootUnit, std::move(params), std::move(names));
   state_->root = state_->units.back().get();
 }
 
@@ -426,6 +480,7 @@ std::vector<std::pair<std::string, torch::Tensor>> FullyShardedDataParallel::sta
     auto copies = unit->gather_copies(unit->shard());
     for (size_t i = 0; i < copies.size(); ++i) gathered[unit->names()[i]] = copies[i];
   }
+  for (const auto& [alias, name] : state_->aliases) gathered[alias] = gathered.at(name);
   // Python's order: each module's parameters, then its buffers, then its children's.
   std::vector<std::pair<std::string, torch::Tensor>> state;
   std::function<void(const torch::nn::Module&, const std::string&)> add =

@@ -19,9 +19,9 @@
 // this, such a read got freed memory (a segfault) or, while a prefetched gather was still writing
 // the buffer, silently wrong values. autograd saves a leaf parameter as itself, so the backward
 // reads the parameter again once before_backward has gathered the unit. set_data keeps the dtype
-// and device, so the parameters' grad accumulators (and their hooks) stay. The gradients are the parameters' .grad as autograd
-// leaves them; once the unit's last one is in, they are copied into a flat buffer laid out as
-// `full_` is, which the reduce-scatter reads whole.
+// and device, so the parameters' grad accumulators (and their hooks) stay. The gradients are the
+// parameters' .grad as autograd leaves them; once the unit's last one is in, they are copied into a
+// flat buffer laid out as `full_` is, which the reduce-scatter reads whole.
 //
 // Note [Mixed precision: the gathered buffer in param_dtype]
 // Under a mixed precision policy, `full_` has the policy's param_dtype and the shard the
@@ -109,8 +109,8 @@ class Unit {
   torch::Tensor shard_;  // [layout_.shard], a leaf the optimizer steps
   torch::Tensor full_;   // [layout_.padded] in param_dtype; its storage is empty while freed
   torch::Tensor sent_;   // the shard cast to param_dtype while a gather reads it (mixed precision)
-  std::vector<torch::Tensor> views_;     // of each parameter's place in full_
-  std::vector<torch::Tensor> no_data_;   // each parameter's stand-in while not gathered
+  std::vector<torch::Tensor> views_;    // of each parameter's place in full_
+  std::vector<torch::Tensor> no_data_;  // each parameter's stand-in while not gathered
   c10::ScalarType reduce_dtype_;
   FullState full_state_ = FullState::kGathered;
   comm::WorkPtr gather_work_;
