@@ -31,7 +31,8 @@ torch::Tensor forward_sequential(torch::nn::SequentialImpl& sequential, torch::T
     const auto& module = *child.ptr();
     if (hooks->wants(module)) {
       hooks->before(module);
-      x = hooks->after(module, child.forward(hooks->input(module, std::move(x))));
+      x = child.forward(hooks->input(module, std::move(x)));
+      hooks->after(module, {&x});
     } else if (auto* inner = child.ptr()->as<torch::nn::SequentialImpl>();
                inner != nullptr && holds_wanted(*hooks, *inner)) {
       x = forward_sequential(*inner, std::move(x));

@@ -337,3 +337,61 @@ TEST(FullyShard, NestedUnitsAreRefused) {
             std::string::npos)
       << what;
 }
+
+// Units whose forward returns several tensors: LibTorch's LSTM (a tensor and a tuple of two) and
+// a struct of the user's. Whichever output the loss reaches first, the unit is gathered for its
+// backward, and the shards' gradients are the unwrapped model's (one rank: the average is the
+// gradient itself).
+struct Pair {
+  torch::Tensor y, aux;
+};
+std::vector<torch::Tensor*> ddp_output_tensors(Pair& out) {
+  return {&out.y, &out.aux};
+}
+
+struct TwoOutImpl : torch::nn::Module {
+  TwoOutImpl() : fc(register_module("fc", torch::nn::Linear(4, 4))) {}
+  Pair forward(const torch::Tensor& x) {
+    auto y = fc(x);
+    return {y, torch::sigmoid(y) * fc->weight.sum()};
+  }
+  torch::nn::Linear fc;
+};
+TORCH_MODULE(TwoOut);
+
+struct RecurrentImpl : torch::nn::Module {
+  RecurrentImpl()
+      : lstm(register_module("lstm", torch::nn::LSTM(torch::nn::LSTMOptions(4, 4)))),
+        two(register_module("two", TwoOut())) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto [out, state] = ddp::nn::call(lstm, x);
+    auto pair = ddp::nn::call(two, out);
+    return pair.y.sum() + 2 * pair.aux.sum() + 3 * std::get<1>(state).pow(2).sum();
+  }
+  torch::nn::LSTM lstm;
+  TwoOut two;
+};
+TORCH_MODULE(Recurrent);
+
+TEST(FullyShard, UnitsMayReturnTuplesAndStructs) {
+  torch::manual_seed(6);
+  Recurrent reference, net;
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < net->parameters().size(); ++i) {
+    net->parameters()[i].copy_(reference->parameters()[i]);
+  }
+  ddp::FullyShardedDataParallel model(net.ptr(), {net->lstm.ptr(), net->two.ptr()}, local_group());
+  const auto x = torch::randn({3, 2, 4});
+  torch::AutoGradMode grad(true);
+  model.forward_with([&] { return net->forward(x); }).backward();
+  reference->forward(x).backward();
+  auto flat_grads = [](torch::nn::Module& m) {
+    std::vector<torch::Tensor> grads;
+    for (const auto& p : m.parameters()) grads.push_back(p.grad().reshape(-1));
+    return torch::cat(grads);
+  };
+  const auto shards = model.parameters();
+  ASSERT_EQ(shards.size(), 2u);
+  EXPECT_TRUE(shards[0].grad().allclose(flat_grads(*reference->lstm), 1e-6, 1e-6));
+  EXPECT_TRUE(shards[1].grad().allclose(flat_grads(*reference->two), 1e-6, 1e-6));
+}

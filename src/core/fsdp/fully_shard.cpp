@@ -163,8 +163,8 @@ struct FullyShardedDataParallel::State : nn::ForwardHooks {
   }
   bool wants(const torch::nn::Module& module) override { return find(module) != nullptr; }
   void before(const torch::nn::Module& module) override { before(*find(module)); }
-  torch::Tensor after(const torch::nn::Module& module, torch::Tensor output) override {
-    return after(*find(module), std::move(output));
+  void after(const torch::nn::Module& module, const std::vector<torch::Tensor*>& outputs) override {
+    after(*find(module), outputs);
   }
   torch::Tensor input(const torch::nn::Module& /*module*/, torch::Tensor x) override {
     return cast_input(x);
@@ -178,7 +178,7 @@ struct FullyShardedDataParallel::State : nn::ForwardHooks {
     return x.to(*policy.param_dtype());
   }
   void before(fsdp::Unit& unit);
-  torch::Tensor after(fsdp::Unit& unit, torch::Tensor output);
+  void after(fsdp::Unit& unit, const std::vector<torch::Tensor*>& outputs);
 
   void add_unit(std::string name, std::vector<torch::Tensor> params,
                 std::vector<std::string> names);
@@ -247,17 +247,20 @@ void FullyShardedDataParallel::State::before(fsdp::Unit& unit) {
   }
 }
 
-torch::Tensor FullyShardedDataParallel::State::after(fsdp::Unit& unit, torch::Tensor output) {
+void FullyShardedDataParallel::State::after(fsdp::Unit& unit,
+                                            const std::vector<torch::Tensor*>& outputs) {
   entered = nullptr;
   unit.times().forward_end = fsdp::Clock::now();
-  if (output.requires_grad()) {
-    output.register_hook([this, &unit](const torch::Tensor& grad) {
+  // The unit's backward starts with the first of its outputs' gradients (which one comes first
+  // depends on how they are used).
+  for (torch::Tensor* output : outputs) {
+    if (!output->defined() || !output->requires_grad()) continue;
+    output->register_hook([this, &unit](const torch::Tensor& grad) {
       before_backward(unit);
       return grad;
     });
   }
   if (options.reshard_after_forward() || !torch::GradMode::is_enabled()) unit.free();
-  return output;
 }
 
 void FullyShardedDataParallel::State::end_forward(bool grad_enabled) {
@@ -279,6 +282,7 @@ void FullyShardedDataParallel::State::note_backward() {
 }
 
 void FullyShardedDataParallel::State::before_backward(fsdp::Unit& unit) {
+  if (unit.in_backward()) return;  // a hook of another of its outputs came first
   note_backward();
   unit.wait_gathered();
   // Gathered again for the backward (not kept since the forward: reshard_after_forward off).
