@@ -12,6 +12,9 @@
 //   versus-ddp   a Sequential with BatchNorm (in the root unit) and a nested Sequential (whose
 //                Linear is a unit) against DistributedDataParallel on the same ranks
 //                (broadcast_buffers off: each rank its own statistics, in both)
+//   adapters     frozen Linear bases with trainable low-rank adapters (LoRA's shape), a wholly
+//                frozen unit, against DistributedDataParallel: equal, and no frozen parameter
+//                given a gradient
 // Each also checks the shards' sizes (1/N of each unit, padded) and that nothing stays gathered
 // after a step.
 //   fsdp_worker BACKEND SCENARIO
@@ -329,11 +332,92 @@ void versus_ddp(const Group& g) {
   expect_sharded(model, g, {12 * 16 + 16, 16 * 16 + 16, 16 * 5 + 5, 16 + 16});
 }
 
+// A frozen base with a trainable low-rank adapter.
+struct AdaptedImpl : torch::nn::Module {
+  AdaptedImpl()
+      : base(register_module("base", torch::nn::Linear(12, 12))),
+        down(register_parameter("down", torch::randn({3, 12}) * 0.1)),
+        up(register_parameter("up", torch::randn({12, 3}) * 0.1)) {
+    for (auto& p : base->parameters()) p.set_requires_grad(false);
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return torch::tanh(base(x) + x.matmul(down.t()).matmul(up.t()));
+  }
+  torch::nn::Linear base;
+  torch::Tensor down, up;
+};
+TORCH_MODULE(Adapted);
+
+struct AdaptedNetImpl : torch::nn::Module {
+  AdaptedNetImpl() {
+    torch::manual_seed(13);
+    stem = register_module("stem", torch::nn::Linear(12, 12));
+    for (auto& p : stem->parameters()) p.set_requires_grad(false);
+    a = register_module("a", Adapted());
+    b = register_module("b", Adapted());
+    head = register_module("head", torch::nn::Linear(12, 5));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = ddp::nn::call(stem, x);
+    return head(ddp::nn::call(b, ddp::nn::call(a, h)));
+  }
+  torch::nn::Linear stem{nullptr}, head{nullptr};
+  Adapted a{nullptr}, b{nullptr};
+};
+TORCH_MODULE(AdaptedNet);
+
+void adapters(const Group& g) {
+  AdaptedNet plain;
+  ddp::DistributedDataParallel ddp_model(plain.ptr(), g);
+  std::vector<torch::Tensor> trainable;
+  for (const auto& p : plain->parameters()) {
+    if (p.requires_grad()) trainable.push_back(p);
+  }
+  torch::optim::Adam ddp_opt(trainable, torch::optim::AdamOptions(1e-2));
+  AdaptedNet net;
+  ddp::FullyShardedDataParallel model(net.ptr(), {net->stem.ptr(), net->a.ptr(), net->b.ptr()}, g);
+  torch::optim::Adam opt(model.parameters(), torch::optim::AdamOptions(1e-2));
+  for (int step = 0; step < kSteps; ++step) {
+    const Batch batch = global_batch(step, g->world_size(), 12);
+    ddp_opt.zero_grad();
+    auto ddp_out = ddp_model->forward_with([&] { return plain->forward(rows_of(batch.x, g)); });
+    torch::nn::functional::cross_entropy(ddp_out, rows_of(batch.y, g)).backward();
+    ddp_opt.step();
+    opt.zero_grad();
+    auto out = model.forward_with([&] { return net->forward(rows_of(batch.x, g)); });
+    torch::nn::functional::cross_entropy(out, rows_of(batch.y, g)).backward();
+    opt.step();
+    expect_states_equal(model.state_dict(), state_of(*plain),
+                        fmt::format("step {}: frozen bases, trained adapters == DDP", step));
+  }
+  const auto shards = model.parameters();
+  expect(!shards[0].grad().defined(), "the frozen unit's shard has no gradient");
+  // The shards: the frozen stem's, a's and b's adapters only, the head's (the root unit); a's and
+  // b's frozen bases are sharded apart.
+  const int64_t world = g->world_size();
+  auto part = [&](int64_t numel) { return (numel + world - 1) / world; };
+  const std::vector<int64_t> want = {part(12 * 12 + 12), part(2 * 3 * 12), part(2 * 3 * 12),
+                                     part(12 * 5 + 5)};
+  int64_t bytes = 2 * part(12 * 12 + 12) * 4;
+  bool sizes = shards.size() == want.size();
+  for (size_t i = 0; sizes && i < shards.size(); ++i) {
+    sizes = shards[i].numel() == want[i];
+    bytes += shards[i].nbytes();
+  }
+  expect(sizes, "the adapters' shards hold the trainable parameters only");
+  expect(model.resident_parameter_bytes() == bytes,
+         fmt::format("nothing gathered between steps: {} bytes resident, {} in shards",
+                     model.resident_parameter_bytes(), bytes));
+  bool no_grads = true;
+  for (const auto& p : net->parameters()) no_grads = no_grads && !p.grad().defined();
+  expect(no_grads, "no parameter of the module holds a gradient");
+}
+
 }  // namespace
 
 int run(int argc, char** argv) {
   if (argc != 3) {
-    std::cerr << "usage: fsdp_worker BACKEND sequential|custom|overlap|versus-ddp\n";
+    std::cerr << "usage: fsdp_worker BACKEND sequential|custom|overlap|versus-ddp|adapters\n";
     return 64;
   }
   try {
@@ -348,6 +432,8 @@ int run(int argc, char** argv) {
       overlap(group, /*prefetch=*/false);
     } else if (scenario == "versus-ddp") {
       versus_ddp(group);
+    } else if (scenario == "adapters") {
+      adapters(group);
     } else {
       std::cerr << "unknown scenario " << scenario << "\n";
       return 64;

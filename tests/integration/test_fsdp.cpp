@@ -51,7 +51,8 @@ INSTANTIATE_TEST_SUITE_P(Backends, Fsdp,
                                          Case{"sequential", "local", 1}, Case{"custom", "gloo", 3},
                                          Case{"custom", "mpi", 2}, Case{"overlap", "gloo", 2},
                                          Case{"versus-ddp", "gloo", 2},
-                                         Case{"versus-ddp", "shm", 3}),
+                                         Case{"versus-ddp", "shm", 3},
+                                         Case{"adapters", "gloo", 2}),
                          case_name);
 
 }  // namespace

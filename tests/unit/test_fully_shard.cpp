@@ -34,19 +34,6 @@ TEST(FlatLayout, MoreRanksThanElementsGiveEachAtMostOne) {
   EXPECT_EQ(layout.padded, 8);
 }
 
-TEST(FullyShard, AFrozenParameterInAUnitIsRefusedByName) {
-  torch::nn::Sequential net(torch::nn::Linear(3, 2));
-  net[0]->as<torch::nn::Linear>()->bias.set_requires_grad(false);
-  try {
-    ddp::FullyShardedDataParallel model(net, local_group());
-    FAIL() << "a frozen parameter was sharded";
-  } catch (const ddp::InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("parameter 0.bias of unit 0 does not require grad"),
-              std::string::npos)
-        << e.what();
-  }
-}
-
 TEST(FullyShard, AUnitThatMixesDtypesIsRefusedNamingBoth) {
   torch::nn::Sequential net(torch::nn::Linear(3, 2));
   net[0]->as<torch::nn::Linear>()->bias.set_data(torch::zeros({2}, torch::kDouble));
@@ -394,4 +381,83 @@ TEST(FullyShard, UnitsMayReturnTuplesAndStructs) {
   ASSERT_EQ(shards.size(), 2u);
   EXPECT_TRUE(shards[0].grad().allclose(flat_grads(*reference->lstm), 1e-6, 1e-6));
   EXPECT_TRUE(shards[1].grad().allclose(flat_grads(*reference->two), 1e-6, 1e-6));
+}
+
+// A frozen base with a trainable low-rank adapter (LoRA's shape): the frozen weight is gathered
+// with the unit but never reduced nor given a gradient; a unit with nothing trainable (`frozen`)
+// keeps a shard that does not require grad. Trained three SGD steps, the model equals the
+// unwrapped one (one rank).
+struct AdaptedImpl : torch::nn::Module {
+  AdaptedImpl()
+      : base(register_module("base", torch::nn::Linear(6, 6))),
+        down(register_parameter("down", torch::randn({2, 6}) * 0.1)),
+        up(register_parameter("up", torch::randn({6, 2}) * 0.1)) {
+    for (auto& p : base->parameters()) p.set_requires_grad(false);
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return torch::tanh(base(x) + x.matmul(down.t()).matmul(up.t()));
+  }
+  torch::nn::Linear base;
+  torch::Tensor down, up;
+};
+TORCH_MODULE(Adapted);
+
+struct AdaptedNetImpl : torch::nn::Module {
+  AdaptedNetImpl()
+      : frozen(register_module("frozen", torch::nn::Linear(6, 6))),
+        a(register_module("a", Adapted())),
+        b(register_module("b", Adapted())),
+        head(register_module("head", torch::nn::Linear(6, 3))) {
+    for (auto& p : frozen->parameters()) p.set_requires_grad(false);
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = ddp::nn::call(frozen, x);
+    return head(ddp::nn::call(b, ddp::nn::call(a, h)));
+  }
+  torch::nn::Linear frozen;
+  Adapted a, b;
+  torch::nn::Linear head;
+};
+TORCH_MODULE(AdaptedNet);
+
+TEST(FullyShard, AFrozenBaseWithTrainableAdaptersTrainsAsTheUnwrappedModel) {
+  torch::manual_seed(8);
+  AdaptedNet reference, net;
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < net->parameters().size(); ++i) {
+      net->parameters()[i].copy_(reference->parameters()[i]);
+    }
+  }
+  ddp::FullyShardedDataParallel model(net.ptr(), {net->frozen.ptr(), net->a.ptr(), net->b.ptr()},
+                                      local_group());
+  const auto shards = model.parameters();
+  ASSERT_EQ(shards.size(), 4u);  // frozen, a, b, the root (head)
+  EXPECT_FALSE(shards[0].requires_grad());
+  EXPECT_EQ(shards[1].numel(), 2 * 6 + 6 * 2);  // a's adapter only: its base is apart
+  torch::optim::SGD opt(shards, torch::optim::SGDOptions(0.1).momentum(0.9));
+  std::vector<torch::Tensor> trainable;
+  for (const auto& p : reference->parameters()) {
+    if (p.requires_grad()) trainable.push_back(p);
+  }
+  torch::optim::SGD reference_opt(trainable, torch::optim::SGDOptions(0.1).momentum(0.9));
+  for (int step = 0; step < 3; ++step) {
+    const auto x = torch::randn({4, 6});
+    opt.zero_grad();
+    model.forward_with([&] { return net->forward(x); }).pow(2).mean().backward();
+    opt.step();
+    reference_opt.zero_grad();
+    reference->forward(x).pow(2).mean().backward();
+    reference_opt.step();
+  }
+  EXPECT_FALSE(shards[0].grad().defined());
+  for (const auto& [name, value] : model.state_dict()) {
+    const auto want = reference->named_parameters()[name];
+    EXPECT_TRUE(value.allclose(want, 1e-5, 1e-6)) << name;
+  }
+  // Nothing of a frozen parameter is held between steps but its shard.
+  int64_t shard_bytes = 0;
+  for (const auto& shard : shards) shard_bytes += shard.nbytes();
+  EXPECT_EQ(model.resident_parameter_bytes(), shard_bytes + 2 * (6 * 6 + 6) * 4);  // a's, b's bases
+  for (const auto& p : net->parameters()) EXPECT_FALSE(p.grad().defined());
 }

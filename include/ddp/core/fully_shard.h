@@ -133,8 +133,8 @@ class FullyShardedDataParallel {
  public:
   // A Sequential, run by forward(): its `units` (empty: each child with parameters), anywhere in
   // it or in Sequentials nested in it, each gathered around its forward. A collective (the
-  // init_sync broadcasts). Throws InputError for a unit whose parameters mix dtypes or devices, or
-  // one that does not require grad.
+  // init_sync broadcasts). Throws InputError for a unit whose parameters mix dtypes or devices, a
+  // weight tied across units, or nested units.
   FullyShardedDataParallel(torch::nn::Sequential module, std::shared_ptr<comm::ProcessGroup> group,
                            FullyShardOptions options = {},
                            std::vector<std::shared_ptr<torch::nn::Module>> units = {});
@@ -201,7 +201,9 @@ class FullyShardedDataParallel {
 
   // The shards the optimizer steps (one per unit with parameters, the root unit's last): leaves
   // in the parameters' own dtype (float32) whatever the policy, whose .grad the backward sets to
-  // this rank's part of the averaged gradient.
+  // this rank's part of the averaged gradient. A unit's frozen parameters (requires_grad false)
+  // are sharded apart and are not in its shard; a unit with nothing trainable has a shard that
+  // does not require grad and never gets a gradient (optimizers skip it).
   std::vector<torch::Tensor> parameters() const;
   // The whole model's parameters and buffers under the module's names, as its own state_dict:
   // the parameters gathered from the shards (a collective), the buffers this rank's.

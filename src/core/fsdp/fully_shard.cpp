@@ -198,6 +198,7 @@ void FullyShardedDataParallel::State::add_unit(std::string name, std::vector<tor
   units.push_back(std::make_unique<fsdp::Unit>(std::move(name), std::move(params), std::move(names),
                                                *group, options.init_sync(), options.mp_policy()));
   fsdp::Unit* unit = units.back().get();
+  if (!unit->trainable()) return;  // no gradient comes to a frozen unit
   // The hooks after set_data (the Unit's constructor): a change of dtype or device there would
   // give the parameter a new grad accumulator.
   for (size_t i = 0; i < unit->params().size(); ++i) {
@@ -481,8 +482,11 @@ std::vector<torch::Tensor> FullyShardedDataParallel::parameters() const {
 std::vector<std::pair<std::string, torch::Tensor>> FullyShardedDataParallel::state_dict() {
   std::map<std::string, torch::Tensor> gathered;
   for (auto& unit : state_->units) {
-    auto copies = unit->gather_copies(unit->shard());
-    for (size_t i = 0; i < copies.size(); ++i) gathered[unit->names()[i]] = copies[i];
+    for (fsdp::Unit* part : {unit.get(), unit->frozen_part()}) {
+      if (part == nullptr) continue;
+      auto copies = part->gather_copies(part->shard());
+      for (size_t i = 0; i < copies.size(); ++i) gathered[part->names()[i]] = copies[i];
+    }
   }
   for (const auto& [alias, name] : state_->aliases) gathered[alias] = gathered.at(name);
   // Python's order: each module's parameters, then its buffers, then its children's.
@@ -519,11 +523,14 @@ void FullyShardedDataParallel::load_state_dict(
     return it->second;
   };
   for (auto& unit : state_->units) {
-    std::vector<torch::Tensor> values;
-    for (size_t i = 0; i < unit->params().size(); ++i) {
-      values.push_back(value_of(unit->names()[i], unit->params()[i]));
+    for (fsdp::Unit* part : {unit.get(), unit->frozen_part()}) {
+      if (part == nullptr) continue;
+      std::vector<torch::Tensor> values;
+      for (size_t i = 0; i < part->params().size(); ++i) {
+        values.push_back(value_of(part->names()[i], part->params()[i]));
+      }
+      part->set_from(values);
     }
-    unit->set_from(values);
   }
   torch::NoGradGuard no_grad;
   for (auto& item : module_->named_buffers()) {

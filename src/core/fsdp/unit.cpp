@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <tuple>
+
 #include "ddp/common/error.h"
 #include "torch_compat.h"
 
@@ -27,12 +29,6 @@ void check_params(const std::string& unit, const std::vector<torch::Tensor>& par
   for (size_t i = 0; i < params.size(); ++i) {
     const auto& p = params[i];
     const auto& first = params.front();
-    if (!p.requires_grad()) {
-      throw InputError(fmt::format(
-          "fully_shard: parameter {} of unit {} does not require grad; frozen parameters are not "
-          "sharded: keep them out of the units",
-          names[i], unit));
-    }
     if (p.scalar_type() != first.scalar_type() || p.device() != first.device() ||
         !torch::isFloatingType(p.scalar_type())) {
       throw InputError(fmt::format(
@@ -78,10 +74,26 @@ FlatLayout plan_flat_layout(const std::vector<int64_t>& numels, int world_size) 
 
 Unit::Unit(std::string name, std::vector<torch::Tensor> params, std::vector<std::string> names,
            comm::ProcessGroup& group, bool init_sync, const MixedPrecisionPolicy& policy)
-    : name_(std::move(name)), params_(std::move(params)), names_(std::move(names)), group_(group) {
+    : name_(std::move(name)), group_(group) {
   times_.name = name_;
-  DDP_CHECK(!params_.empty() && params_.size() == names_.size(), "a unit has named parameters");
-  check_params(name_, params_, names_);
+  DDP_CHECK(!params.empty() && params.size() == names.size(), "a unit has named parameters");
+  check_params(name_, params, names);
+  // Note [Frozen parameters: a flat buffer of their own]
+  std::vector<torch::Tensor> frozen;
+  std::vector<std::string> frozen_names;
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto [to, to_names] =
+        params[i].requires_grad() ? std::tie(params_, names_) : std::tie(frozen, frozen_names);
+    to.push_back(params[i]);
+    to_names.push_back(names[i]);
+  }
+  if (params_.empty()) {
+    params_ = std::move(frozen);
+    names_ = std::move(frozen_names);
+  } else if (!frozen.empty()) {
+    frozen_ = std::make_unique<Unit>(name_, std::move(frozen), std::move(frozen_names), group_,
+                                     init_sync, policy);
+  }
   std::vector<int64_t> numels;
   for (const auto& p : params_) numels.push_back(p.numel());
   layout_ = plan_flat_layout(numels, group_.world_size());
@@ -89,7 +101,7 @@ Unit::Unit(std::string name, std::vector<torch::Tensor> params, std::vector<std:
   full_ = flatten(params_);
   if (init_sync) group_.broadcast(full_, 0)->wait();
   shard_ = full_.narrow(0, group_.rank() * layout_.shard, layout_.shard).clone();
-  shard_.set_requires_grad(true);
+  shard_.set_requires_grad(params_.front().requires_grad());
   const auto param_dtype = policy.param_dtype().value_or(shard_.scalar_type());
   reduce_dtype_ = policy.reduce_dtype().value_or(param_dtype);
   if (param_dtype != full_.scalar_type()) full_ = full_.to(param_dtype);
@@ -123,6 +135,7 @@ torch::Tensor Unit::flatten(const std::vector<torch::Tensor>& values) const {
 }
 
 void Unit::gather_async() {
+  if (frozen_) frozen_->gather_async();
   if (full_state_ != FullState::kFreed) return;
   resize_storage(full_, static_cast<size_t>(layout_.padded) * full_.element_size());
   const Label label(group_, "gather", name_);
@@ -135,6 +148,11 @@ void Unit::gather_async() {
 
 void Unit::wait_gathered() {
   gather_async();
+  if (frozen_) frozen_->wait_gathered();
+  wait_own_gather();
+}
+
+void Unit::wait_own_gather() {
   if (full_state_ == FullState::kGathering) {
     gather_work_->wait();
     gather_work_.reset();
@@ -145,15 +163,16 @@ void Unit::wait_gathered() {
 }
 
 void Unit::free() {
+  if (frozen_) frozen_->free();
   if (full_state_ == FullState::kFreed) return;
-  wait_gathered();  // never give back memory a collective still writes
+  wait_own_gather();  // never give back memory a collective still writes
   show_parameters(false);
   resize_storage(full_, 0);
   full_state_ = FullState::kFreed;
 }
 
 void Unit::begin_backward() {
-  if (in_backward_) return;
+  if (in_backward_ || !trainable()) return;  // nothing of a frozen unit is reduced
   in_backward_ = true;
   grad_seen_.assign(params_.size(), false);
   grads_left_ = params_.size();
@@ -231,7 +250,8 @@ void Unit::set_from(const std::vector<torch::Tensor>& values) {
 }
 
 int64_t Unit::resident_bytes() const {
-  return static_cast<int64_t>(shard_.nbytes() + full_.storage().nbytes());
+  return static_cast<int64_t>(shard_.nbytes() + full_.storage().nbytes()) +
+         (frozen_ ? frozen_->resident_bytes() : 0);
 }
 
 }  // namespace ddp::fsdp

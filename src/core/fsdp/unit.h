@@ -33,6 +33,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -41,20 +42,33 @@
 
 namespace ddp::fsdp {
 
+// Note [Frozen parameters: a flat buffer of their own]
+// A unit's parameters that do not require grad (a frozen base under trainable adapters) are
+// flattened apart from the trainable ones, into a second Unit the first owns (`frozen_part()`):
+// gathered and freed with it, never counted, reduced or given a gradient, so the reduce-scatter
+// and the flat gradient hold the trainable parameters only. A unit with no trainable parameter is
+// a frozen Unit itself; its shard, which does not require grad, still takes its place in
+// parameters() (optimizers skip a tensor without a gradient).
 class Unit {
  public:
   // `params` (the module's own tensors) with their names in the model; `name` says which unit in
   // errors. With `init_sync`, rank 0's values are broadcast first (a collective); `policy`'s
   // param_dtype and reduce_dtype apply. Throws InputError for parameters that mix dtypes or
-  // devices or do not require grad.
+  // devices.
   Unit(std::string name, std::vector<torch::Tensor> params, std::vector<std::string> names,
        comm::ProcessGroup& group, bool init_sync, const MixedPrecisionPolicy& policy = {});
   Unit(const Unit&) = delete;
   Unit& operator=(const Unit&) = delete;
 
   const std::string& name() const { return name_; }
+  // The parameters laid out in this unit's flat buffer: the trainable ones (all of them frozen for
+  // a unit without a trainable one), and their names.
   const std::vector<torch::Tensor>& params() const { return params_; }
   const std::vector<std::string>& names() const { return names_; }
+  bool trainable() const { return shard_.requires_grad(); }
+  // The unit's frozen parameters when it has trainable ones too (nullptr: none).
+  const Unit* frozen_part() const { return frozen_.get(); }
+  Unit* frozen_part() { return frozen_.get(); }
   const torch::Tensor& shard() const { return shard_; }
   const FlatLayout& layout() const { return layout_; }
   // This iteration's times (the orchestrator fills them; the gathers' issue times are the unit's).
@@ -98,6 +112,8 @@ class Unit {
  private:
   enum class FullState { kFreed, kGathering, kGathered };
   torch::Tensor flatten(const std::vector<torch::Tensor>& values) const;
+  // Waits for this unit's own gather in flight, if any (not the frozen part's).
+  void wait_own_gather();
   // Points the parameters at `full_` (gathered) or at tensors without storage (not).
   void show_parameters(bool gathered);
 
@@ -118,7 +134,8 @@ class Unit {
   bool in_backward_ = false;
   torch::Tensor reduced_;  // [layout_.shard] the reduce-scatter's output
   comm::WorkPtr reduce_work_;
-  std::vector<bool> grad_seen_;  // per parameter, in this backward
+  std::unique_ptr<Unit> frozen_;  // Note [Frozen parameters: a flat buffer of their own]
+  std::vector<bool> grad_seen_;   // per parameter, in this backward
   size_t grads_left_ = 0;
   UnitTimes times_;
   Clock::time_point gather_issued_;
