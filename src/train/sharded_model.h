@@ -38,6 +38,8 @@ class ShardedModel {
     return model_->forward_with(run, input);
   }
 
+  // FullyShardedDataParallel::set_requires_gradient_sync.
+  void set_requires_gradient_sync(bool sync) { model_->set_requires_gradient_sync(sync); }
   // Each unit's times in the last iteration (the timeline's).
   std::vector<fsdp::UnitTimes> last_iteration() const { return model_->last_iteration(); }
 

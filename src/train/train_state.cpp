@@ -312,6 +312,10 @@ std::vector<fsdp::UnitTimes> TrainState::unit_times() const {
   return sharded_->last_iteration();
 }
 
+void TrainState::set_requires_gradient_sync(bool sync) {
+  sharded_->set_requires_gradient_sync(sync);
+}
+
 void TrainState::before_evaluation() {
   // Rank 0's buffers, as a forward through DDP would use.
   if (!sharded_) {

@@ -501,11 +501,15 @@ torch::Tensor Trainer::forward_backward(EpochPass& pass, const data::Batch& batc
   const auto target = batch.target.to(dist_.device, /*non_blocking=*/pass.pin_memory);
   Timeline* timeline = timeline_.get();
   const int64_t step = state_->step() + 1;
-  // no_sync around forward and backward, as PyTorch's guard (Join's notice says it in forward).
-  // --fsdp reduces every micro-batch's gradients into the shards (its gradients are not kept
-  // whole between backwards).
+  // no_sync around forward and backward, as PyTorch's guard (Join's notice says it in forward);
+  // --fsdp keeps the micro-batches' gradients whole until the last one's backward
+  // (set_requires_gradient_sync, FSDP2's way), which alone reduce-scatters.
   std::optional<DistributedDataParallelBase::NoSyncGuard> local;
-  if (!sync && !state_->sharded()) local.emplace(state_->model()->reducer());
+  if (state_->sharded()) {
+    state_->set_requires_gradient_sync(sync);
+  } else if (!sync) {
+    local.emplace(state_->model()->reducer());
+  }
   torch::Tensor output, loss;
   {
     const Phase phase = step_phase(*dist_.group, timeline, "forward", step);

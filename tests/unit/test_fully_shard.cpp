@@ -461,3 +461,43 @@ TEST(FullyShard, AFrozenBaseWithTrainableAdaptersTrainsAsTheUnwrappedModel) {
   EXPECT_EQ(model.resident_parameter_bytes(), shard_bytes + 2 * (6 * 6 + 6) * 4);  // a's, b's bases
   for (const auto& p : net->parameters()) EXPECT_FALSE(p.grad().defined());
 }
+
+// Gradient accumulation as FSDP2's: the micro-batches before the last keep their gradients whole
+// (set_requires_gradient_sync(false)), the last reduce-scatters them with its own: one
+// reduce-scatter per unit per optimizer step, as without accumulation, and the shards' gradients
+// the sum of the micro-batches' (one rank: the average is the sum itself).
+TEST(FullyShard, MicroBatchesWithoutSyncReduceOncePerStepTheirSum) {
+  torch::manual_seed(9);
+  AdaptedNet reference, net;
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < net->parameters().size(); ++i) {
+      net->parameters()[i].copy_(reference->parameters()[i]);
+    }
+  }
+  auto group = local_group();
+  ddp::FullyShardedDataParallel model(net.ptr(), {net->a.ptr(), net->b.ptr()}, group);
+  const uint64_t before = group->last_seq();
+  for (int micro = 0; micro < 3; ++micro) {
+    const auto x = torch::randn({4, 6});
+    model.set_requires_gradient_sync(micro == 2);
+    model.forward_with([&] { return net->forward(x); }).pow(2).mean().backward();
+    reference->forward(x).pow(2).mean().backward();
+  }
+  int reduce_scatters = 0;
+  for (const auto& record : group->recorder().records()) {
+    if (record.seq > before && record.op.rfind("reduce_scatter", 0) == 0) ++reduce_scatters;
+  }
+  EXPECT_EQ(reduce_scatters, model.num_units());  // a, b and the root (frozen and head), once
+  const auto shards = model.parameters();
+  auto grads_of = [](torch::nn::Module& m) {
+    std::vector<torch::Tensor> grads;
+    for (const auto& p : m.parameters()) {
+      if (p.requires_grad()) grads.push_back(p.grad().reshape(-1));
+    }
+    return torch::cat(grads);
+  };
+  EXPECT_TRUE(shards[0].grad().allclose(grads_of(*reference->a), 1e-5, 1e-6));
+  EXPECT_TRUE(shards[1].grad().allclose(grads_of(*reference->b), 1e-5, 1e-6));
+  EXPECT_TRUE(shards[2].grad().allclose(grads_of(*reference->head), 1e-5, 1e-6));
+}

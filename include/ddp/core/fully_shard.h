@@ -199,6 +199,13 @@ class FullyShardedDataParallel {
   // A floating tensor in the policy's output_dtype, when it has one.
   torch::Tensor cast_output(torch::Tensor output) const;
 
+  // As FSDP2's: false makes the backwards that follow keep each unit's gradients whole (added up
+  // over the backwards, one flat buffer per unit) instead of reduce-scattering them; the first
+  // backward after set_requires_gradient_sync(true) reduces them with its own. Gradient
+  // accumulation over K micro-batches: false for the first K-1, true for the last, which alone
+  // communicates (as at K = 1), at the cost of every unit's gradients held whole in between.
+  void set_requires_gradient_sync(bool sync);
+
   // The shards the optimizer steps (one per unit with parameters, the root unit's last): leaves
   // in the parameters' own dtype (float32) whatever the policy, whose .grad the backward sets to
   // this rank's part of the averaged gradient. A unit's frozen parameters (requires_grad false)

@@ -98,6 +98,9 @@ class TrainState {
   // --fsdp: the model is sharded (no DDP wrapper); its units' times in the last iteration.
   bool sharded() const { return sharded_ != nullptr; }
   std::vector<fsdp::UnitTimes> unit_times() const;
+  // --fsdp: whether the next backwards reduce-scatter their gradients (false: kept whole and
+  // added up until one that does; FullyShardedDataParallel::set_requires_gradient_sync).
+  void set_requires_gradient_sync(bool sync);
   // The gradients dropped before a step's first backward.
   void zero_grad();
   // The workload's forward on `input` through the wrapper: DDP's, or --fsdp's gathers around each

@@ -154,6 +154,7 @@ struct FullyShardedDataParallel::State : nn::ForwardHooks {
   std::vector<fsdp::Unit*> forward_order;  // units as this forward called them
   std::vector<fsdp::Unit*> predicted;      // the last forward's order: whose gather to issue next
   fsdp::Unit* entered = nullptr;           // whose forward runs now (before() without after())
+  bool gradient_sync = true;               // set_requires_gradient_sync
   fsdp::Unit* last_reduced = nullptr;      // whose reduce-scatter is in flight
   bool in_backward = false;
 
@@ -307,6 +308,10 @@ void FullyShardedDataParallel::State::reduce(fsdp::Unit& unit) {
   if (last_reduced != nullptr) last_reduced->finish_reduce();
   // The parameters first: the backward is done with them, and the flat gradient takes their place.
   if (options.reshard_after_forward() || &unit == root) unit.free();
+  if (!gradient_sync) {
+    unit.keep_unreduced();
+    return;
+  }
   unit.reduce_async();
   last_reduced = &unit;
 }
@@ -471,6 +476,10 @@ torch::Tensor FullyShardedDataParallel::cast_output(torch::Tensor output) const 
   const auto& dtype = state_->options.mp_policy().output_dtype();
   if (!dtype || !output.is_floating_point()) return output;
   return output.to(*dtype);
+}
+
+void FullyShardedDataParallel::set_requires_gradient_sync(bool sync) {
+  state_->gradient_sync = sync;
 }
 
 std::vector<torch::Tensor> FullyShardedDataParallel::parameters() const {

@@ -184,18 +184,30 @@ bool Unit::count_grad(size_t index) {
   return --grads_left_ == 0;
 }
 
-void Unit::reduce_async() {
+torch::Tensor Unit::take_gradients() {
   DDP_CHECK(in_backward_ && reduce_work_ == nullptr, "one reduce per backward through the unit");
   in_backward_ = false;
   // The gradients autograd left in .grad (zeros where none came), flattened as the parameters
   // lie in the gathered buffer, then dropped: the two copies live together only here.
-  flat_grad_ = torch::zeros({layout_.padded}, full_.options().dtype(reduce_dtype_));
+  torch::Tensor flat = kept_.defined()
+                           ? std::move(kept_)
+                           : torch::zeros({layout_.padded}, full_.options().dtype(reduce_dtype_));
+  kept_ = torch::Tensor();
   for (size_t i = 0; i < params_.size(); ++i) {
     torch::Tensor& grad = params_[i].mutable_grad();
     if (!grad.defined()) continue;
-    flat_grad_.narrow(0, layout_.offsets[i], params_[i].numel()).copy_(grad.reshape(-1));
+    flat.narrow(0, layout_.offsets[i], params_[i].numel()).add_(grad.reshape(-1));
     grad = torch::Tensor();
   }
+  return flat;
+}
+
+void Unit::keep_unreduced() {
+  kept_ = take_gradients();
+}
+
+void Unit::reduce_async() {
+  flat_grad_ = take_gradients();
   reduced_ = torch::empty({layout_.shard}, flat_grad_.options());
   const Label label(group_, "reduce-scatter", name_);
   reduce_work_ = group_.reduce_scatter(reduced_, flat_grad_, comm::ReduceOp::kAvg);

@@ -90,10 +90,13 @@ class Unit {
   bool in_backward() const { return in_backward_; }
   // A gradient of parameter `index` has been accumulated; true when it was the unit's last.
   bool count_grad(size_t index);
-  // The parameters' gradients copied into one flat buffer laid out as the gathered parameters and
-  // dropped, and its reduce-scatter (average) into this rank's part issued (the buffer lives on
-  // until finish_reduce).
+  // The parameters' gradients added into one flat buffer laid out as the gathered parameters (to
+  // what keep_unreduced() kept, if anything) and dropped, and its reduce-scatter (average) into
+  // this rank's part issued (the buffer lives on until finish_reduce).
   void reduce_async();
+  // Instead of reduce_async, in a backward without gradient sync (micro-batches before the last):
+  // the gradients added into the flat buffer, which is kept whole for the next reduce_async.
+  void keep_unreduced();
   bool reducing() const { return reduce_work_ != nullptr; }
   // Waits for the reduce-scatter and adds its result into the shard's .grad.
   void finish_reduce();
@@ -112,6 +115,8 @@ class Unit {
  private:
   enum class FullState { kFreed, kGathering, kGathered };
   torch::Tensor flatten(const std::vector<torch::Tensor>& values) const;
+  // The parameters' gradients added into kept_ (zeros at first) and dropped; ends the backward.
+  torch::Tensor take_gradients();
   // Waits for this unit's own gather in flight, if any (not the frozen part's).
   void wait_own_gather();
   // Points the parameters at `full_` (gathered) or at tensors without storage (not).
@@ -131,6 +136,7 @@ class Unit {
   FullState full_state_ = FullState::kGathered;
   comm::WorkPtr gather_work_;
   torch::Tensor flat_grad_;  // [layout_.padded] while its reduce-scatter reads it
+  torch::Tensor kept_;       // [layout_.padded] gradients of backwards without sync, not reduced
   bool in_backward_ = false;
   torch::Tensor reduced_;  // [layout_.shard] the reduce-scatter's output
   comm::WorkPtr reduce_work_;
