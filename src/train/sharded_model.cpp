@@ -6,6 +6,7 @@
 #include <map>
 
 #include "ddp/common/error.h"
+#include "ddp/core/distributed_data_parallel.h"
 #include "torch_compat.h"
 
 namespace ddp::train {
@@ -53,7 +54,7 @@ ShardedModel::ShardedModel(const Workload& workload, std::shared_ptr<comm::Proce
 }
 
 void ShardedModel::broadcast_buffers() {
-  for (auto& buffer : module_->buffers()) group_->broadcast(buffer, 0)->wait();
+  broadcast_coalesced(*group_, module_->buffers());  // one broadcast per dtype
 }
 
 StateDict ShardedModel::state_dict(const std::string& prefix) {

@@ -11,7 +11,8 @@
 //                and, without prefetch, not
 //   versus-ddp   a Sequential with BatchNorm (in the root unit) and a nested Sequential (whose
 //                Linear is a unit) against DistributedDataParallel on the same ranks
-//                (broadcast_buffers off: each rank its own statistics, in both)
+//                (broadcast_buffers off: each rank its own statistics, in both); its
+//                construction broadcasts each unit once and the buffers once per dtype
 //   adapters     frozen Linear bases with trainable low-rank adapters (LoRA's shape), a wholly
 //                frozen unit, against DistributedDataParallel: equal, and no frozen parameter
 //                given a gradient
@@ -312,8 +313,16 @@ void versus_ddp(const Group& g) {
   // The units named: the Linear layers, one of them inside a nested Sequential; BatchNorm's
   // parameters are the root unit's.
   auto net = make_bn_net();
+  const uint64_t before = g->last_seq();
   ddp::FullyShardedDataParallel model(net, g, {},
                                       {net[0], net[3]->as<NestedImpl>()->ptr(0), net[4]});
+  int broadcasts = 0;
+  for (const auto& record : g->recorder().records()) {
+    if (record.seq > before && record.op.rfind("broadcast", 0) == 0) ++broadcasts;
+  }
+  // init_sync: the four units' parameters (the root's: BatchNorm's), then BatchNorm's three
+  // buffers coalesced, one broadcast per dtype (float32, int64).
+  expect(broadcasts == 4 + 2, fmt::format("{} broadcasts at construction, 6 expected", broadcasts));
   torch::optim::SGD opt(model.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   for (int step = 0; step < kSteps; ++step) {
     const Batch batch = global_batch(step, g->world_size(), 12);

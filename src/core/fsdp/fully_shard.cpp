@@ -13,6 +13,7 @@
 #include <set>
 
 #include "ddp/common/error.h"
+#include "ddp/core/distributed_data_parallel.h"
 #include "torch_compat.h"
 #include "unit.h"
 
@@ -430,9 +431,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(
   for (const auto& unit : state_->units) {
     if (unit.get() != state_->root) state_->predicted.push_back(unit.get());
   }
-  if (options.init_sync()) {
-    for (auto& buffer : module_->buffers()) state_->group->broadcast(buffer, 0)->wait();
-  }
+  if (options.init_sync()) broadcast_coalesced(*state_->group, module_->buffers());
 }
 
 void FullyShardedDataParallel::add_root_unit(fsdp::Claims& claims) {
