@@ -86,6 +86,16 @@ void FlightRecorder::finished(uint64_t seq, bool ok) {
   }
 }
 
+void FlightRecorder::arrived(uint64_t seq) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto it = records_.rbegin(); it != records_.rend(); ++it) {
+    if (it->seq == seq) {
+      it->arrived = wall_time();
+      return;
+    }
+  }
+}
+
 std::vector<CollectiveRecord> FlightRecorder::records() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return {records_.begin(), records_.end()};

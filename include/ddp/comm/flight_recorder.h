@@ -27,7 +27,10 @@ struct CollectiveRecord {
   std::string phase;  // "forward", "backward: bucket 2", "evaluation", ...
   int64_t bytes = 0;
   double start = 0.0;  // seconds since the Unix epoch (comparable across hosts)
-  double end = 0.0;    // 0 while issued
+  double end = 0.0;    // 0 while issued (set when waited for)
+  // When the backend's communication thread completed it, where the backend reports that (gloo);
+  // 0 otherwise. Between start and arrived the collective was in flight.
+  double arrived = 0.0;
   CollectiveState state = CollectiveState::kIssued;
 };
 
@@ -51,6 +54,8 @@ class FlightRecorder {
 
   void issued(uint64_t seq, std::string op, int64_t bytes);
   void finished(uint64_t seq, bool ok);
+  // The backend's thread completed `seq` (any thread may call it).
+  void arrived(uint64_t seq);
 
   // Oldest first; at most `capacity` records.
   std::vector<CollectiveRecord> records() const;

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -194,6 +195,14 @@ class ProcessGroup {
   // `ranks` are valid and sorted; returns nullptr where this rank is not among them.
   virtual std::shared_ptr<ProcessGroup> do_new_group(const std::vector<int>& ranks,
                                                      const CollectiveInfo& info) = 0;
+
+  // Tells the flight recorder when the backend's thread completed collective `seq` (callable
+  // from any thread, after the group is gone too).
+  std::function<void()> arrival_marker(uint64_t seq) const {
+    return [recorder = std::weak_ptr<FlightRecorder>(recorder_), seq] {
+      if (auto r = recorder.lock()) r->arrived(seq);
+    };
+  }
 
   // The message of a timeout of `info` after the group's timeout, naming the expected ranks.
   std::string timeout_message(const CollectiveInfo& info) const;

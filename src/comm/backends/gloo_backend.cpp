@@ -333,6 +333,13 @@ class GlooProcessGroup : public ProcessGroup {
  private:
   WorkPtr wrap(c10::intrusive_ptr<c10d::Work> work, const CollectiveInfo& info,
                std::function<void()> finish = nullptr) {
+    // The flight record's arrival: c10d completes the work's future on gloo's own thread (every
+    // work above has one; c10d's base Work throws, and the record then has no arrival).
+    try {
+      work->getFuture()->addCallback(
+          [arrived = arrival_marker(info.seq)](c10::ivalue::Future& /*future*/) { arrived(); });
+    } catch (const c10::Error&) {
+    }
     return std::make_shared<GlooWork>(std::move(work), info, timeout_message(info),
                                       std::move(finish));
   }
