@@ -27,6 +27,7 @@
 #include "epoch_pass.h"
 #include "phase.h"
 #include "sample_record.h"
+#include "shared_dir.h"
 
 namespace ddp::train {
 namespace {
@@ -223,6 +224,9 @@ Trainer::Trainer(Config config, Distributed dist)
     config_.resume = "auto";
   }
   set_threads(config_, dist_);
+  if (config_.checkpoint_sharded) {  // fail now, not at the first resume
+    check_dir_shared(*dist_.group, dist_.device, config_.output_dir, "--checkpoint-sharded");
+  }
   workload_ = build_workload(config_, dist_);
   state_ = std::make_unique<TrainState>(config_, dist_, workload_, timeline_.get());
   elastic_ = std::make_unique<ElasticMember>(

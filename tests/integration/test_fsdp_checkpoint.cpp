@@ -134,4 +134,39 @@ TEST(FsdpCheckpoint, ARankKilledWhileItWritesLeavesThePreviousCheckpointWhole) {
   ddp::testing::expect_same_weights(out.file("model.pt"), reference.file("model.pt"));
 }
 
+// Hosts that each have their own directory under the same path (not a shared file system),
+// made here by a wrapper that gives each rank a directory of its own: --checkpoint-sharded is
+// refused at the start on every rank, naming the directory and the ranks that do not share it,
+// before anything is trained (a sharded checkpoint there could never be resumed).
+TEST(FsdpCheckpoint, AnOutputDirectoryTheRanksDoNotShareIsRefusedAtTheStart) {
+  TempDir base;
+  const std::vector<std::string> job = sharded_mlp_job(base, 1, sharded());
+  std::vector<std::string> argv = {"/bin/sh", "-c",
+                                   "d=\"$1/rank-$RANK\"; shift; mkdir -p \"$d\"; "
+                                   "exec \"$@\" --output-dir \"$d\"",
+                                   "sh", base.path()};
+  for (size_t i = 0; i < job.size(); ++i) {
+    if (job[i] == "--output-dir") {
+      ++i;  // the wrapper's instead
+    } else {
+      argv.push_back(job[i]);
+    }
+  }
+  const auto ranks = ddp::testing::run_env_ranks(2, argv, seconds(120));
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    EXPECT_NE(ranks[r].exit_code, 0) << ranks[r].output;
+    EXPECT_NE(ranks[r].output.find("--checkpoint-sharded: the output directory '" + base.path() +
+                                   "/rank-" + std::to_string(r) +
+                                   "' is not the same directory on every rank: rank(s) 1 do not "
+                                   "see the file rank 0 wrote there"),
+              std::string::npos)
+        << ranks[r].output;
+  }
+  EXPECT_FALSE(fs::exists(base.file("rank-0/model.pt")));
+  for (const auto& entry : fs::directory_iterator(base.file("rank-0"))) {
+    EXPECT_EQ(entry.path().filename().string().rfind(".ddp-shared-", 0), std::string::npos)
+        << "rank 0's check file was left behind: " << entry.path();
+  }
+}
+
 }  // namespace
