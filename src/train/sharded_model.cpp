@@ -216,20 +216,4 @@ void ShardedModel::load_shard_optimizers(const std::vector<Checkpoint>& files,
   }
 }
 
-void ShardedModel::clip_grad_norm(double max_norm) {
-  const std::vector<torch::Tensor> shards = model_->parameters();
-  auto squares = torch::zeros({}, shards.front().options().dtype(torch::kDouble));
-  for (const auto& shard : shards) {
-    if (shard.grad().defined()) squares += shard.grad().to(torch::kDouble).square().sum();
-  }
-  group_->all_reduce(squares, comm::ReduceOp::kSum)->wait();
-  // torch.nn.utils.clip_grad_norm_'s rule, on the norm over every rank's shards.
-  const double coefficient = max_norm / (std::sqrt(squares.item<double>()) + 1e-6);
-  if (coefficient >= 1.0) return;
-  torch::NoGradGuard no_grad;
-  for (const auto& shard : shards) {
-    if (shard.grad().defined()) shard.grad().mul_(coefficient);
-  }
-}
-
 }  // namespace ddp::train

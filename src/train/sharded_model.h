@@ -75,7 +75,7 @@ class ShardedModel {
 
   // Scales the shards' gradients so that their 2-norm over every rank is at most `max_norm`, as
   // torch.nn.utils.clip_grad_norm_ on the whole gradient (a collective).
-  void clip_grad_norm(double max_norm);
+  void clip_grad_norm(double max_norm) { model_->clip_grad_norm(max_norm); }
 
  private:
   // Unit `unit`'s parameters (shaped as the module's) from its flat elements, `parts` laid end to

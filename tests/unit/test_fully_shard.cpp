@@ -573,3 +573,36 @@ TEST(FullyShardOptions, WithoutCastForwardInputsAUnitGetsItsInputAsItIs) {
         << "cast_forward_inputs " << cast;
   }
 }
+
+// Clipping over the shards is torch.nn.utils.clip_grad_norm_ on the unwrapped model (one rank:
+// the shard is the whole unit, padded with zeros).
+TEST(FullyShard, ClippingOverTheShardsIsClippingTheWholeModel) {
+  torch::manual_seed(10);
+  AdaptedNet reference, net;
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < net->parameters().size(); ++i) {
+      net->parameters()[i].copy_(reference->parameters()[i]);
+    }
+  }
+  ddp::FullyShardedDataParallel model(net.ptr(), {net->a.ptr(), net->b.ptr()}, local_group());
+  const auto x = torch::randn({4, 6});
+  model.forward_with([&] { return net->forward(x); }).pow(2).sum().backward();
+  reference->forward(x).pow(2).sum().backward();
+  std::vector<torch::Tensor> trainable;
+  for (const auto& p : reference->parameters()) {
+    if (p.requires_grad()) trainable.push_back(p);
+  }
+  const double want = torch::nn::utils::clip_grad_norm_(trainable, 0.1);
+  EXPECT_NEAR(model.clip_grad_norm(0.1), want, 1e-6 * want);
+  const auto shards = model.parameters();
+  auto grads_of = [](torch::nn::Module& m) {
+    std::vector<torch::Tensor> grads;
+    for (const auto& p : m.parameters()) {
+      if (p.requires_grad()) grads.push_back(p.grad().reshape(-1));
+    }
+    return torch::cat(grads);
+  };
+  EXPECT_TRUE(shards[0].grad().allclose(grads_of(*reference->a), 1e-5, 1e-7));
+  EXPECT_TRUE(shards[2].grad().allclose(grads_of(*reference->head), 1e-5, 1e-7));
+}

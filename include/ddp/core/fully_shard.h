@@ -199,6 +199,11 @@ class FullyShardedDataParallel {
   // A floating tensor in the policy's output_dtype, when it has one.
   torch::Tensor cast_output(torch::Tensor output) const;
 
+  // Scales the shards' gradients so that the 2-norm of the whole model's gradient (over every
+  // rank's shards) is at most `max_norm`, as torch.nn.utils.clip_grad_norm_ on the unsharded
+  // model (FSDP1's clip_grad_norm_). Returns that norm, before clipping. A collective.
+  double clip_grad_norm(double max_norm);
+
   // As FSDP2's: false makes the backwards that follow keep each unit's gradients whole (added up
   // over the backwards, one flat buffer per unit) instead of reduce-scattering them; the first
   // backward after set_requires_gradient_sync(true) reduces them with its own. Gradient

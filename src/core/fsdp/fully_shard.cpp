@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <map>
 #include <optional>
@@ -475,6 +476,25 @@ torch::Tensor FullyShardedDataParallel::cast_output(torch::Tensor output) const 
   const auto& dtype = state_->options.mp_policy().output_dtype();
   if (!dtype || !output.is_floating_point()) return output;
   return output.to(*dtype);
+}
+
+double FullyShardedDataParallel::clip_grad_norm(double max_norm) {
+  const std::vector<torch::Tensor> shards = parameters();
+  auto squares = torch::zeros({}, shards.front().options().dtype(torch::kDouble));
+  for (const auto& shard : shards) {  // the padding's gradients are zeros
+    if (shard.grad().defined()) squares += shard.grad().to(torch::kDouble).square().sum();
+  }
+  state_->group->all_reduce(squares, comm::ReduceOp::kSum)->wait();
+  const double norm = std::sqrt(squares.item<double>());
+  // torch.nn.utils.clip_grad_norm_'s rule, on the norm over every rank's shards.
+  const double coefficient = max_norm / (norm + 1e-6);
+  if (coefficient < 1.0) {
+    torch::NoGradGuard no_grad;
+    for (const auto& shard : shards) {
+      if (shard.grad().defined()) shard.grad().mul_(coefficient);
+    }
+  }
+  return norm;
 }
 
 void FullyShardedDataParallel::set_requires_gradient_sync(bool sync) {
