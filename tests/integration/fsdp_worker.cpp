@@ -28,6 +28,7 @@
 #include <map>
 #include <thread>
 
+#include "adapted_net.h"
 #include "ddp/core/distributed_data_parallel.h"
 #include "ddp/core/fully_shard.h"
 #include "worker_group.h"
@@ -376,49 +377,18 @@ void versus_ddp(const Group& g) {
   expect_sharded(model, g, {12 * 16 + 16, 16 * 16 + 16, 16 * 5 + 5, 16 + 16});
 }
 
-// A frozen base with a trainable low-rank adapter.
-struct AdaptedImpl : torch::nn::Module {
-  AdaptedImpl()
-      : base(register_module("base", torch::nn::Linear(12, 12))),
-        down(register_parameter("down", torch::randn({3, 12}) * 0.1)),
-        up(register_parameter("up", torch::randn({12, 3}) * 0.1)) {
-    for (auto& p : base->parameters()) p.set_requires_grad(false);
-  }
-  torch::Tensor forward(const torch::Tensor& x) {
-    return torch::tanh(base(x) + x.matmul(down.t()).matmul(up.t()));
-  }
-  torch::nn::Linear base;
-  torch::Tensor down, up;
-};
-TORCH_MODULE(Adapted);
-
-struct AdaptedNetImpl : torch::nn::Module {
-  AdaptedNetImpl() {
-    torch::manual_seed(13);
-    stem = register_module("stem", torch::nn::Linear(12, 12));
-    for (auto& p : stem->parameters()) p.set_requires_grad(false);
-    a = register_module("a", Adapted());
-    b = register_module("b", Adapted());
-    head = register_module("head", torch::nn::Linear(12, 5));
-  }
-  torch::Tensor forward(const torch::Tensor& x) {
-    auto h = ddp::nn::call(stem, x);
-    return head(ddp::nn::call(b, ddp::nn::call(a, h)));
-  }
-  torch::nn::Linear stem{nullptr}, head{nullptr};
-  Adapted a{nullptr}, b{nullptr};
-};
-TORCH_MODULE(AdaptedNet);
+// The adapted net (adapted_net.h) of width 12, adapters of rank 3, 5 classes, from one seed.
+ddp::testing::AdaptedNet make_adapted_net() {
+  torch::manual_seed(13);
+  return ddp::testing::AdaptedNet(12, 3, 5);
+}
 
 void adapters(const Group& g) {
-  AdaptedNet plain;
+  auto plain = make_adapted_net();
   ddp::DistributedDataParallel ddp_model(plain.ptr(), g);
-  std::vector<torch::Tensor> trainable;
-  for (const auto& p : plain->parameters()) {
-    if (p.requires_grad()) trainable.push_back(p);
-  }
+  const auto trainable = ddp::testing::trainable_parameters(*plain);
   torch::optim::Adam ddp_opt(trainable, torch::optim::AdamOptions(1e-2));
-  AdaptedNet net;
+  auto net = make_adapted_net();
   ddp::FullyShardedDataParallel model(net.ptr(), {net->stem.ptr(), net->a.ptr(), net->b.ptr()}, g);
   torch::optim::Adam opt(model.parameters(), torch::optim::AdamOptions(1e-2));
   for (int step = 0; step < kSteps; ++step) {

@@ -4,12 +4,16 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 
+#include "adapted_net.h"
 #include "ddp/comm/rendezvous.h"
 #include "ddp/core/fully_shard.h"
 
 namespace {
 
 using ddp::fsdp::plan_flat_layout;
+using ddp::testing::AdaptedNet;
+using ddp::testing::copy_parameters;
+using ddp::testing::trainable_gradients;
 
 std::shared_ptr<ddp::comm::ProcessGroup> local_group() {
   return ddp::comm::create_process_group("local", ddp::comm::LaunchInfo{}, {}, false);
@@ -266,14 +270,10 @@ TEST(FullyShard, AWeightTiedInsideAUnitIsShardedOnceAndSavedUnderBothNames) {
   torch::manual_seed(4);
   TiedNet reference(/*tie_out=*/false);
   TiedNet net(/*tie_out=*/false);
-  torch::NoGradGuard no_grad;
-  for (size_t i = 0; i < net->parameters().size(); ++i) {
-    net->parameters()[i].copy_(reference->parameters()[i]);
-  }
+  copy_parameters(*reference, *net);
   ddp::FullyShardedDataParallel model(net.ptr(), {net->block.ptr()}, local_group());
   EXPECT_EQ(model.parameters()[0].numel(), 9 + 3);  // lin.weight (= proj.weight) and lin.bias
   const auto x = torch::randn({4, 3});
-  torch::AutoGradMode grad(true);
   model.forward_with([&] { return net->forward(x); }).pow(2).sum().backward();
   reference->forward(x).pow(2).sum().backward();
   const auto& lin = reference->block->lin;
@@ -365,83 +365,34 @@ TORCH_MODULE(Recurrent);
 TEST(FullyShard, UnitsMayReturnTuplesAndStructs) {
   torch::manual_seed(6);
   Recurrent reference, net;
-  torch::NoGradGuard no_grad;
-  for (size_t i = 0; i < net->parameters().size(); ++i) {
-    net->parameters()[i].copy_(reference->parameters()[i]);
-  }
+  copy_parameters(*reference, *net);
   ddp::FullyShardedDataParallel model(net.ptr(), {net->lstm.ptr(), net->two.ptr()}, local_group());
   const auto x = torch::randn({3, 2, 4});
-  torch::AutoGradMode grad(true);
   model.forward_with([&] { return net->forward(x); }).backward();
   reference->forward(x).backward();
-  auto flat_grads = [](torch::nn::Module& m) {
-    std::vector<torch::Tensor> grads;
-    for (const auto& p : m.parameters()) grads.push_back(p.grad().reshape(-1));
-    return torch::cat(grads);
-  };
   const auto shards = model.parameters();
   ASSERT_EQ(shards.size(), 2u);
-  EXPECT_TRUE(shards[0].grad().allclose(flat_grads(*reference->lstm), 1e-6, 1e-6));
-  EXPECT_TRUE(shards[1].grad().allclose(flat_grads(*reference->two), 1e-6, 1e-6));
+  EXPECT_TRUE(shards[0].grad().allclose(trainable_gradients(*reference->lstm), 1e-6, 1e-6));
+  EXPECT_TRUE(shards[1].grad().allclose(trainable_gradients(*reference->two), 1e-6, 1e-6));
 }
 
-// A frozen base with a trainable low-rank adapter (LoRA's shape): the frozen weight is gathered
-// with the unit but never reduced nor given a gradient; a unit with nothing trainable (`frozen`)
-// keeps a shard that does not require grad. Trained three SGD steps, the model equals the
-// unwrapped one (one rank).
-struct AdaptedImpl : torch::nn::Module {
-  AdaptedImpl()
-      : base(register_module("base", torch::nn::Linear(6, 6))),
-        down(register_parameter("down", torch::randn({2, 6}) * 0.1)),
-        up(register_parameter("up", torch::randn({6, 2}) * 0.1)) {
-    for (auto& p : base->parameters()) p.set_requires_grad(false);
-  }
-  torch::Tensor forward(const torch::Tensor& x) {
-    return torch::tanh(base(x) + x.matmul(down.t()).matmul(up.t()));
-  }
-  torch::nn::Linear base;
-  torch::Tensor down, up;
-};
-TORCH_MODULE(Adapted);
-
-struct AdaptedNetImpl : torch::nn::Module {
-  AdaptedNetImpl()
-      : frozen(register_module("frozen", torch::nn::Linear(6, 6))),
-        a(register_module("a", Adapted())),
-        b(register_module("b", Adapted())),
-        head(register_module("head", torch::nn::Linear(6, 3))) {
-    for (auto& p : frozen->parameters()) p.set_requires_grad(false);
-  }
-  torch::Tensor forward(const torch::Tensor& x) {
-    auto h = ddp::nn::call(frozen, x);
-    return head(ddp::nn::call(b, ddp::nn::call(a, h)));
-  }
-  torch::nn::Linear frozen;
-  Adapted a, b;
-  torch::nn::Linear head;
-};
-TORCH_MODULE(AdaptedNet);
+// Frozen bases with trainable low-rank adapters (LoRA's shape: adapted_net.h): a frozen weight is
+// gathered with its unit but never reduced nor given a gradient; a unit with nothing trainable
+// (the stem) keeps a shard that does not require grad. Trained three SGD steps, the model equals
+// the unwrapped one (one rank).
 
 TEST(FullyShard, AFrozenBaseWithTrainableAdaptersTrainsAsTheUnwrappedModel) {
   torch::manual_seed(8);
-  AdaptedNet reference, net;
-  {
-    torch::NoGradGuard no_grad;
-    for (size_t i = 0; i < net->parameters().size(); ++i) {
-      net->parameters()[i].copy_(reference->parameters()[i]);
-    }
-  }
-  ddp::FullyShardedDataParallel model(net.ptr(), {net->frozen.ptr(), net->a.ptr(), net->b.ptr()},
+  AdaptedNet reference(6, 2, 3), net(6, 2, 3);
+  copy_parameters(*reference, *net);
+  ddp::FullyShardedDataParallel model(net.ptr(), {net->stem.ptr(), net->a.ptr(), net->b.ptr()},
                                       local_group());
   const auto shards = model.parameters();
-  ASSERT_EQ(shards.size(), 4u);  // frozen, a, b, the root (head)
+  ASSERT_EQ(shards.size(), 4u);  // stem, a, b, the root (head)
   EXPECT_FALSE(shards[0].requires_grad());
   EXPECT_EQ(shards[1].numel(), 2 * 6 + 6 * 2);  // a's adapter only: its base is apart
   torch::optim::SGD opt(shards, torch::optim::SGDOptions(0.1).momentum(0.9));
-  std::vector<torch::Tensor> trainable;
-  for (const auto& p : reference->parameters()) {
-    if (p.requires_grad()) trainable.push_back(p);
-  }
+  const auto trainable = ddp::testing::trainable_parameters(*reference);
   torch::optim::SGD reference_opt(trainable, torch::optim::SGDOptions(0.1).momentum(0.9));
   for (int step = 0; step < 3; ++step) {
     const auto x = torch::randn({4, 6});
@@ -470,13 +421,8 @@ TEST(FullyShard, AFrozenBaseWithTrainableAdaptersTrainsAsTheUnwrappedModel) {
 // the sum of the micro-batches' (one rank: the average is the sum itself).
 TEST(FullyShard, MicroBatchesWithoutSyncReduceOncePerStepTheirSum) {
   torch::manual_seed(9);
-  AdaptedNet reference, net;
-  {
-    torch::NoGradGuard no_grad;
-    for (size_t i = 0; i < net->parameters().size(); ++i) {
-      net->parameters()[i].copy_(reference->parameters()[i]);
-    }
-  }
+  AdaptedNet reference(6, 2, 3), net(6, 2, 3);
+  copy_parameters(*reference, *net);
   auto group = local_group();
   ddp::FullyShardedDataParallel model(net.ptr(), {net->a.ptr(), net->b.ptr()}, group);
   const uint64_t before = group->last_seq();
@@ -490,18 +436,11 @@ TEST(FullyShard, MicroBatchesWithoutSyncReduceOncePerStepTheirSum) {
   for (const auto& record : group->recorder().records()) {
     if (record.seq > before && record.op.rfind("reduce_scatter", 0) == 0) ++reduce_scatters;
   }
-  EXPECT_EQ(reduce_scatters, model.num_units());  // a, b and the root (frozen and head), once
+  EXPECT_EQ(reduce_scatters, model.num_units());  // a, b and the root (stem and head), once
   const auto shards = model.parameters();
-  auto grads_of = [](torch::nn::Module& m) {
-    std::vector<torch::Tensor> grads;
-    for (const auto& p : m.parameters()) {
-      if (p.requires_grad()) grads.push_back(p.grad().reshape(-1));
-    }
-    return torch::cat(grads);
-  };
-  EXPECT_TRUE(shards[0].grad().allclose(grads_of(*reference->a), 1e-5, 1e-6));
-  EXPECT_TRUE(shards[1].grad().allclose(grads_of(*reference->b), 1e-5, 1e-6));
-  EXPECT_TRUE(shards[2].grad().allclose(grads_of(*reference->head), 1e-5, 1e-6));
+  EXPECT_TRUE(shards[0].grad().allclose(trainable_gradients(*reference->a), 1e-5, 1e-6));
+  EXPECT_TRUE(shards[1].grad().allclose(trainable_gradients(*reference->b), 1e-5, 1e-6));
+  EXPECT_TRUE(shards[2].grad().allclose(trainable_gradients(*reference->head), 1e-5, 1e-6));
 }
 
 // The options, each against its default: a test that fails when the option is ignored.
@@ -516,7 +455,7 @@ int collectives_since(const ddp::comm::ProcessGroup& group, uint64_t after, cons
 TEST(FullyShardOptions, WithoutReshardAfterForwardEachUnitIsGatheredOncePerStep) {
   for (const bool reshard : {true, false}) {
     torch::manual_seed(2);
-    AdaptedNet net;
+    AdaptedNet net(6, 2, 3);
     auto group = local_group();
     ddp::FullyShardedDataParallel model(net.ptr(), {net->a.ptr(), net->b.ptr()}, group,
                                         ddp::FullyShardOptions().reshard_after_forward(reshard));
@@ -578,31 +517,16 @@ TEST(FullyShardOptions, WithoutCastForwardInputsAUnitGetsItsInputAsItIs) {
 // the shard is the whole unit, padded with zeros).
 TEST(FullyShard, ClippingOverTheShardsIsClippingTheWholeModel) {
   torch::manual_seed(10);
-  AdaptedNet reference, net;
-  {
-    torch::NoGradGuard no_grad;
-    for (size_t i = 0; i < net->parameters().size(); ++i) {
-      net->parameters()[i].copy_(reference->parameters()[i]);
-    }
-  }
+  AdaptedNet reference(6, 2, 3), net(6, 2, 3);
+  copy_parameters(*reference, *net);
   ddp::FullyShardedDataParallel model(net.ptr(), {net->a.ptr(), net->b.ptr()}, local_group());
   const auto x = torch::randn({4, 6});
   model.forward_with([&] { return net->forward(x); }).pow(2).sum().backward();
   reference->forward(x).pow(2).sum().backward();
-  std::vector<torch::Tensor> trainable;
-  for (const auto& p : reference->parameters()) {
-    if (p.requires_grad()) trainable.push_back(p);
-  }
+  const auto trainable = ddp::testing::trainable_parameters(*reference);
   const double want = torch::nn::utils::clip_grad_norm_(trainable, 0.1);
   EXPECT_NEAR(model.clip_grad_norm(0.1), want, 1e-6 * want);
   const auto shards = model.parameters();
-  auto grads_of = [](torch::nn::Module& m) {
-    std::vector<torch::Tensor> grads;
-    for (const auto& p : m.parameters()) {
-      if (p.requires_grad()) grads.push_back(p.grad().reshape(-1));
-    }
-    return torch::cat(grads);
-  };
-  EXPECT_TRUE(shards[0].grad().allclose(grads_of(*reference->a), 1e-5, 1e-7));
-  EXPECT_TRUE(shards[2].grad().allclose(grads_of(*reference->head), 1e-5, 1e-7));
+  EXPECT_TRUE(shards[0].grad().allclose(trainable_gradients(*reference->a), 1e-5, 1e-7));
+  EXPECT_TRUE(shards[2].grad().allclose(trainable_gradients(*reference->head), 1e-5, 1e-7));
 }
