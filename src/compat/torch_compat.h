@@ -99,9 +99,9 @@ struct HasStorageErrorMessage<
 
 // A tensor shaped, typed and placed as `like` that has no storage: LibTorch throws c10::Error at
 // any read of its data or storage (never a read of freed memory), while its sizes, dtype and
-// device stay readable. The error says `message` where the release can (2.1 and later:
-// FakeTensor's custom message); 1.13 says "Cannot access data pointer of Tensor that doesn't have
-// storage" or "Cannot access storage of TensorImpl".
+// device stay readable. The error says `message` where the release lets a tensor carry one (the
+// custom message FakeTensor uses: 2.6 has it); 1.13 says "Cannot access data pointer of Tensor
+// that doesn't have storage" or "Cannot access storage of TensorImpl".
 template <typename Impl = c10::TensorImpl>
 at::Tensor storageless_like(const at::Tensor& like, const std::string& message) {
   auto impl = c10::make_intrusive<Impl>(like.key_set(), like.dtype(), like.device());

@@ -121,7 +121,8 @@ bool Claims::claimed_as(const torch::Tensor& param, const std::string& name) con
 }
 
 bool reads_parameters_without_data(const std::string& error) {
-  // Our own message (LibTorch 2.1 and later) and 1.13's two for a tensor without storage.
+  // Our own message (where the release lets a tensor carry it: 2.6 does) and 1.13's two for a
+  // tensor without storage.
   for (const char* marker : {"holds no data while the unit is not gathered",
                              "Tensor that doesn't have storage", "Cannot access storage of"}) {
     if (error.find(marker) != std::string::npos) return true;
