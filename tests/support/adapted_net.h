@@ -17,7 +17,10 @@ struct AdaptedImpl : torch::nn::Module {
     for (auto& p : base->parameters()) p.set_requires_grad(false);
   }
   torch::Tensor forward(const torch::Tensor& x) {
-    return torch::tanh(base(x) + x.matmul(down.t()).matmul(up.t()));
+    // The base first: its node then runs last in the backward, after the adapter's gradients
+    // are complete, and the frozen weight must still be there for it.
+    auto frozen = base(x);
+    return torch::tanh(frozen + x.matmul(down.t()).matmul(up.t()));
   }
   torch::nn::Linear base;
   torch::Tensor down, up;

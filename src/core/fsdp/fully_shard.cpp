@@ -157,8 +157,9 @@ struct FullyShardedDataParallel::State : nn::ForwardHooks {
   std::vector<fsdp::Unit*> forward_order;  // units as this forward called them
   std::vector<fsdp::Unit*> predicted;      // the last forward's order: whose gather to issue next
   fsdp::Unit* entered = nullptr;           // whose forward runs now (before() without after())
-  bool gradient_sync = true;               // set_requires_gradient_sync
-  fsdp::Unit* last_reduced = nullptr;      // whose reduce-scatter is in flight
+  std::map<fsdp::Unit*, int> inputs_pending;  // input gradients still to come, per unit
+  bool gradient_sync = true;                  // set_requires_gradient_sync
+  fsdp::Unit* last_reduced = nullptr;         // whose reduce-scatter is in flight
   bool in_backward = false;
 
   fsdp::Unit* find(const torch::nn::Module& module) const {
@@ -170,9 +171,12 @@ struct FullyShardedDataParallel::State : nn::ForwardHooks {
   void after(const torch::nn::Module& module, const std::vector<torch::Tensor*>& outputs) override {
     after(*find(module), outputs);
   }
-  torch::Tensor input(const torch::nn::Module& /*module*/, torch::Tensor x) override {
-    return cast_input(x);
+  torch::Tensor input(const torch::nn::Module& module, torch::Tensor x) override {
+    return watch_input(*find(module), cast_input(x));
   }
+  // Note [Frozen parameters: freed after the unit's backward]
+  torch::Tensor watch_input(fsdp::Unit& unit, torch::Tensor x);
+  void input_grad_arrived(fsdp::Unit& unit);
   torch::Tensor cast_input(const torch::Tensor& x) const {
     const auto& policy = options.mp_policy();
     if (!policy.cast_forward_inputs() || !policy.param_dtype() || !x.defined() ||
@@ -226,6 +230,7 @@ fsdp::Unit* FullyShardedDataParallel::State::neighbour(const fsdp::Unit& unit, i
 void FullyShardedDataParallel::State::begin_forward() {
   forward_order.clear();
   entered = nullptr;
+  inputs_pending.clear();
   for (auto& unit : units) {
     unit->times() = fsdp::UnitTimes();
     unit->times().name = unit->name();
@@ -266,6 +271,29 @@ void FullyShardedDataParallel::State::after(fsdp::Unit& unit,
     });
   }
   if (options.reshard_after_forward() || !torch::GradMode::is_enabled()) unit.free();
+}
+
+torch::Tensor FullyShardedDataParallel::State::watch_input(fsdp::Unit& unit, torch::Tensor x) {
+  if (!unit.has_frozen() || !torch::GradMode::is_enabled() || !x.defined() || !x.requires_grad()) {
+    return x;
+  }
+  auto watched = x.view_as(x);
+  ++inputs_pending[&unit];
+  watched.register_hook([this, &unit](const torch::Tensor& grad) {
+    input_grad_arrived(unit);
+    return grad;
+  });
+  return watched;
+}
+
+void FullyShardedDataParallel::State::input_grad_arrived(fsdp::Unit& unit) {
+  if (--inputs_pending[&unit] > 0 || !options.reshard_after_forward()) return;
+  // The unit's backward has run: what it kept gathered for it goes (a frozen-only unit whole).
+  if (fsdp::Unit* frozen = unit.frozen_part()) {
+    frozen->free();
+  } else if (!unit.trainable()) {
+    unit.free();
+  }
 }
 
 void FullyShardedDataParallel::State::end_forward(bool grad_enabled) {
@@ -309,8 +337,9 @@ void FullyShardedDataParallel::State::on_grad_ready(fsdp::Unit& unit, size_t par
 void FullyShardedDataParallel::State::reduce(fsdp::Unit& unit) {
   unit.times().backward_end = fsdp::Clock::now();
   if (last_reduced != nullptr) last_reduced->finish_reduce();
-  // The parameters first: the backward is done with them, and the flat gradient takes their place.
-  if (options.reshard_after_forward() || &unit == root) unit.free();
+  // The parameters first: the backward is done with them, and the flat gradient takes their place
+  // (not the frozen ones: Note [Frozen parameters: freed after the unit's backward]).
+  if (options.reshard_after_forward() || &unit == root) unit.free(/*with_frozen=*/false);
   if (!gradient_sync) {
     unit.keep_unreduced();
     return;

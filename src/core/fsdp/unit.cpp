@@ -162,8 +162,8 @@ void Unit::wait_own_gather() {
   }
 }
 
-void Unit::free() {
-  if (frozen_) frozen_->free();
+void Unit::free(bool with_frozen) {
+  if (frozen_ && with_frozen) frozen_->free();
   if (full_state_ == FullState::kFreed) return;
   wait_own_gather();  // never give back memory a collective still writes
   show_parameters(false);

@@ -49,6 +49,15 @@ namespace ddp::fsdp {
 // and the flat gradient hold the trainable parameters only. A unit with no trainable parameter is
 // a frozen Unit itself; its shard, which does not require grad, still takes its place in
 // parameters() (optimizers skip a tensor without a gradient).
+//
+// Note [Frozen parameters: freed after the unit's backward]
+// A trainable parameter's last gradient is accumulated after every node of the backward that
+// reads it has run, so the unit's trainable buffer can go when that gradient comes. Nothing
+// signals that of a frozen parameter: the node that computes the input's gradient through a
+// frozen weight may run after the trainable ones' last gradient (which depends on the order the
+// forward made the nodes in). So the frozen part is freed when the gradients of the unit's inputs
+// have all arrived (each a hook on a view of the input, as FSDP2's post-backward hook on the
+// inputs), or at the end of the backward (an input that does not require grad, the root unit).
 class Unit {
  public:
   // `params` (the module's own tensors) with their names in the model; `name` says which unit in
@@ -81,8 +90,11 @@ class Unit {
   // Gathered: issues the gather if needed and waits for it.
   void wait_gathered();
   bool gathered() const { return full_state_ != FullState::kFreed; }
-  // The storage given back (after the gather in flight, if any).
-  void free();
+  // The storage given back (after the gather in flight, if any), the frozen part's too unless
+  // `with_frozen` is false (Note [Frozen parameters: freed after the unit's backward]).
+  void free(bool with_frozen = true);
+  // Whether the unit holds frozen parameters (a frozen part, or nothing trainable).
+  bool has_frozen() const { return frozen_ != nullptr || !trainable(); }
 
   // A backward reaches the unit: its gradients are counted from here (autograd accumulates them
   // into the parameters' .grad) until reduce_async().
