@@ -16,6 +16,10 @@
 #include "store/job_store.h"
 
 namespace ddp::comm {
+
+// Runs `arrived` on gloo's thread when `work` completes (gloo_arrival.cpp).
+void on_arrival(c10d::Work& work, std::function<void()> arrived);
+
 namespace {
 
 // Wraps c10d's work: turns its failures into CommError, and runs `finish` once the data has
@@ -333,13 +337,7 @@ class GlooProcessGroup : public ProcessGroup {
  private:
   WorkPtr wrap(c10::intrusive_ptr<c10d::Work> work, const CollectiveInfo& info,
                std::function<void()> finish = nullptr) {
-    // The flight record's arrival: c10d completes the work's future on gloo's own thread (every
-    // work above has one; c10d's base Work throws, and the record then has no arrival).
-    try {
-      work->getFuture()->addCallback(
-          [arrived = arrival_marker(info.seq)](c10::ivalue::Future& /*future*/) { arrived(); });
-    } catch (const c10::Error&) {
-    }
+    on_arrival(*work, arrival_marker(info.seq));  // the flight record's arrival
     return std::make_shared<GlooWork>(std::move(work), info, timeout_message(info),
                                       std::move(finish));
   }
