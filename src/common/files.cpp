@@ -62,35 +62,45 @@ void write_all(int fd, std::string_view contents, const std::string& temp) {
 
 }  // namespace
 
-void write_file_atomically(const std::string& path, std::string_view contents) {
-  const fs::path target(path);
-  const fs::path dir = target.parent_path().empty() ? fs::path(".") : target.parent_path();
-  remove_stale_temp_files(target);
-  const std::string temp = fmt::format("{}.tmp-{}", path, ::getpid());
-  try {
-    {
-      Fd file{::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
-      if (file.fd < 0) {
-        throw Error(fmt::format("{}: cannot create: {}", temp, system_reason(errno)));
-      }
-      write_all(file.fd, contents, temp);
-      // The data must be on disk before the rename makes it the file: else a crash could leave
-      // `path` renamed but empty.
-      if (::fsync(file.fd) != 0) {
-        throw Error(fmt::format("{}: fsync failed: {}", temp, system_reason(errno)));
-      }
-    }
-    if (std::rename(temp.c_str(), path.c_str()) != 0) {
-      throw Error(fmt::format("{}: cannot rename to {}: {}", temp, path, system_reason(errno)));
-    }
-  } catch (...) {
-    std::error_code ec;
-    fs::remove(temp, ec);
-    throw;
+AtomicFile::AtomicFile(std::string path)
+    : path_(std::move(path)), temp_(fmt::format("{}.tmp-{}", path_, ::getpid())) {
+  remove_stale_temp_files(fs::path(path_));
+  fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw Error(fmt::format("{}: cannot create: {}", temp_, system_reason(errno)));
+}
+
+AtomicFile::~AtomicFile() {
+  if (fd_ < 0) return;  // committed
+  ::close(fd_);
+  ::unlink(temp_.c_str());
+}
+
+void AtomicFile::append(std::string_view data) {
+  write_all(fd_, data, temp_);
+}
+
+void AtomicFile::commit() {
+  // The data must be on disk before the rename makes it the file: else a crash could leave
+  // `path` renamed but empty.
+  if (::fsync(fd_) != 0) {
+    throw Error(fmt::format("{}: fsync failed: {}", temp_, system_reason(errno)));
   }
+  if (std::rename(temp_.c_str(), path_.c_str()) != 0) {
+    throw Error(fmt::format("{}: cannot rename to {}: {}", temp_, path_, system_reason(errno)));
+  }
+  ::close(fd_);
+  fd_ = -1;
   // The rename itself is durable only once the directory is synced.
+  const fs::path dir =
+      fs::path(path_).parent_path().empty() ? fs::path(".") : fs::path(path_).parent_path();
   Fd dir_fd{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
   if (dir_fd.fd >= 0) ::fsync(dir_fd.fd);
+}
+
+void write_file_atomically(const std::string& path, std::string_view contents) {
+  AtomicFile file(path);
+  file.append(contents);
+  file.commit();
 }
 
 void link_atomically(const std::string& target, const std::string& link) {

@@ -114,6 +114,8 @@ c10::IValue to_ivalue(const Checkpoint& c) {
   dict.insert("config", c.config);
   dict.insert("model", to_ivalue(c.model));
   dict.insert("optimizer_state", c.optimizer_state.cpu());
+  if (!c.optimizer_tensors.empty())
+    dict.insert("optimizer_tensors", to_ivalue(c.optimizer_tensors));
   if (!c.optimizer_shards.empty()) {
     // A list of Any, not of Tensor: the latter pickles as build_tensorlist, which the
     // weights-only readers (ours and Python's) refuse.
@@ -164,6 +166,10 @@ Checkpoint checkpoint_from(const c10::IValue& contents, const std::string& origi
   c.config = e.string("config");
   c.model = state_dict_from(e.get("model"), origin);
   c.optimizer_state = e.bytes("optimizer_state");
+  if (e.has("optimizer_tensors")) {
+    c.optimizer_tensors =
+        state_dict_from(e.get("optimizer_tensors"), origin + ": 'optimizer_tensors'");
+  }
   if (e.has("optimizer_shards")) c.optimizer_shards = e.byte_list("optimizer_shards");
   if (e.has("inner_optimizers")) {
     c.inner_optimizers = e.byte_list("inner_optimizers");

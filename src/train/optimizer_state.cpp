@@ -4,6 +4,7 @@
 #include <torch/serialize.h>
 #include <torch/torch.h>
 
+#include <map>
 #include <sstream>
 #include <utility>
 
@@ -49,6 +50,50 @@ void load_optimizer(torch::optim::Optimizer& optimizer, const at::Tensor& state,
   } catch (const c10::Error& e) {
     throw InputError(
         fmt::format("{}: the optimizer state cannot be loaded: {}", path, first_line_of(e)));
+  }
+}
+
+std::vector<std::pair<std::string, torch::Tensor*>> elementwise_state(
+    torch::optim::OptimizerParamState& state) {
+  if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(&state)) {
+    return {{"momentum_buffer", &sgd->momentum_buffer()}};
+  }
+  if (auto* adam = dynamic_cast<torch::optim::AdamParamState*>(&state)) {
+    return {{"exp_avg", &adam->exp_avg()},
+            {"exp_avg_sq", &adam->exp_avg_sq()},
+            {"max_exp_avg_sq", &adam->max_exp_avg_sq()}};
+  }
+  if (auto* adamw = dynamic_cast<torch::optim::AdamWParamState*>(&state)) {
+    return {{"exp_avg", &adamw->exp_avg()},
+            {"exp_avg_sq", &adamw->exp_avg_sq()},
+            {"max_exp_avg_sq", &adamw->max_exp_avg_sq()}};
+  }
+  throw Error("this optimizer's state cannot be gathered or sharded");
+}
+
+std::string optimizer_tensor_key(size_t index, const std::string& name) {
+  return fmt::format("{}.{}", index, name);
+}
+
+void restore_optimizer_tensors(torch::optim::Optimizer& optimizer,
+                               const std::vector<torch::Tensor>& params, const StateDict& tensors,
+                               const std::string& path, const c10::Device& device) {
+  if (tensors.empty()) return;
+  const std::map<std::string, torch::Tensor> by_key(tensors.begin(), tensors.end());
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto it = optimizer.state().find(compat::optimizer_state_key(optimizer, params[i]));
+    if (it == optimizer.state().end()) continue;  // not stepped yet
+    for (auto& [name, field] : elementwise_state(*it->second)) {
+      auto saved = by_key.find(optimizer_tensor_key(i, name));
+      if (saved == by_key.end()) continue;  // in optimizer_state itself
+      if (saved->second.numel() != params[i].numel()) {
+        throw InputError(fmt::format("{}: optimizer tensor {} has {} elements, its parameter {}",
+                                     path, saved->first, saved->second.numel(), params[i].numel()));
+      }
+      *field = saved->second.view(params[i].sizes())
+                   .to(device, params[i].scalar_type(),
+                       /*non_blocking=*/false, /*copy=*/true);
+    }
   }
 }
 

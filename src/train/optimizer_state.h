@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ddp/core/zero_redundancy_optimizer.h"
@@ -30,6 +31,20 @@ at::Tensor byte_tensor(const std::string& bytes);  // uint8, a copy
 // not fit).
 void load_optimizer(torch::optim::Optimizer& optimizer, const at::Tensor& state,
                     const std::string& path, const c10::Device& device);
+
+// The tensors of a parameter's state that follow its elements (SGD's momentum buffer, Adam's and
+// AdamW's moments), by name; the rest (Adam's step count) is one value per parameter. Error for
+// the state of an optimizer make_optimizer() does not build.
+std::vector<std::pair<std::string, torch::Tensor*>> elementwise_state(
+    torch::optim::OptimizerParamState& state);
+// A checkpoint's optimizer_tensors key of parameter `index`'s (in the model's order) tensor `name`.
+std::string optimizer_tensor_key(size_t index, const std::string& name);
+// A checkpoint's optimizer_tensors (its element-wise state kept apart from optimizer_state, as a
+// sharded model saves it) into `optimizer` over `params`, just loaded from its optimizer_state: a
+// copy of each whole on `device`. InputError naming `path` for a tensor of the wrong size.
+void restore_optimizer_tensors(torch::optim::Optimizer& optimizer,
+                               const std::vector<torch::Tensor>& params, const StateDict& tensors,
+                               const std::string& path, const c10::Device& device);
 
 // The optimizer state rank `rank` loads: its --zero shard (`zero`), or the whole state
 // (InputError when the checkpoint and the run disagree on --zero).

@@ -6,6 +6,11 @@
 #include <fmt/format.h>
 #include <torch/csrc/jit/serialization/pickler.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstring>
 #include <map>
 #include <unordered_map>
@@ -20,7 +25,11 @@ namespace ddp::train {
 // ---------------------------------------------------------------------------------------------
 // Writing: LibTorch's own pickler and zip writer.
 
-std::string serialize_pt(const c10::IValue& value) {
+namespace {
+
+// `value` pickled as torch.save does, and its tensors, one per storage in the order their records
+// are named (0, 1, ...).
+std::pair<std::string, std::vector<at::Tensor>> pickled(const c10::IValue& value) {
   std::string pickle;
   int64_t next_storage = 0;
   // tag_aggregates=false: no torch.jit._pickle.restore_type_tag around dicts and lists, which
@@ -34,25 +43,113 @@ std::string serialize_pt(const c10::IValue& value) {
   pickler.protocol();
   pickler.pushIValue(value);
   pickler.stop();
+  return {std::move(pickle), pickler.tensorData()};
+}
 
+void write_record(caffe2::serialize::PyTorchStreamWriter& zip, size_t index,
+                  const at::Tensor& tensor) {
+  const auto data = torch::jit::getWriteableTensorData(tensor);
+  zip.writeRecord("data/" + std::to_string(index), data.data(), data.sizeInBytes());
+}
+
+// The records before the tensors': the pickle, and the byte order as Python 2.x writes it.
+void write_head(caffe2::serialize::PyTorchStreamWriter& zip, const std::string& pickle) {
+  zip.writeRecord("data.pkl", pickle.data(), pickle.size());
+  zip.writeRecord("byteorder", "little", 6);
+}
+
+}  // namespace
+
+std::string serialize_pt(const c10::IValue& value) {
+  const auto [pickle, tensors] = pickled(value);
   std::string out;
-  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
+  caffe2::serialize::PyTorchStreamWriter zip([&](const void* data, size_t size) {
     out.append(static_cast<const char*>(data), size);
     return size;
   });
-  writer.writeRecord("data.pkl", pickle.data(), pickle.size());
-  writer.writeRecord("byteorder", "little", 6);  // as Python 2.x writes it
-  const auto& tensors = pickler.tensorData();
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const auto data = torch::jit::getWriteableTensorData(tensors[i]);
-    writer.writeRecord("data/" + std::to_string(i), data.data(), data.sizeInBytes());
-  }
-  writer.writeEndOfFile();
+  write_head(zip, pickle);
+  for (size_t i = 0; i < tensors.size(); ++i) write_record(zip, i, tensors[i]);
+  zip.writeEndOfFile();
   return out;
 }
 
 void write_pt_file(const std::string& path, const c10::IValue& value) {
   write_file_atomically(path, serialize_pt(value));
+}
+
+PtFileWriter::PtFileWriter(const std::string& path) : file_(std::make_unique<AtomicFile>(path)) {
+  // The zip writer takes no error from its sink and would write its end from its destructor: the
+  // first error is kept and rethrown by check_sink(), the bytes after it dropped.
+  zip_ = std::make_unique<caffe2::serialize::PyTorchStreamWriter>(
+      [this](const void* data, size_t size) {
+        if (!failed_) {
+          try {
+            file_->append({static_cast<const char*>(data), size});
+          } catch (...) {
+            failed_ = std::current_exception();
+          }
+        }
+        return size;
+      });
+}
+
+PtFileWriter::~PtFileWriter() = default;
+
+at::Tensor PtFileWriter::deferred(at::IntArrayRef sizes, c10::ScalarType dtype) {
+  const int64_t numel = c10::multiply_integers(sizes);
+  c10::Storage storage(c10::Storage::use_byte_size_t(),
+                       static_cast<size_t>(numel) * c10::elementSize(dtype),
+                       c10::DataPtr(nullptr, c10::Device(c10::kCPU)), /*allocator=*/nullptr,
+                       /*resizable=*/false);
+  return at::empty({0}, at::TensorOptions(dtype)).set_(storage, 0, sizes);
+}
+
+bool PtFileWriter::is_deferred(const at::Tensor& tensor) {
+  return tensor.defined() && tensor.has_storage() && tensor.storage().data_ptr().get() == nullptr &&
+         tensor.storage().nbytes() > 0;
+}
+
+bool PtFileWriter::awaits(const at::Tensor& deferred) const {
+  return pending_.count(deferred.storage().unsafeGetStorageImpl()) > 0;
+}
+
+void PtFileWriter::begin(const c10::IValue& value) {
+  DDP_CHECK(pending_.empty(), "PtFileWriter::begin once");
+  const auto [pickle, tensors] = pickled(value);
+  write_head(*zip_, pickle);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (PtFileWriter::is_deferred(tensors[i])) {
+      pending_[tensors[i].storage().unsafeGetStorageImpl()] = std::to_string(i);
+    } else {
+      write_record(*zip_, i, tensors[i]);
+    }
+  }
+  check_sink();
+}
+
+void PtFileWriter::write(const at::Tensor& deferred, const at::Tensor& data) {
+  auto it = pending_.find(deferred.storage().unsafeGetStorageImpl());
+  DDP_CHECK(it != pending_.end(), "a placeholder of this file not written yet");
+  DDP_CHECK(data.scalar_type() == deferred.scalar_type() && data.sizes() == deferred.sizes(),
+            "data of the placeholder's sizes and dtype");
+  const at::Tensor cpu = data.detach().to(at::kCPU).contiguous();
+  zip_->writeRecord("data/" + it->second, cpu.data_ptr(), cpu.nbytes());
+  pending_.erase(it);
+  check_sink();
+}
+
+void PtFileWriter::commit() {
+  if (!pending_.empty()) {
+    throw Error(
+        fmt::format("a torch.save file ended with {} tensor(s) not written", pending_.size()));
+  }
+  zip_->writeEndOfFile();
+  check_sink();
+  file_->commit();
+}
+
+void PtFileWriter::check_sink() const {
+  if (failed_) std::rethrow_exception(failed_);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -189,9 +286,11 @@ at::Tensor view_of_storage(const at::Tensor& storage, int64_t offset,
 // Runs the pickle opcodes that torch.save (protocol 2) and LibTorch's pickler emit.
 class PickleReader {
  public:
-  using RecordReader = std::function<std::string_view(const std::string& name)>;
-  PickleReader(std::string_view pickle, RecordReader read_record)
-      : data_(pickle), read_record_(std::move(read_record)) {}
+  // Storage `key`'s elements (record data/<key>) as a 1-D tensor of `numel`.
+  using StorageReader =
+      std::function<at::Tensor(const std::string& key, c10::ScalarType dtype, int64_t numel)>;
+  PickleReader(std::string_view pickle, StorageReader read_storage)
+      : data_(pickle), read_storage_(std::move(read_storage)) {}
 
   c10::IValue run() {
     while (true) {
@@ -458,17 +557,9 @@ class PickleReader {
     const std::string key = string_of(e[2]);
     auto cached = storages_.find(key);
     if (cached == storages_.end()) {
-      const c10::ScalarType dtype = storage_dtype(e[1].name);
       const int64_t numel = int_of(e[4], "storage size");
-      const size_t itemsize = c10::elementSize(dtype);
-      const std::string_view record = read_record_("data/" + key);
-      if (numel < 0 || record.size() != static_cast<uint64_t>(numel) * itemsize) {
-        throw Corrupt{fmt::format("record data/{} has {} bytes, its storage needs {} x {}", key,
-                                  record.size(), numel, itemsize)};
-      }
-      at::Tensor storage = at::empty({numel}, at::TensorOptions(dtype));
-      if (!record.empty()) std::memcpy(storage.data_ptr(), record.data(), record.size());
-      cached = storages_.emplace(key, storage).first;
+      if (numel < 0) throw Corrupt{fmt::format("storage {} of {} elements", key, numel)};
+      cached = storages_.emplace(key, read_storage_(key, storage_dtype(e[1].name), numel)).first;
     }
     Item item;
     item.kind = Item::Kind::kStorage;
@@ -478,7 +569,7 @@ class PickleReader {
 
   std::string_view data_;
   size_t pos_ = 0;
-  RecordReader read_record_;
+  StorageReader read_storage_;
   std::vector<Item> stack_;
   std::vector<size_t> marks_;
   std::unordered_map<uint64_t, Item> memo_;
@@ -487,7 +578,15 @@ class PickleReader {
 
 }  // namespace
 
-c10::IValue parse_pt(std::string_view bytes, const std::string& origin) {
+namespace {
+
+// The pickle of the torch.save file in `bytes`, its storages read by `read_storage(zip, name,
+// dtype, numel)` (name: the record's).
+using ZipStorageReader =
+    std::function<at::Tensor(caffe2::serialize::PyTorchStreamReader& zip, const std::string& name,
+                             c10::ScalarType dtype, int64_t numel)>;
+c10::IValue parse_zip(std::string_view bytes, const std::string& origin,
+                      const ZipStorageReader& read_storage) {
   if (bytes.empty()) throw InputError(fmt::format("{}: empty file", origin));
   if (bytes.size() < 4 || bytes.substr(0, 4) != std::string_view("PK\x03\x04", 4)) {
     throw InputError(
@@ -504,15 +603,13 @@ c10::IValue parse_pt(std::string_view bytes, const std::string& origin) {
           "dict: save model.state_dict() instead"};
     }
     if (!zip.hasRecord("data.pkl")) throw Corrupt{"no data.pkl record"};
-    std::map<std::string, std::pair<at::DataPtr, size_t>> records;  // keeps the bytes alive
-    auto read_record = [&](const std::string& name) -> std::string_view {
+    auto [pickle, size] = zip.getRecord("data.pkl");
+    auto read = [&](const std::string& key, c10::ScalarType dtype, int64_t numel) {
+      const std::string name = "data/" + key;
       if (!zip.hasRecord(name)) throw Corrupt{fmt::format("record {} is missing", name)};
-      auto [data, size] = zip.getRecord(name);
-      auto& kept = records[name] = {std::move(data), size};
-      return {static_cast<const char*>(kept.first.get()), kept.second};
+      return read_storage(zip, name, dtype, numel);
     };
-    const std::string_view pickle = read_record("data.pkl");
-    return PickleReader(pickle, read_record).run();
+    return PickleReader({static_cast<const char*>(pickle.get()), size}, read).run();
   } catch (const Corrupt& e) {
     throw InputError(fmt::format("{}: {}", origin, e.what));
   } catch (const c10::Error& e) {
@@ -520,8 +617,83 @@ c10::IValue parse_pt(std::string_view bytes, const std::string& origin) {
   }
 }
 
+// A record's bytes copied into a new tensor of `numel` elements.
+at::Tensor copied_storage(caffe2::serialize::PyTorchStreamReader& zip, const std::string& name,
+                          c10::ScalarType dtype, int64_t numel) {
+  auto [data, size] = zip.getRecord(name);
+  const uint64_t expected = static_cast<uint64_t>(numel) * c10::elementSize(dtype);
+  if (size != expected) {
+    throw Corrupt{fmt::format("record {} has {} bytes, its storage needs {} x {}", name, size,
+                              numel, c10::elementSize(dtype))};
+  }
+  at::Tensor storage = at::empty({numel}, at::TensorOptions(dtype));
+  if (size > 0) std::memcpy(storage.data_ptr(), data.get(), size);
+  return storage;
+}
+
+// A file mapped read-only (its pages private: a tensor written to gets its own copy).
+class Mapping {
+ public:
+  explicit Mapping(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      throw InputError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+    }
+    struct stat st {};
+    const bool ok = ::fstat(fd, &st) == 0;
+    size_ = ok ? static_cast<size_t>(st.st_size) : 0;
+    if (ok && size_ > 0) {
+      void* at = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+      data_ = at == MAP_FAILED ? nullptr : static_cast<const char*>(at);
+    }
+    const int err = errno;
+    ::close(fd);
+    if (!ok || (size_ > 0 && data_ == nullptr)) {
+      throw InputError(fmt::format("{}: cannot read: {}", path, std::strerror(err)));
+    }
+  }
+  ~Mapping() {
+    if (data_ != nullptr) ::munmap(const_cast<char*>(data_), size_);
+  }
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  std::string_view bytes() const { return {data_, size_}; }
+
+ private:
+  const char* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace
+
+c10::IValue parse_pt(std::string_view bytes, const std::string& origin) {
+  return parse_zip(bytes, origin, copied_storage);
+}
+
 c10::IValue read_pt_file(const std::string& path) {
-  return parse_pt(read_file(path), path);
+  auto mapping = std::make_shared<Mapping>(path);
+  const std::string_view file = mapping->bytes();
+  // Each storage a view of its record in the mapping, which the tensors keep alive. As Python's
+  // torch.load(mmap=True), this takes a record's bytes to be stored, not compressed: what
+  // torch.save and LibTorch's writer write.
+  auto view = [&](caffe2::serialize::PyTorchStreamReader& zip, const std::string& name,
+                  c10::ScalarType dtype, int64_t numel) -> at::Tensor {
+    const size_t itemsize = c10::elementSize(dtype);
+    const uint64_t offset = zip.getRecordOffset(name);
+    uint64_t nbytes = 0;
+    if (__builtin_mul_overflow(static_cast<uint64_t>(numel), itemsize, &nbytes) ||
+        offset > file.size() || nbytes > file.size() - offset) {
+      throw Corrupt{fmt::format("record {} of {} x {} bytes runs past the file's end", name, numel,
+                                itemsize)};
+    }
+    const char* data = file.data() + offset;
+    if (numel == 0 || reinterpret_cast<uintptr_t>(data) % itemsize != 0) {
+      return copied_storage(zip, name, dtype, numel);  // not aligned for its dtype
+    }
+    return at::from_blob(
+        const_cast<char*>(data), {numel}, [mapping](void*) {}, at::TensorOptions(dtype));
+  };
+  return parse_zip(file, path, view);
 }
 
 }  // namespace ddp::train

@@ -7,33 +7,19 @@
 
 #include "ddp/common/error.h"
 #include "ddp/core/distributed_data_parallel.h"
+#include "ddp/train/pt_file.h"
 #include "torch_compat.h"
 
 namespace ddp::train {
 namespace {
 
-// The tensors of a parameter's optimizer state that follow its elements (SGD's momentum buffer,
-// Adam's and AdamW's moments); the rest (Adam's step count) is one value per parameter. Error for
-// the state of an optimizer make_optimizer() does not build.
-std::vector<torch::Tensor*> elementwise(torch::optim::OptimizerParamState& state) {
-  if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(&state)) {
-    return {&sgd->momentum_buffer()};
-  }
-  if (auto* adam = dynamic_cast<torch::optim::AdamParamState*>(&state)) {
-    return {&adam->exp_avg(), &adam->exp_avg_sq(), &adam->max_exp_avg_sq()};
-  }
-  if (auto* adamw = dynamic_cast<torch::optim::AdamWParamState*>(&state)) {
-    return {&adamw->exp_avg(), &adamw->exp_avg_sq(), &adamw->max_exp_avg_sq()};
-  }
-  throw Error("--fsdp: this optimizer's state cannot be gathered or sharded");
-}
-
-// Zero tensors shaped as `module`'s parameters, by name: what an optimizer over the unsharded
-// model steps, for its state to be saved or loaded.
+// A stand-in for each of `module`'s parameters, by name, in an optimizer over the unsharded model
+// whose state is saved or loaded: only its identity counts (an optimizer keys its state by
+// parameter, and its serialization by position), so it holds no elements.
 std::map<std::string, torch::Tensor> stand_ins(const torch::nn::Module& module) {
   std::map<std::string, torch::Tensor> tensors;
   for (const auto& item : module.named_parameters()) {
-    tensors[item.key()] = torch::zeros(item.value().sizes(), item.value().options());
+    tensors[item.key()] = torch::empty({0}, item.value().options());
   }
   return tensors;
 }
@@ -43,6 +29,13 @@ std::vector<torch::Tensor> in_module_order(const torch::nn::Module& module,
   std::vector<torch::Tensor> ordered;
   for (const auto& item : module.named_parameters()) ordered.push_back(tensors.at(item.key()));
   return ordered;
+}
+
+// Each parameter's position in the module's order, by name.
+std::map<std::string, size_t> indices(const torch::nn::Module& module) {
+  std::map<std::string, size_t> index;
+  for (const auto& item : module.named_parameters()) index.emplace(item.key(), index.size());
+  return index;
 }
 
 }  // namespace
@@ -57,55 +50,89 @@ void ShardedModel::broadcast_buffers() {
   broadcast_coalesced(*group_, module_->buffers());  // one broadcast per dtype
 }
 
-StateDict ShardedModel::state_dict(const std::string& prefix) {
-  StateDict state;
-  for (auto& [key, tensor] : model_->state_dict()) state.emplace_back(prefix + key, tensor);
-  return state;
-}
-
 void ShardedModel::load_state_dict(const StateDict& weights, const std::string& origin) {
   model_->load_state_dict(fitted_state_dict(*module_, weights, origin));
 }
 
-std::string ShardedModel::unsharded_optimizer_state(torch::optim::Optimizer& local,
-                                                    const OptimizerFactory& make) {
-  // Every rank gathers (collectives); rank 0 keeps the whole state, in an optimizer over
-  // stand-ins of the parameters.
-  const bool main = group_->rank() == 0;
-  std::map<std::string, torch::Tensor> whole =
-      main ? stand_ins(*module_) : std::map<std::string, torch::Tensor>();
-  const auto unsharded = main ? make(in_module_order(*module_, whole)) : nullptr;
+ShardedModel::Deferred ShardedModel::deferred_state(const std::string& prefix,
+                                                    torch::optim::Optimizer* local,
+                                                    const OptimizerFactory& make) const {
+  Deferred state;
+  state.prefix = prefix;
+  // A tied weight is one placeholder under each of its names, as it is one tensor in the module.
+  std::map<const void*, torch::Tensor> placeholders;
+  for (const auto& [name, value] : model_->state_dict_keys()) {
+    torch::Tensor tensor;
+    if (!value.is_meta()) {
+      tensor = value.detach().clone();  // a buffer: this rank's
+    } else {
+      auto& p = placeholders[value.unsafeGetTensorImpl()];
+      if (!p.defined()) p = PtFileWriter::deferred(value.sizes(), value.scalar_type());
+      tensor = p;
+    }
+    state.model.emplace_back(prefix + name, tensor);
+  }
+  if (local == nullptr) return state;
+
+  const auto whole = stand_ins(*module_);
+  const auto index = indices(*module_);
+  const auto unsharded = make(in_module_order(*module_, whole));
   const std::vector<torch::Tensor> shards = model_->parameters();
   for (int u = 0; u < static_cast<int>(shards.size()); ++u) {
-    auto it = local.state().find(compat::optimizer_state_key(local, shards[u]));
-    if (it == local.state().end()) continue;  // not stepped yet (on every rank alike)
-    std::vector<std::vector<std::pair<std::string, torch::Tensor>>> fields;
-    for (torch::Tensor* field : elementwise(*it->second)) {
-      fields.push_back(field->defined() ? model_->unshard(u, *field)
-                                        : std::vector<std::pair<std::string, torch::Tensor>>());
-    }
-    if (!main) continue;
-    const auto names = model_->parameter_names(u);
-    for (size_t p = 0; p < names.size(); ++p) {
-      auto state = it->second->clone();
-      auto targets = elementwise(*state);
-      for (size_t f = 0; f < fields.size(); ++f) {
-        *targets[f] = fields[f].empty() ? torch::Tensor() : fields[f][p].second;
+    auto it = local->state().find(compat::optimizer_state_key(*local, shards[u]));
+    if (it == local->state().end()) continue;  // not stepped yet (on every rank alike)
+    const auto params = module_->named_parameters();
+    for (const auto& name : model_->parameter_names(u)) {
+      auto saved = it->second->clone();
+      for (auto& [field, tensor] : elementwise_state(*saved)) {
+        if (!tensor->defined()) continue;  // AMSGrad's maximum, off
+        const torch::Tensor& param = params[name];
+        state.optimizer_tensors.emplace_back(
+            optimizer_tensor_key(index.at(name), field),
+            PtFileWriter::deferred(param.sizes(), tensor->scalar_type()));
+        *tensor = torch::empty({0}, tensor->options());  // kept apart
       }
-      unsharded->state()[compat::optimizer_state_key(*unsharded, whole.at(names[p]))] =
-          std::move(state);
+      unsharded->state()[compat::optimizer_state_key(*unsharded, whole.at(name))] =
+          std::move(saved);
     }
   }
-  return main ? serialized(*unsharded) : std::string();
+  state.optimizer_state = serialized(*unsharded);
+  return state;
+}
+
+void ShardedModel::write_gathered(const Deferred& state, torch::optim::Optimizer* local,
+                                  const DeferredWrite& write) {
+  const std::map<std::string, torch::Tensor> model(state.model.begin(), state.model.end());
+  const std::map<std::string, torch::Tensor> tensors(state.optimizer_tensors.begin(),
+                                                     state.optimizer_tensors.end());
+  const auto index = indices(*module_);
+  model_->gather_each_unit([&](const std::string& name, const torch::Tensor& value) {
+    if (write) write(model.at(state.prefix + name), value);
+  });
+  if (local == nullptr) return;
+  const std::vector<torch::Tensor> shards = model_->parameters();
+  for (int u = 0; u < static_cast<int>(shards.size()); ++u) {
+    auto it = local->state().find(compat::optimizer_state_key(*local, shards[u]));
+    if (it == local->state().end()) continue;  // not stepped yet (on every rank alike)
+    for (const auto& [field, tensor] : elementwise_state(*it->second)) {
+      if (!tensor->defined()) continue;
+      for (const auto& [name, value] : model_->unshard(u, *tensor)) {  // a collective
+        if (write) write(tensors.at(optimizer_tensor_key(index.at(name), field)), value);
+      }
+    }
+  }
 }
 
 void ShardedModel::load_unsharded_optimizer_state(torch::optim::Optimizer& local,
-                                                  const at::Tensor& state,
+                                                  const at::Tensor& state, const StateDict& tensors,
                                                   const OptimizerFactory& make,
                                                   const std::string& path) {
   std::map<std::string, torch::Tensor> whole = stand_ins(*module_);
+  const auto index = indices(*module_);
   const auto unsharded = make(in_module_order(*module_, whole));
   load_optimizer(*unsharded, state, path, whole.begin()->second.device());
+  const std::map<std::string, torch::Tensor> apart(tensors.begin(), tensors.end());
+  const auto params = module_->named_parameters();
   const std::vector<torch::Tensor> shards = model_->parameters();
   for (int u = 0; u < static_cast<int>(shards.size()); ++u) {
     const auto names = model_->parameter_names(u);
@@ -116,12 +143,22 @@ void ShardedModel::load_unsharded_optimizer_state(torch::optim::Optimizer& local
     }
     if (saved.size() != names.size()) continue;  // not stepped: no state
     auto mine = saved.front()->clone();
-    auto targets = elementwise(*mine);
+    auto targets = elementwise_state(*mine);
     for (size_t f = 0; f < targets.size(); ++f) {
+      const std::string& field = targets[f].first;
       std::vector<torch::Tensor> parts;
-      for (auto* s : saved) parts.push_back(*elementwise(*s)[f]);
-      const bool defined = parts.front().defined();
-      *targets[f] = defined ? model_->shard(u, parts) : torch::Tensor();
+      for (size_t p = 0; p < names.size(); ++p) {
+        auto kept = apart.find(optimizer_tensor_key(index.at(names[p]), field));
+        parts.push_back(kept != apart.end() ? kept->second
+                                            : *elementwise_state(*saved[p])[f].second);
+        if (parts.back().defined() && parts.back().numel() != params[names[p]].numel()) {
+          throw InputError(
+              fmt::format("{}: the optimizer's {} of {} has {} elements, the "
+                          "parameter {}",
+                          path, field, names[p], parts.back().numel(), params[names[p]].numel()));
+        }
+      }
+      *targets[f].second = parts.front().defined() ? model_->shard(u, parts) : torch::Tensor();
     }
     local.state()[compat::optimizer_state_key(local, shards[u])] = std::move(mine);
   }
@@ -205,12 +242,12 @@ void ShardedModel::load_shard_optimizers(const std::vector<Checkpoint>& files,
     }
     if (states.size() != files.size()) continue;  // not stepped: no state
     auto mine = states.front()->clone();
-    auto targets = elementwise(*mine);
+    auto targets = elementwise_state(*mine);
     for (size_t f = 0; f < targets.size(); ++f) {
-      if (!elementwise(*states.front())[f]->defined()) continue;
+      if (!elementwise_state(*states.front())[f].second->defined()) continue;
       std::vector<torch::Tensor> parts;
-      for (auto* state : states) parts.push_back(*elementwise(*state)[f]);
-      *targets[f] = model_->shard(u, unit_values(u, parts, path));
+      for (auto* state : states) parts.push_back(*elementwise_state(*state)[f].second);
+      *targets[f].second = model_->shard(u, unit_values(u, parts, path));
     }
     local.state()[compat::optimizer_state_key(local, shards[u])] = std::move(mine);
   }

@@ -47,20 +47,39 @@ class ShardedModel {
   // collective).
   void broadcast_buffers();
 
-  // The whole model's state, each key prefixed with `prefix` (a collective).
-  StateDict state_dict(const std::string& prefix);
+  // The whole model's state and the optimizer's, as a gathered checkpoint holds them, without
+  // either whole in memory: placeholders (PtFileWriter::deferred) where the parameters and the
+  // optimizer's element-wise tensors go, which write_gathered() fills. No collective.
+  struct Deferred {
+    std::string prefix;  // of the keys of `model`
+    StateDict model;     // the parameters deferred, the buffers copies
+    // The optimizer over the model's own parameters, serialized as a checkpoint's optimizer_state
+    // with its element-wise tensors empty; they are in `optimizer_tensors` (Checkpoint's).
+    std::string optimizer_state;
+    StateDict optimizer_tensors;
+  };
+  Deferred deferred_state(const std::string& prefix, torch::optim::Optimizer* local,
+                          const OptimizerFactory& make) const;
+  // Each unit's parameters gathered in turn, then (`local` given) its optimizer state, each tensor
+  // handed to `write` with its placeholder in `state` (rank 0's; `write` is null on the others),
+  // and freed before the next unit's: a collective.
+  using DeferredWrite = std::function<void(const torch::Tensor& placeholder, const torch::Tensor&)>;
+  void write_gathered(const Deferred& state, torch::optim::Optimizer* local,
+                      const DeferredWrite& write);
+  // The same for the model alone (`state` from deferred_state(prefix, nullptr, {})).
+  void write_gathered(const Deferred& state, const DeferredWrite& write) {
+    write_gathered(state, nullptr, write);
+  }
   // Each rank's shards from a whole model's state (keys with or without `module.`); InputError
   // starting with `origin` on a mismatch.
   void load_state_dict(const StateDict& weights, const std::string& origin);
 
-  // `local`'s state (an optimizer over the shards) as an optimizer of the same kind over the
-  // model's own parameters would hold it, serialized as a checkpoint's optimizer_state (a
-  // collective: each shard's state is gathered).
-  std::string unsharded_optimizer_state(torch::optim::Optimizer& local,
-                                        const OptimizerFactory& make);
-  // The other way: this rank's part of a serialized per-parameter state into `local`.
+  // This rank's part of a checkpoint's per-parameter optimizer state (`state`, and the
+  // element-wise tensors kept apart, `tensors`: Deferred's) into `local`, reading no more of
+  // the saved tensors than that part.
   void load_unsharded_optimizer_state(torch::optim::Optimizer& local, const at::Tensor& state,
-                                      const OptimizerFactory& make, const std::string& path);
+                                      const StateDict& tensors, const OptimizerFactory& make,
+                                      const std::string& path);
 
   // --checkpoint-sharded. Copies of this rank's shards (one per unit) and of its buffers (keys
   // prefixed with `prefix`): what its file holds besides the optimizer (no collective).

@@ -182,8 +182,11 @@ StateDict state_dict_from(const c10::IValue& contents, const std::string& origin
 c10::IValue to_ivalue(const StateDict& weights) {
   c10::Dict<std::string, at::Tensor> dict;
   for (const auto& [key, tensor] : weights) {
-    // A CPU copy with its own storage: a view would write its whole base storage.
-    dict.insert(key, tensor.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true));
+    // A CPU copy with its own storage: a view would write its whole base storage. A placeholder
+    // of a file written as its data comes (PtFileWriter) stays itself.
+    dict.insert(key, PtFileWriter::is_deferred(tensor)
+                         ? tensor
+                         : tensor.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true));
   }
   return dict;
 }
@@ -193,10 +196,14 @@ void save_weights(const torch::nn::Module& module, const std::string& path,
   save_weights(state_dict(module), path, prefix);
 }
 
-void save_weights(const StateDict& weights, const std::string& path, const std::string& prefix) {
+StateDict with_prefix(const StateDict& weights, const std::string& prefix) {
   StateDict named = without_module_prefixes(weights);
   for (auto& w : named) w.first = prefix + w.first;
-  write_pt_file(path, to_ivalue(named));
+  return named;
+}
+
+void save_weights(const StateDict& weights, const std::string& path, const std::string& prefix) {
+  write_pt_file(path, to_ivalue(with_prefix(weights, prefix)));
 }
 
 void load_weights(torch::nn::Module& module, const std::string& path) {

@@ -127,25 +127,64 @@ LrSchedule lr_schedule_of(const Config& config, int64_t batch_size, int world_si
   return schedule;
 }
 
-// model.pt in the output directory, its keys as --save-prefix says (`model`'s have `module.`).
-void write_model_file(const StateDict& model, const Config& config) {
-  save_weights(model, (fs::path(config.output_dir) / "model.pt").string(),
-               config.save_prefix == SavePrefix::kNone ? "" : kModulePrefix);
+std::string model_file_path(const Config& config) {
+  return (fs::path(config.output_dir) / "model.pt").string();
 }
 
-// The numbered file first, then the names that point at the newest: a kill at any moment leaves
-// every name holding a complete file. Then model.pt, and the checkpoints past --keep-last go.
-// Returns the numbered file.
-std::string write_checkpoint_files(const Checkpoint& c, CheckpointPosition at,
-                                   const Config& config) {
+// model.pt's contents: `model`'s weights (keys with `module.`) keyed as --save-prefix says.
+c10::IValue model_file(const StateDict& model, const Config& config) {
+  return to_ivalue(
+      with_prefix(model, config.save_prefix == SavePrefix::kNone ? "" : kModulePrefix));
+}
+
+// The numbered file first (written by `write_numbered`), then the names that point at the newest:
+// a kill at any moment leaves every name holding a complete file. Then model.pt, and the
+// checkpoints past --keep-last go. Returns the numbered file.
+std::string write_checkpoint_files(CheckpointPosition at, const Config& config,
+                                   const std::function<void(const std::string&)>& write_numbered,
+                                   const std::function<void()>& write_model) {
   const fs::path dir(config.output_dir);
   const std::string numbered = (dir / checkpoint_file_name(at)).string();
-  write_pt_file(numbered, to_ivalue(c));
+  write_numbered(numbered);
   link_atomically(numbered, (dir / "checkpoint.pt").string());
-  write_model_file(c.model, config);
+  write_model();
   remove_stale_checkpoints(dir.string(), config.keep_last);
   return numbered;
 }
+
+// Rank 0's files written while a sharded model's units are gathered one at a time
+// (ShardedModel::write_gathered): an error stops the writing but not the gathers, which every
+// rank goes through.
+class StreamedFiles {
+ public:
+  // `path` with contents `value`, its placeholders to come from write().
+  PtFileWriter& open(const std::string& path, const c10::IValue& value) {
+    files_.push_back(std::make_unique<PtFileWriter>(path));
+    files_.back()->begin(value);
+    return *files_.back();
+  }
+  void write(const torch::Tensor& placeholder, const torch::Tensor& data) {
+    if (error) return;
+    try {
+      for (auto& file : files_) {
+        if (file->awaits(placeholder)) file->write(placeholder, data);
+      }
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  // What write_gathered() calls on this rank: write() on rank 0 (`main`), nothing elsewhere.
+  ShardedModel::DeferredWrite writer(bool main) {
+    if (!main) return nullptr;
+    return [this](const torch::Tensor& placeholder, const torch::Tensor& data) {
+      write(placeholder, data);
+    };
+  }
+  std::exception_ptr error;
+
+ private:
+  std::vector<std::unique_ptr<PtFileWriter>> files_;
+};
 
 // A checkpoint file, or every rank's file of a sharded checkpoint's directory (rank 0's first).
 std::vector<Checkpoint> read_checkpoints(const std::string& path) {
@@ -470,17 +509,14 @@ Checkpoint TrainState::checkpoint_here(CheckpointPosition at, const torch::Tenso
 
 std::string TrainState::save(CheckpointPosition at, const torch::Tensor& untrained) {
   if (config_.checkpoint_sharded) return save_sharded(at, untrained);
+  if (sharded_) return save_gathered(at, untrained);
   const std::string what = describe(at);
   // Every rank's RNG state, for rank 0 to write: a collective, so all ranks are here.
   const at::Tensor all_rng = all_rng_states(dist_);
   // --zero: every rank's shard of the optimizer state, for rank 0 to write; --sync local-sgd or
   // diloco: every rank's inner optimizer.
   const bool per_rank = zero_ || diloco_;
-  // --fsdp: the model and the optimizer state gathered (collectives), for rank 0 to write.
-  StateDict sharded_model = sharded_ ? sharded_->state_dict(kModulePrefix) : StateDict();
-  const std::string opt = sharded_ ? sharded_->unsharded_optimizer_state(*optimizer_, factory())
-                          : per_rank || dist_.is_main() ? serialized(optimizer())
-                                                        : std::string();
+  const std::string opt = per_rank || dist_.is_main() ? serialized(optimizer()) : std::string();
   const std::vector<std::string> shards =
       per_rank ? comm::all_gather_bytes(*dist_.group, opt, dist_.device)
                : std::vector<std::string>();
@@ -489,7 +525,7 @@ std::string TrainState::save(CheckpointPosition at, const torch::Tensor& untrain
   std::string numbered;  // rank 0's file
   if (dist_.is_main()) {
     try {
-      Checkpoint c = checkpoint_here(at, untrained, std::move(sharded_model));
+      Checkpoint c = checkpoint_here(at, untrained);
       c.optimizer_state = zero_ ? torch::empty({0}, torch::kByte) : byte_tensor(opt);
       auto& per_rank_states = zero_ ? c.optimizer_shards : c.inner_optimizers;
       for (const auto& shard : shards) per_rank_states.push_back(byte_tensor(shard));
@@ -500,7 +536,9 @@ std::string TrainState::save(CheckpointPosition at, const torch::Tensor& untrain
       }
       c.rng_state = all_rng;
       if (scaler_) c.grad_scaler = scaler_->state();
-      numbered = write_checkpoint_files(c, at, config_);
+      numbered = write_checkpoint_files(
+          at, config_, [&](const std::string& path) { write_pt_file(path, to_ivalue(c)); },
+          [&] { write_pt_file(model_file_path(config_), model_file(c.model, config_)); });
       log::info("checkpoint {}: {}", what, numbered);
     } catch (const std::exception& e) {
       log::error("saving the checkpoint {} failed: {}", what, first_line_of(e));
@@ -509,6 +547,48 @@ std::string TrainState::save(CheckpointPosition at, const torch::Tensor& untrain
   }
   // The barrier after every save, carrying rank 0's outcome.
   agree_all_ok(dist_, error, "saving the checkpoint");
+  return fmt::format("{} ({})", numbered, what);
+}
+
+// --fsdp: the checkpoint a DDP run writes, and model.pt, streamed by rank 0 while the units are
+// gathered one at a time (their parameters, then their optimizer state), so that no rank ever
+// holds the whole model or the whole optimizer state.
+std::string TrainState::save_gathered(CheckpointPosition at, const torch::Tensor& untrained) {
+  const std::string what = describe(at);
+  const at::Tensor all_rng = all_rng_states(dist_);  // a collective
+  StreamedFiles files;
+  ShardedModel::Deferred state;  // rank 0's
+  PtFileWriter* checkpoint = nullptr;
+  PtFileWriter* model = nullptr;
+  if (dist_.is_main()) {
+    try {
+      state = sharded_->deferred_state(kModulePrefix, optimizer_.get(), factory());
+      Checkpoint c = checkpoint_here(at, untrained, state.model);
+      c.optimizer_state = byte_tensor(state.optimizer_state);
+      c.optimizer_tensors = state.optimizer_tensors;
+      c.rng_state = all_rng;
+      if (scaler_) c.grad_scaler = scaler_->state();
+      checkpoint = &files.open((fs::path(config_.output_dir) / checkpoint_file_name(at)).string(),
+                               to_ivalue(c));
+      model = &files.open(model_file_path(config_), model_file(state.model, config_));
+    } catch (...) {
+      files.error = std::current_exception();
+    }
+  }
+  sharded_->write_gathered(state, optimizer_.get(), files.writer(dist_.is_main()));
+  std::string numbered;
+  if (dist_.is_main()) {
+    try {
+      if (files.error) std::rethrow_exception(files.error);
+      numbered = write_checkpoint_files(
+          at, config_, [&](const std::string&) { checkpoint->commit(); }, [&] { model->commit(); });
+      log::info("checkpoint {}: {}", what, numbered);
+    } catch (const std::exception& e) {
+      log::error("saving the checkpoint {} failed: {}", what, first_line_of(e));
+      files.error = std::current_exception();
+    }
+  }
+  agree_all_ok(dist_, files.error, "saving the checkpoint");
   return fmt::format("{} ({})", numbered, what);
 }
 
@@ -528,16 +608,27 @@ std::string TrainState::save_sharded(CheckpointPosition at, const torch::Tensor&
 void TrainState::finish_saving() {
   if (!sharded_writer_) return;
   sharded_writer_->settle();
-  StateDict model = sharded_->state_dict(kModulePrefix);  // gathered: a collective
-  std::exception_ptr error;
+  // model.pt streamed by rank 0 as the units are gathered (save_gathered's way).
+  StreamedFiles files;
+  ShardedModel::Deferred state;
+  PtFileWriter* model = nullptr;
   if (dist_.is_main()) {
     try {
-      write_model_file(model, config_);
-    } catch (const std::exception&) {
-      error = std::current_exception();
+      state = sharded_->deferred_state(kModulePrefix, nullptr, {});
+      model = &files.open(model_file_path(config_), model_file(state.model, config_));
+    } catch (...) {
+      files.error = std::current_exception();
     }
   }
-  agree_all_ok(dist_, error, "saving model.pt");
+  sharded_->write_gathered(state, files.writer(dist_.is_main()));
+  if (dist_.is_main() && !files.error) {
+    try {
+      model->commit();
+    } catch (...) {
+      files.error = std::current_exception();
+    }
+  }
+  agree_all_ok(dist_, files.error, "saving model.pt");
 }
 
 bool TrainState::resume() {
@@ -690,10 +781,13 @@ void TrainState::load_optimizer_state(const Checkpoint& c, const std::string& pa
     return;               // loaded with the model's shards (apply)
   } else if (sharded_) {  // this rank's part of the per-parameter state
     sharded_->load_unsharded_optimizer_state(*optimizer_, zero_state_of(c, path, false, 0),
-                                             factory(), path);
+                                             c.optimizer_tensors, factory(), path);
   } else {
     load_optimizer(optimizer(), zero_state_of(c, path, config_.zero, dist_.rank()), path,
                    dist_.device);
+    // A sharded run's checkpoint keeps the element-wise state apart.
+    restore_optimizer_tensors(optimizer(), module_->parameters(), c.optimizer_tensors, path,
+                              dist_.device);
   }
 }
 

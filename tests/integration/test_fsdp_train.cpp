@@ -202,6 +202,14 @@ TEST(FsdpTrain, AResumeOnAsManyRanksIsBitwiseAndOnAnotherEqualsDdpsResume) {
         2, train("fashion_mnist_mlp.yaml", out.path(), mlp(16, extra)), seconds(120)));
   };
   two_ranks(whole, {});
+  // Python reads what rank 0 streamed unit by unit: model.pt into nn.DataParallel, the checkpoint
+  // (Adam's moments kept apart, each shaped as its parameter).
+  const auto python = ddp::testing::run_process(
+      {DDP_PYTHON, std::string(DDP_SOURCE_DIR) + "/tests/python/checkpoint_interop.py",
+       "check-gathered", whole.path()},
+      {}, seconds(120));
+  EXPECT_EQ(python.exit_code, 0) << python.output;
+  EXPECT_NE(python.output.find("12 optimizer tensors"), std::string::npos) << python.output;
   two_ranks(split, {"--epochs", "1"});
   const std::string checkpoint = split.path() + "/checkpoint-epoch-0001.pt";
   two_ranks(split, {"--resume", "auto"});

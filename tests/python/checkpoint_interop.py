@@ -18,6 +18,10 @@
                      in eval mode and compared with its output. ProbAttention samples keys at
                      random, so the two sides agree only where every query is active: a factor
                      with factor * ceil(ln L) >= L for each attention's query length L.
+  check-gathered DIR the files a sharded (--fsdp) run of the mlp wrote, with weights_only=True:
+                     DIR/model.pt loads strictly into nn.DataParallel(mlp), DIR/checkpoint.pt's
+                     "model" equals it, and each of its "optimizer_tensors" ("<i>.<name>") has
+                     the shape of the model's i-th parameter.
   save-python DIR    writes an MLP's weights the ways Python users do, and its output on a batch,
                      for ddp to load:
                        plain.pt       torch.save(dict(model.state_dict()))
@@ -122,6 +126,23 @@ def check_checkpoint(directory):
     return 0 if max(outputs) <= 1e-5 else 1
 
 
+def check_gathered(directory):
+    weights = torch.load(f"{directory}/model.pt", weights_only=True)
+    model = nn.DataParallel(mlp())
+    model.load_state_dict(weights, strict=True)
+    checkpoint = torch.load(f"{directory}/checkpoint.pt", weights_only=True)
+    assert sorted(checkpoint["model"]) == sorted(weights), sorted(checkpoint["model"])
+    for key, value in weights.items():
+        assert torch.equal(checkpoint["model"][key], value), key
+    params = list(model.parameters())
+    for key, value in checkpoint["optimizer_tensors"].items():
+        index = int(key.split(".")[0])
+        assert value.shape == params[index].shape, (key, value.shape, params[index].shape)
+    print(f"model.pt loaded; {len(checkpoint['optimizer_tensors'])} optimizer tensors shaped as "
+          f"their parameters")
+    return 0
+
+
 def check_informer(directory, tolerance):
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
     from informer_reference import make_informer
@@ -169,5 +190,6 @@ def save_python(directory):
 if __name__ == "__main__":
     mode = sys.argv[1]
     sys.exit({"check-ours": check_ours, "check-checkpoint": check_checkpoint,
+              "check-gathered": check_gathered,
               "check-informer": check_informer,
               "save-python": save_python}[mode](*sys.argv[2:]))

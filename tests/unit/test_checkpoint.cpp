@@ -70,6 +70,58 @@ TEST(PtFile, WhatWeWriteWeReadBack) {
   EXPECT_TRUE(torch::equal(d.at("bytes").toTensor(), torch::tensor({1, 2, 255}, torch::kByte)));
 }
 
+TEST(PtFile, AFileStreamedAsItsTensorsArriveReadsAsTheOneWrittenWhole) {
+  TempDir dir;
+  const auto w = torch::arange(6, torch::kFloat).view({2, 3});
+  const auto b = torch::tensor({7.0, 8.0}, torch::kDouble);
+  const auto later_w = train::PtFileWriter::deferred({2, 3}, torch::kFloat);
+  const auto later_b = train::PtFileWriter::deferred({2}, torch::kDouble);
+  EXPECT_TRUE(train::PtFileWriter::is_deferred(later_w));
+  EXPECT_FALSE(train::PtFileWriter::is_deferred(w));
+  c10::impl::GenericDict value(c10::StringType::get(), c10::AnyType::get());
+  value.insert("w", later_w);
+  value.insert("tied", later_w);  // a tied weight: one placeholder under two keys
+  value.insert("b", later_b);
+  value.insert("now", torch::ones({3}));
+  value.insert("epoch", int64_t{4});
+  {
+    train::PtFileWriter file(dir.file("s.pt"));
+    file.begin(value);
+    EXPECT_FALSE(std::filesystem::exists(dir.file("s.pt")));  // not before commit()
+    EXPECT_TRUE(file.awaits(later_b) && file.awaits(later_w));
+    file.write(later_b, b);  // in any order
+    file.write(later_w, w);
+    EXPECT_FALSE(file.awaits(later_w));
+    file.commit();
+  }
+  const auto back = train::read_pt_file(dir.file("s.pt")).toGenericDict();
+  EXPECT_TRUE(torch::equal(back.at("w").toTensor(), w));
+  EXPECT_TRUE(torch::equal(back.at("b").toTensor(), b));
+  EXPECT_TRUE(torch::equal(back.at("now").toTensor(), torch::ones({3})));
+  EXPECT_EQ(back.at("epoch").toInt(), 4);
+  // The tied pair is one storage in the file, as torch.save writes a shared tensor.
+  EXPECT_EQ(back.at("tied").toTensor().data_ptr(), back.at("w").toTensor().data_ptr());
+
+  // A placeholder never written: an error at commit(), and neither the file nor a temp file.
+  {
+    train::PtFileWriter file(dir.file("missing.pt"));
+    file.begin(value);
+    file.write(later_w, w);
+    try {
+      file.commit();
+      ADD_FAILURE() << "no error";
+    } catch (const ddp::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("1 tensor(s) not written"), std::string::npos)
+          << e.what();
+    }
+  }
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+    names.push_back(e.path().filename().string());
+  }
+  EXPECT_EQ(names, std::vector<std::string>{"s.pt"});
+}
+
 TEST(PtFile, BadFilesAreInputErrorsNamingTheFile) {
   EXPECT_NE(input_error_of([] { train::parse_pt("", "a.pt"); }).find("a.pt: empty file"),
             std::string::npos);
@@ -286,6 +338,16 @@ TEST(CheckpointFile, RoundTripsAndNamesWhatIsMissing) {
   EXPECT_EQ(scaled.grad_scaler->growth_tracker, 11);
   EXPECT_EQ(scaled.grad_scaler->growth_interval, 2000);
   c.grad_scaler.reset();
+
+  // A sharded run's optimizer tensors, kept apart from optimizer_state.
+  c.optimizer_tensors = {{"0.exp_avg", torch::full({2}, 0.5)}};
+  const auto apart = train::checkpoint_from(
+      train::parse_pt(train::serialize_pt(train::to_ivalue(c)), "c.pt"), "c.pt");
+  ASSERT_EQ(apart.optimizer_tensors.size(), 1u);
+  EXPECT_EQ(apart.optimizer_tensors[0].first, "0.exp_avg");
+  EXPECT_TRUE(torch::equal(apart.optimizer_tensors[0].second, torch::full({2}, 0.5)));
+  EXPECT_TRUE(back.optimizer_tensors.empty());  // none in a DDP run's
+  c.optimizer_tensors.clear();
 
   c.epoch_step = 17;  // one written on SIGTERM, 17 steps into epoch 3
   EXPECT_EQ(train::checkpoint_from(

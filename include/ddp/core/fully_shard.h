@@ -50,6 +50,7 @@
 #include <torch/types.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -220,8 +221,19 @@ class FullyShardedDataParallel {
   // The whole model's parameters and buffers under the module's names, as its own state_dict:
   // the parameters gathered from the shards (a collective), the buffers this rank's.
   std::vector<std::pair<std::string, torch::Tensor>> state_dict();
+  // state_dict()'s keys in its order: each parameter with a meta tensor of the sizes and dtype
+  // state_dict() gives it (no data; a tied weight's is one tensor under both names), each buffer
+  // with the module's own. No collective.
+  std::vector<std::pair<std::string, torch::Tensor>> state_dict_keys() const;
+  // state_dict()'s parameters one unit at a time, for a model too large to gather whole (a
+  // checkpoint streamed to a file): each parameter's gathered value handed to `visit` (a tied
+  // weight once, under the name it was sharded by), the unit's copies freed before the next
+  // unit's gather. A collective; every rank visits.
+  void gather_each_unit(
+      const std::function<void(const std::string& name, const torch::Tensor& value)>& visit);
   // Sets the shards (each rank its part) and the buffers from a whole model's state, keyed as
-  // state_dict's (no collective). Throws InputError naming a missing key or a wrong shape.
+  // state_dict's (no collective), reading of each parameter only the elements of this rank's
+  // shard. Throws InputError naming a missing key or a wrong shape.
   void load_state_dict(const std::vector<std::pair<std::string, torch::Tensor>>& state);
 
   // State laid out as unit `unit`'s shard (an optimizer's momentum or moments of

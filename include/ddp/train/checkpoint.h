@@ -32,6 +32,10 @@ struct Checkpoint {
   std::string config;          // the resolved config of the run, YAML
   StateDict model;             // keys with `module.`, as in model.pt
   at::Tensor optimizer_state;  // uint8: the optimizer's own serialization (momentum, Adam moments)
+  // Under --fsdp, the element-wise tensors of optimizer_state (which holds them empty) kept apart,
+  // so that rank 0 writes them unit by unit and each rank reads only its part:
+  // "<parameter index>.<name>" (optimizer_tensor_key, "3.exp_avg") -> a 1-D tensor.
+  StateDict optimizer_tensors;
   // --zero: each rank's shard of the optimizer, serialized as optimizer_state is (which is then
   // empty); a ZeRO run resumes on as many ranks as saved it.
   std::vector<at::Tensor> optimizer_shards;

@@ -5,8 +5,18 @@
 
 #include <ATen/core/ivalue.h>
 
+#include <map>
+#include <memory>
 #include <string>
 #include <string_view>
+
+namespace caffe2::serialize {
+class PyTorchStreamWriter;
+}
+
+namespace ddp {
+class AtomicFile;
+}
 
 namespace ddp::train {
 
@@ -22,10 +32,48 @@ std::string serialize_pt(const c10::IValue& value);
 // corrupt archive, a TorchScript archive, a pickle of other objects.
 c10::IValue parse_pt(std::string_view bytes, const std::string& origin);
 
-// parse_pt of a file, its path as the origin.
+// parse_pt of a file, its path as the origin. The file is mapped, not read: each tensor is a view
+// of its bytes in the file (copied where they are not aligned for its dtype), so only the parts a
+// caller reads come into memory, as Python's torch.load(mmap=True). The file must stay as it is
+// while the tensors live; checkpoints and model files are replaced by renames, never rewritten.
 c10::IValue read_pt_file(const std::string& path);
 
 // serialize_pt into `path`, atomically (ddp/common/files.h).
 void write_pt_file(const std::string& path, const c10::IValue& value);
+
+// A torch.save file written while its tensors' data arrives, for a value too large to hold at
+// once (a sharded model's state, gathered one unit at a time): the value is pickled first with
+// placeholders (deferred()) where tensors will be, then each placeholder's data is written as it
+// comes, each tensor its own record. The file appears at `path` whole, atomically, at commit().
+class PtFileWriter {
+ public:
+  explicit PtFileWriter(const std::string& path);
+  ~PtFileWriter();
+  PtFileWriter(const PtFileWriter&) = delete;
+  PtFileWriter& operator=(const PtFileWriter&) = delete;
+
+  // A contiguous CPU tensor of these sizes and dtype that holds no data, to stand in `value` for
+  // one written later. Nothing may read it (its data pointer is null); the same placeholder under
+  // two keys (tied weights) is one record, as torch.save stores a shared tensor.
+  static at::Tensor deferred(at::IntArrayRef sizes, c10::ScalarType dtype);
+  static bool is_deferred(const at::Tensor& tensor);  // a placeholder deferred() made
+  // Whether `deferred` is a placeholder in this file's value not written yet.
+  bool awaits(const at::Tensor& deferred) const;
+
+  // Pickles `value` and writes every tensor's data in it but the placeholders'. Once.
+  void begin(const c10::IValue& value);
+  // The data of placeholder `deferred` (of its sizes and dtype; any device), written now.
+  void write(const at::Tensor& deferred, const at::Tensor& data);
+  // Ends the archive and renames it into place. Error when a placeholder was not written.
+  void commit();
+
+ private:
+  void check_sink() const;  // rethrows a failed write of the file
+
+  std::unique_ptr<AtomicFile> file_;
+  std::exception_ptr failed_;  // the file's first write error (the zip writer cannot take it)
+  std::unique_ptr<caffe2::serialize::PyTorchStreamWriter> zip_;
+  std::map<const void*, std::string> pending_;  // placeholder storage -> its record's name
+};
 
 }  // namespace ddp::train

@@ -67,7 +67,8 @@ void load_state_dict(torch::nn::Module& module, const StateDict& weights,
 // Throws InputError starting with `origin` when it is not a dict of string keys to tensors.
 StateDict state_dict_from(const c10::IValue& contents, const std::string& origin);
 
-// A dict of CPU copies of the tensors, ready for serialize_pt.
+// A dict of CPU copies of the tensors, ready for serialize_pt (a PtFileWriter's placeholder as
+// it is).
 c10::IValue to_ivalue(const StateDict& weights);
 
 // Writes the weights of `module` to `path` (atomically), keys prefixed with `prefix`
@@ -78,6 +79,9 @@ void save_weights(const torch::nn::Module& module, const std::string& path,
 // The same of `weights` (with or without `module.` prefixes: those are replaced by `prefix`).
 void save_weights(const StateDict& weights, const std::string& path,
                   const std::string& prefix = kModulePrefix);
+
+// `weights` keyed with `prefix` instead of the `module.` prefixes they have or not.
+StateDict with_prefix(const StateDict& weights, const std::string& prefix);
 
 // Loads a weights file (ours or Python's) into `module`, as load_state_dict.
 void load_weights(torch::nn::Module& module, const std::string& path);

@@ -178,8 +178,9 @@ class TrainState {
   // This rank's training position and model in a Checkpoint (rank 0: the rest is the caller's);
   // --fsdp: `model`, the state gathered from the shards.
   Checkpoint checkpoint_here(CheckpointPosition at, const torch::Tensor& untrained,
-                             StateDict model) const;
+                             StateDict model = {}) const;
   std::string save_sharded(CheckpointPosition at, const torch::Tensor& untrained);
+  std::string save_gathered(CheckpointPosition at, const torch::Tensor& untrained);
   // Sets the state to `checkpoint` (read from `path`): the model, the training state, the step.
   // A sharded checkpoint's: `checkpoint` is rank 0's file, `shard_files` every rank's.
   void apply(const Checkpoint& checkpoint, const std::string& path,

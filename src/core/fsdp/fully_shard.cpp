@@ -537,31 +537,60 @@ std::vector<torch::Tensor> FullyShardedDataParallel::parameters() const {
   return shards;
 }
 
-std::vector<std::pair<std::string, torch::Tensor>> FullyShardedDataParallel::state_dict() {
-  std::map<std::string, torch::Tensor> gathered;
-  for (auto& unit : state_->units) {
-    for (fsdp::Unit* part : {unit.get(), unit->frozen_part()}) {
+std::vector<std::pair<std::string, torch::Tensor>> FullyShardedDataParallel::state_dict_keys()
+    const {
+  // The parameters' values are their shards' dtype (the policy's param_dtype is the gathered
+  // buffer's, not theirs).
+  std::map<std::string, torch::Tensor> meta;
+  for (const auto& unit : state_->units) {
+    for (const fsdp::Unit* part : {unit.get(), unit->frozen_part()}) {
       if (part == nullptr) continue;
-      auto copies = part->gather_copies(part->shard());
-      for (size_t i = 0; i < copies.size(); ++i) gathered[part->names()[i]] = copies[i];
+      const auto options = part->shard().options().device(torch::kMeta).requires_grad(false);
+      for (size_t i = 0; i < part->params().size(); ++i) {
+        meta[part->names()[i]] = torch::empty(part->params()[i].sizes(), options);
+      }
     }
   }
-  for (const auto& [alias, name] : state_->aliases) gathered[alias] = gathered.at(name);
+  for (const auto& [alias, name] : state_->aliases) meta[alias] = meta.at(name);
   // Python's order: each module's parameters, then its buffers, then its children's.
-  std::vector<std::pair<std::string, torch::Tensor>> state;
+  std::vector<std::pair<std::string, torch::Tensor>> keys;
   std::function<void(const torch::nn::Module&, const std::string&)> add =
       [&](const torch::nn::Module& module, const std::string& prefix) {
         for (const auto& item : module.named_parameters(/*recurse=*/false)) {
-          state.emplace_back(prefix + item.key(), gathered.at(prefix + item.key()));
+          keys.emplace_back(prefix + item.key(), meta.at(prefix + item.key()));
         }
         for (const auto& item : module.named_buffers(/*recurse=*/false)) {
-          state.emplace_back(prefix + item.key(), item.value().detach().clone());
+          keys.emplace_back(prefix + item.key(), item.value());
         }
         for (const auto& child : module.named_children()) {
           add(*child.value(), prefix + child.key() + ".");
         }
       };
   add(*module_, "");
+  return keys;
+}
+
+void FullyShardedDataParallel::gather_each_unit(
+    const std::function<void(const std::string& name, const torch::Tensor& value)>& visit) {
+  for (auto& unit : state_->units) {
+    for (fsdp::Unit* part : {unit.get(), unit->frozen_part()}) {
+      if (part == nullptr) continue;
+      auto copies = part->gather_copies(part->shard());
+      for (size_t i = 0; i < copies.size(); ++i) visit(part->names()[i], copies[i]);
+    }
+  }
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> FullyShardedDataParallel::state_dict() {
+  std::map<std::string, torch::Tensor> gathered;
+  gather_each_unit(
+      [&](const std::string& name, const torch::Tensor& value) { gathered[name] = value; });
+  for (const auto& [alias, name] : state_->aliases) gathered[alias] = gathered.at(name);
+  std::vector<std::pair<std::string, torch::Tensor>> state;
+  for (const auto& [name, tensor] : state_dict_keys()) {
+    auto it = gathered.find(name);
+    state.emplace_back(name, it != gathered.end() ? it->second : tensor.detach().clone());
+  }
   return state;
 }
 

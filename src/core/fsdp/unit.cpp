@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <tuple>
 
 #include "ddp/common/error.h"
@@ -242,12 +243,19 @@ std::vector<torch::Tensor> Unit::gather_copies(const torch::Tensor& shard_like) 
 }
 
 torch::Tensor Unit::part_of(const std::vector<torch::Tensor>& values) const {
+  // Only the elements inside this rank's range of the flat buffer are read: a value may be a
+  // view of a mapped file (read_pt_file), of which only what is read comes into memory.
   torch::NoGradGuard no_grad;
-  auto flat = torch::zeros({layout_.padded}, values.front().options().requires_grad(false));
+  auto part = torch::zeros({layout_.shard}, values.front().options().requires_grad(false));
+  const int64_t begin = group_.rank() * layout_.shard, end = begin + layout_.shard;
   for (size_t i = 0; i < values.size(); ++i) {
-    flat.narrow(0, layout_.offsets[i], values[i].numel()).copy_(values[i].detach().reshape(-1));
+    const int64_t first = std::max(begin, layout_.offsets[i]);
+    const int64_t last = std::min(end, layout_.offsets[i] + values[i].numel());
+    if (first >= last) continue;
+    part.narrow(0, first - begin, last - first)
+        .copy_(values[i].detach().reshape(-1).narrow(0, first - layout_.offsets[i], last - first));
   }
-  return flat.narrow(0, group_.rank() * layout_.shard, layout_.shard).clone();
+  return part;
 }
 
 void Unit::set_from(const std::vector<torch::Tensor>& values) {
