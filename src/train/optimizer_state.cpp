@@ -30,9 +30,12 @@ bool add_adam_state(Digest& d, const torch::optim::OptimizerParamState* s) {
 }  // namespace
 
 std::string serialized(const torch::optim::Optimizer& optimizer) {
-  std::ostringstream out;
-  torch::save(optimizer, out);
-  return out.str();
+  std::string out;  // appended to directly: an ostringstream's str() would copy it whole
+  torch::save(optimizer, [&](const void* data, size_t size) {
+    out.append(static_cast<const char*>(data), size);
+    return size;
+  });
+  return out;
 }
 
 at::Tensor byte_tensor(const std::string& bytes) {
@@ -41,12 +44,18 @@ at::Tensor byte_tensor(const std::string& bytes) {
       .clone();
 }
 
+at::Tensor byte_tensor(std::string&& bytes) {
+  auto owned = std::make_shared<std::string>(std::move(bytes));
+  return torch::from_blob(
+      owned->data(), {static_cast<int64_t>(owned->size())}, [owned](void*) {}, torch::kByte);
+}
+
 void load_optimizer(torch::optim::Optimizer& optimizer, const at::Tensor& state,
                     const std::string& path, const c10::Device& device) {
   try {
-    std::istringstream in(std::string(static_cast<const char*>(state.data_ptr()),
-                                      static_cast<size_t>(state.numel())));
-    torch::load(optimizer, in, device);
+    const at::Tensor bytes = state.contiguous();  // read where it lies (a mapped file): no copy
+    torch::load(optimizer, static_cast<const char*>(bytes.data_ptr()),
+                static_cast<size_t>(bytes.numel()), device);
   } catch (const c10::Error& e) {
     throw InputError(
         fmt::format("{}: the optimizer state cannot be loaded: {}", path, first_line_of(e)));

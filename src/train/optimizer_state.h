@@ -26,6 +26,7 @@ using OptimizerFactory =
 // The optimizer's own serialization (torch::save), as a checkpoint's optimizer_state holds it.
 std::string serialized(const torch::optim::Optimizer& optimizer);
 at::Tensor byte_tensor(const std::string& bytes);  // uint8, a copy
+at::Tensor byte_tensor(std::string&& bytes);       // uint8, owning the bytes (no copy)
 
 // `optimizer` from its serialized `state`, onto `device` (InputError naming `path` when it does
 // not fit).

@@ -74,7 +74,9 @@ std::string serialize_pt(const c10::IValue& value) {
 }
 
 void write_pt_file(const std::string& path, const c10::IValue& value) {
-  write_file_atomically(path, serialize_pt(value));
+  PtFileWriter file(path);  // straight into the file: no copy of its contents in memory
+  file.begin(value);
+  file.commit();
 }
 
 PtFileWriter::PtFileWriter(const std::string& path) : file_(std::make_unique<AtomicFile>(path)) {

@@ -31,6 +31,19 @@ std::vector<torch::Tensor> in_module_order(const torch::nn::Module& module,
   return ordered;
 }
 
+// Copies into `into`, the elements [into_begin, into_begin + into.numel()) of a unit's flat
+// buffer, those of `from`, the elements [from_begin, ...), that both hold: the rest of `from` is
+// not read (a saved shard may be a view of a mapped file).
+void copy_overlap(const torch::Tensor& into, int64_t into_begin, const torch::Tensor& from,
+                  int64_t from_begin) {
+  const int64_t first = std::max(into_begin, from_begin);
+  const int64_t last = std::min(into_begin + into.numel(), from_begin + from.numel());
+  if (first >= last) return;
+  torch::NoGradGuard no_grad;
+  into.narrow(0, first - into_begin, last - first)
+      .copy_(from.narrow(0, first - from_begin, last - first));
+}
+
 // Each parameter's position in the module's order, by name.
 std::map<std::string, size_t> indices(const torch::nn::Module& module) {
   std::map<std::string, size_t> index;
@@ -178,27 +191,6 @@ StateDict ShardedModel::buffer_copies(const std::string& prefix) const {
   return buffers;
 }
 
-std::vector<torch::Tensor> ShardedModel::unit_values(int unit,
-                                                     const std::vector<torch::Tensor>& parts,
-                                                     const std::string& path) const {
-  const auto flat = torch::cat(parts);
-  const auto params = module_->named_parameters();
-  std::vector<torch::Tensor> values;
-  int64_t offset = 0;
-  for (const auto& name : model_->parameter_names(unit)) {
-    const auto& like = params[name];
-    if (offset + like.numel() > flat.numel()) {
-      throw InputError(fmt::format(
-          "{}: the shards of unit {} hold {} elements, fewer than this model's parameters up to "
-          "{}: a checkpoint of another model",
-          path, unit, flat.numel(), name));
-    }
-    values.push_back(flat.narrow(0, offset, like.numel()).view(like.sizes()));
-    offset += like.numel();
-  }
-  return values;
-}
-
 void ShardedModel::load_shards(const std::vector<Checkpoint>& files, torch::optim::Optimizer& local,
                                const OptimizerFactory& make, const std::string& path) {
   const int units = model_->num_units();
@@ -206,50 +198,111 @@ void ShardedModel::load_shards(const std::vector<Checkpoint>& files, torch::opti
     throw InputError(fmt::format("{}: shards of {} units; this model has {}", path,
                                  files.front().parameter_shards.size(), units));
   }
-  StateDict weights = files.front().model;  // rank 0's buffers
+  torch::NoGradGuard no_grad;
+  const auto params = module_->named_parameters();
+  const std::vector<torch::Tensor> shards = model_->parameters();
   for (int u = 0; u < units; ++u) {
-    std::vector<torch::Tensor> parts;
-    for (const auto& file : files) parts.push_back(file.parameter_shards[u]);
-    const auto values = unit_values(u, parts, path);
-    const auto names = model_->parameter_names(u);
-    for (size_t i = 0; i < names.size(); ++i) weights.emplace_back(names[i], values[i]);
+    int64_t numel = 0;
+    for (const auto& name : model_->parameter_names(u)) numel += params[name].numel();
+    const int64_t saved = files.front().parameter_shards[u].numel();
+    const auto saved_world = static_cast<int64_t>(files.size());
+    if (saved != (numel + saved_world - 1) / saved_world) {  // plan_flat_layout's shard
+      throw InputError(fmt::format(
+          "{}: the shards of unit {} are of {} elements each, not of a unit of {} on {} ranks: a "
+          "checkpoint of another model",
+          path, u, saved, numel, saved_world));
+    }
+    shards[u].zero_();
+    for (size_t r = 0; r < files.size(); ++r) {
+      copy_overlap(shards[u], begin_of(u), files[r].parameter_shards[u].reshape(-1),
+                   static_cast<int64_t>(r) * saved);
+    }
   }
-  load_state_dict(weights, path);
+  // The buffers (BatchNorm's statistics): rank 0's.
+  const std::map<std::string, torch::Tensor> buffers(files.front().model.begin(),
+                                                     files.front().model.end());
+  for (auto& item : module_->named_buffers()) {
+    auto it = buffers.find(item.key());
+    if (it == buffers.end() || it->second.sizes() != item.value().sizes()) {
+      throw InputError(fmt::format("{}: {} buffer {}", path,
+                                   it == buffers.end() ? "no" : "a wrongly shaped", item.key()));
+    }
+    item.value().copy_(it->second);
+  }
   load_shard_optimizers(files, local, make, path);
 }
 
-// Each saved rank's optimizer read back over stand-ins of its shards, then, unit by unit, each
-// element-wise state put together from theirs and cut to this rank's part; the rest of a unit's
-// state (Adam's step count, the same everywhere) is rank 0's.
+int64_t ShardedModel::begin_of(int unit) const {
+  return group_->rank() * model_->parameters()[static_cast<size_t>(unit)].numel();
+}
+
+// The saved ranks' optimizers whose shards overlap this rank's read back in turn (over stand-ins
+// of their shards), and the part of each element-wise state that falls in this rank's shard taken:
+// the saved tensor itself where it is exactly this rank's shard (a resume on as many ranks), else
+// a copy of the overlap. The rest of a unit's state (Adam's step count) is the same on every rank.
+// One saved rank's optimizer in memory at a time.
 void ShardedModel::load_shard_optimizers(const std::vector<Checkpoint>& files,
                                          torch::optim::Optimizer& local,
                                          const OptimizerFactory& make, const std::string& path) {
-  std::vector<std::vector<torch::Tensor>> stand_ins_of(files.size());
-  std::vector<std::unique_ptr<torch::optim::Optimizer>> saved;
-  for (size_t r = 0; r < files.size(); ++r) {
-    for (const auto& shard : files[r].parameter_shards) {
-      stand_ins_of[r].push_back(torch::zeros_like(shard));
-    }
-    saved.push_back(make(stand_ins_of[r]));
-    load_optimizer(*saved.back(), files[r].optimizer_state, path, stand_ins_of[r][0].device());
-  }
   const std::vector<torch::Tensor> shards = model_->parameters();
-  for (int u = 0; u < static_cast<int>(shards.size()); ++u) {
-    std::vector<torch::optim::OptimizerParamState*> states;
-    for (size_t r = 0; r < files.size(); ++r) {
-      auto it = saved[r]->state().find(compat::optimizer_state_key(*saved[r], stand_ins_of[r][u]));
-      if (it != saved[r]->state().end()) states.push_back(it->second.get());
+  std::vector<std::unique_ptr<torch::optim::OptimizerParamState>> mine(shards.size());
+  std::vector<bool> stepped(shards.size(), true);        // false: a saved rank has no state for it
+  std::vector<std::vector<bool>> fields(shards.size());  // which element-wise tensors it has
+  for (size_t r = 0; r < files.size(); ++r) {
+    const auto& saved_shards = files[r].parameter_shards;
+    auto overlaps = [&](size_t u) {
+      const int64_t begin = begin_of(static_cast<int>(u)), n = saved_shards[u].numel();
+      return static_cast<int64_t>(r) * n < begin + shards[u].numel() &&
+             begin < static_cast<int64_t>(r + 1) * n;
+    };
+    bool needed = false;
+    for (size_t u = 0; u < shards.size(); ++u) needed = needed || overlaps(u);
+    if (!needed) continue;
+    std::vector<torch::Tensor> stand_ins;
+    for (const auto& shard : saved_shards) stand_ins.push_back(torch::empty({0}, shard.options()));
+    const auto saved = make(stand_ins);
+    load_optimizer(*saved, files[r].optimizer_state, path, shards.front().device());
+    for (size_t u = 0; u < shards.size(); ++u) {
+      if (!overlaps(u) || !stepped[u]) continue;
+      auto it = saved->state().find(compat::optimizer_state_key(*saved, stand_ins[u]));
+      if (it == saved->state().end()) {
+        stepped[u] = false;  // not stepped (on every rank alike): no state
+        continue;
+      }
+      if (!mine[u]) {  // its element-wise tensors made as the saved parts come
+        mine[u] = it->second->clone();
+        for (auto& [field, tensor] : elementwise_state(*mine[u])) {
+          fields[u].push_back(tensor->defined());
+          *tensor = torch::Tensor();
+        }
+      }
+      const auto from = elementwise_state(*it->second);
+      const auto into = elementwise_state(*mine[u]);
+      const int64_t n = saved_shards[u].numel(), begin = begin_of(static_cast<int>(u));
+      for (size_t f = 0; f < into.size(); ++f) {
+        if (!fields[u][f]) continue;
+        if (!from[f].second->defined() || from[f].second->numel() != n) {
+          throw InputError(fmt::format("{}: rank {}'s optimizer {} of unit {} is not its shard's",
+                                       path, r, from[f].first, u));
+        }
+        torch::Tensor& part = *into[f].second;
+        if (n == shards[u].numel() && static_cast<int64_t>(r) * n == begin) {
+          part = from[f].second->view(shards[u].sizes());  // exactly this rank's shard
+          continue;
+        }
+        if (!part.defined()) part = torch::zeros_like(shards[u]);
+        copy_overlap(part, begin, from[f].second->reshape(-1), static_cast<int64_t>(r) * n);
+      }
     }
-    if (states.size() != files.size()) continue;  // not stepped: no state
-    auto mine = states.front()->clone();
-    auto targets = elementwise_state(*mine);
-    for (size_t f = 0; f < targets.size(); ++f) {
-      if (!elementwise_state(*states.front())[f].second->defined()) continue;
-      std::vector<torch::Tensor> parts;
-      for (auto* state : states) parts.push_back(*elementwise_state(*state)[f].second);
-      *targets[f].second = model_->shard(u, unit_values(u, parts, path));
+  }
+  for (size_t u = 0; u < shards.size(); ++u) {
+    if (!mine[u] || !stepped[u]) continue;
+    const auto into = elementwise_state(*mine[u]);
+    for (size_t f = 0; f < into.size(); ++f) {  // a shard that is all padding
+      if (fields[u][f] && !into[f].second->defined())
+        *into[f].second = torch::zeros_like(shards[u]);
     }
-    local.state()[compat::optimizer_state_key(local, shards[u])] = std::move(mine);
+    local.state()[compat::optimizer_state_key(local, shards[u])] = std::move(mine[u]);
   }
 }
 

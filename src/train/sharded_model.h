@@ -86,8 +86,9 @@ class ShardedModel {
   std::vector<torch::Tensor> shard_copies() const;
   StateDict buffer_copies(const std::string& prefix) const;
   // The model and `local`'s state from every rank's file of a sharded checkpoint (`files`, in rank
-  // order, of any number of ranks): each unit's parameters and each element-wise optimizer state
-  // put together from the saved shards, then this rank's part taken; the buffers rank 0's file's.
+  // order, of any number of ranks): this rank's part of each unit's parameters and of each
+  // element-wise optimizer state copied from the saved shards it overlaps (the rest is not read,
+  // and one saved rank's optimizer is in memory at a time); the buffers rank 0's file's.
   // InputError naming `path` when the checkpoint is of another model.
   void load_shards(const std::vector<Checkpoint>& files, torch::optim::Optimizer& local,
                    const OptimizerFactory& make, const std::string& path);
@@ -97,10 +98,8 @@ class ShardedModel {
   void clip_grad_norm(double max_norm) { model_->clip_grad_norm(max_norm); }
 
  private:
-  // Unit `unit`'s parameters (shaped as the module's) from its flat elements, `parts` laid end to
-  // end (every saved rank's shard in rank order; the padding after them ignored).
-  std::vector<torch::Tensor> unit_values(int unit, const std::vector<torch::Tensor>& parts,
-                                         const std::string& path) const;
+  // Where this rank's shard of unit `unit` begins in the unit's flat elements.
+  int64_t begin_of(int unit) const;
   void load_shard_optimizers(const std::vector<Checkpoint>& files, torch::optim::Optimizer& local,
                              const OptimizerFactory& make, const std::string& path);
 

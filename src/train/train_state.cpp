@@ -516,7 +516,7 @@ std::string TrainState::save(CheckpointPosition at, const torch::Tensor& untrain
   // --zero: every rank's shard of the optimizer state, for rank 0 to write; --sync local-sgd or
   // diloco: every rank's inner optimizer.
   const bool per_rank = zero_ || diloco_;
-  const std::string opt = per_rank || dist_.is_main() ? serialized(optimizer()) : std::string();
+  std::string opt = per_rank || dist_.is_main() ? serialized(optimizer()) : std::string();
   const std::vector<std::string> shards =
       per_rank ? comm::all_gather_bytes(*dist_.group, opt, dist_.device)
                : std::vector<std::string>();
@@ -526,7 +526,7 @@ std::string TrainState::save(CheckpointPosition at, const torch::Tensor& untrain
   if (dist_.is_main()) {
     try {
       Checkpoint c = checkpoint_here(at, untrained);
-      c.optimizer_state = zero_ ? torch::empty({0}, torch::kByte) : byte_tensor(opt);
+      c.optimizer_state = zero_ ? torch::empty({0}, torch::kByte) : byte_tensor(std::move(opt));
       auto& per_rank_states = zero_ ? c.optimizer_shards : c.inner_optimizers;
       for (const auto& shard : shards) per_rank_states.push_back(byte_tensor(shard));
       if (diloco_) {
@@ -564,7 +564,7 @@ std::string TrainState::save_gathered(CheckpointPosition at, const torch::Tensor
     try {
       state = sharded_->deferred_state(kModulePrefix, optimizer_.get(), factory());
       Checkpoint c = checkpoint_here(at, untrained, state.model);
-      c.optimizer_state = byte_tensor(state.optimizer_state);
+      c.optimizer_state = byte_tensor(std::move(state.optimizer_state));
       c.optimizer_tensors = state.optimizer_tensors;
       c.rng_state = all_rng;
       if (scaler_) c.grad_scaler = scaler_->state();
