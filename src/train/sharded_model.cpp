@@ -90,11 +90,11 @@ ShardedModel::Deferred ShardedModel::deferred_state(const std::string& prefix,
   const auto whole = stand_ins(*module_);
   const auto index = indices(*module_);
   const auto unsharded = make(in_module_order(*module_, whole));
+  const auto params = module_->named_parameters();
   const std::vector<torch::Tensor> shards = model_->parameters();
   for (int u = 0; u < static_cast<int>(shards.size()); ++u) {
     auto it = local->state().find(compat::optimizer_state_key(*local, shards[u]));
     if (it == local->state().end()) continue;  // not stepped yet (on every rank alike)
-    const auto params = module_->named_parameters();
     for (const auto& name : model_->parameter_names(u)) {
       auto saved = it->second->clone();
       for (auto& [field, tensor] : elementwise_state(*saved)) {

@@ -543,8 +543,7 @@ std::vector<std::pair<std::string, torch::Tensor>> FullyShardedDataParallel::sta
   // buffer's, not theirs).
   std::map<std::string, torch::Tensor> meta;
   for (const auto& unit : state_->units) {
-    for (const fsdp::Unit* part : {unit.get(), unit->frozen_part()}) {
-      if (part == nullptr) continue;
+    for (const fsdp::Unit* part : unit->parts()) {
       const auto options = part->shard().options().device(torch::kMeta).requires_grad(false);
       for (size_t i = 0; i < part->params().size(); ++i) {
         meta[part->names()[i]] = torch::empty(part->params()[i].sizes(), options);
@@ -573,8 +572,7 @@ std::vector<std::pair<std::string, torch::Tensor>> FullyShardedDataParallel::sta
 void FullyShardedDataParallel::gather_each_unit(
     const std::function<void(const std::string& name, const torch::Tensor& value)>& visit) {
   for (auto& unit : state_->units) {
-    for (fsdp::Unit* part : {unit.get(), unit->frozen_part()}) {
-      if (part == nullptr) continue;
+    for (fsdp::Unit* part : unit->parts()) {
       auto copies = part->gather_copies(part->shard());
       for (size_t i = 0; i < copies.size(); ++i) visit(part->names()[i], copies[i]);
     }
@@ -610,8 +608,7 @@ void FullyShardedDataParallel::load_state_dict(
     return it->second;
   };
   for (auto& unit : state_->units) {
-    for (fsdp::Unit* part : {unit.get(), unit->frozen_part()}) {
-      if (part == nullptr) continue;
+    for (fsdp::Unit* part : unit->parts()) {
       std::vector<torch::Tensor> values;
       for (size_t i = 0; i < part->params().size(); ++i) {
         values.push_back(value_of(part->names()[i], part->params()[i]));

@@ -78,6 +78,11 @@ class Unit {
   // The unit's frozen parameters when it has trainable ones too (nullptr: none).
   const Unit* frozen_part() const { return frozen_.get(); }
   Unit* frozen_part() { return frozen_.get(); }
+  // The unit's flat buffers: itself, and its frozen part when it has one.
+  std::vector<Unit*> parts() {
+    if (frozen_) return {this, frozen_.get()};
+    return {this};
+  }
   const torch::Tensor& shard() const { return shard_; }
   const FlatLayout& layout() const { return layout_; }
   // This iteration's times (the orchestrator fills them; the gathers' issue times are the unit's).
