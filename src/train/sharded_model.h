@@ -38,6 +38,8 @@ class ShardedModel {
     return model_->forward_with(run, input);
   }
 
+  // loss.backward(), a failure naming the unit (FullyShardedDataParallel::backward).
+  void backward(const torch::Tensor& loss) { model_->backward(loss); }
   // FullyShardedDataParallel::set_requires_gradient_sync.
   void set_requires_gradient_sync(bool sync) { model_->set_requires_gradient_sync(sync); }
   // Each unit's times in the last iteration (the timeline's).

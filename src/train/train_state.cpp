@@ -347,6 +347,11 @@ torch::Tensor TrainState::forward(const torch::Tensor& input) {
   return sharded_->forward(workload_.forward, input);
 }
 
+void TrainState::backward(const torch::Tensor& loss) {
+  if (sharded_) return sharded_->backward(loss);
+  loss.backward();
+}
+
 std::vector<fsdp::UnitTimes> TrainState::unit_times() const {
   return sharded_->last_iteration();
 }

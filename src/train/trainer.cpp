@@ -533,7 +533,7 @@ torch::Tensor Trainer::forward_backward(EpochPass& pass, const data::Batch& batc
     const Phase phase = step_phase(*dist_.group, timeline, "backward", step);
     torch::Tensor weighted = share == 1.0 ? loss : loss * share;
     amp::GradScaler* scaler = state_->scaler();
-    (scaler ? scaler->scale(weighted) : weighted).backward();  // --amp fp16: scaled
+    state_->backward(scaler ? scaler->scale(weighted) : weighted);  // --amp fp16: scaled
   }
   return loss.detach().to(torch::kDouble) * static_cast<double>(batch.size());
 }

@@ -194,6 +194,34 @@ TEST(FullyShard, ALibTorchErrorInAUnitsForwardNamesTheUnit) {
   EXPECT_EQ(what.find("hold no data"), std::string::npos) << what;
 }
 
+// An op whose backward fails, as a LibTorch error inside a unit's backward.
+struct FailsInBackward : torch::autograd::Function<FailsInBackward> {
+  static torch::Tensor forward(torch::autograd::AutogradContext*, const torch::Tensor& x) {
+    return x.clone();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 const torch::autograd::variable_list&) {
+    TORCH_CHECK(false, "the op's own backward error");
+  }
+};
+
+struct FailingBlockImpl : torch::nn::Module {
+  FailingBlockImpl() : fc(register_module("fc", torch::nn::Linear(3, 3))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return FailsInBackward::apply(fc(x)); }
+  torch::nn::Linear fc;
+};
+TORCH_MODULE(FailingBlock);
+
+TEST(FullyShard, ALibTorchErrorInAUnitsBackwardNamesTheUnit) {
+  torch::nn::Sequential net(torch::nn::Linear(3, 3), FailingBlock(), torch::nn::Linear(3, 1));
+  ddp::FullyShardedDataParallel model(net, local_group());
+  const auto loss = model.forward(torch::ones({2, 3})).sum();
+  const std::string what = error_of([&] { model.backward(loss); });
+  EXPECT_NE(what.find("fully_shard: the backward of unit 1 failed: "), std::string::npos) << what;
+  EXPECT_NE(what.find("the op's own backward error"), std::string::npos) << what;
+  EXPECT_NE(what.find("ddp::nn::call(unit, ...)"), std::string::npos) << what;
+}
+
 // Between steps the parameters' values are not there (each rank holds a shard): reading them
 // throws, naming the parameter where the LibTorch release lets the error say so; their shapes
 // stay readable, and state_dict() gives the values.

@@ -200,6 +200,11 @@ class FullyShardedDataParallel {
   // A floating tensor in the policy's output_dtype, when it has one.
   torch::Tensor cast_output(torch::Tensor output) const;
 
+  // loss.backward(), with a LibTorch error raised in it rethrown as InputError naming the unit
+  // whose backward was running (the last whose output's gradient had arrived) and what a unit's
+  // backward needs. A plain loss.backward() trains the same, with LibTorch's error alone.
+  void backward(const torch::Tensor& loss);
+
   // Scales the shards' gradients so that the 2-norm of the whole model's gradient (over every
   // rank's shards) is at most `max_norm`, as torch.nn.utils.clip_grad_norm_ on the unsharded
   // model (FSDP1's clip_grad_norm_). Returns that norm, before clipping. A collective.

@@ -108,6 +108,8 @@ class TrainState {
   // fsdp-param-dtype), with broadcast-buffers' broadcast of rank 0's buffers before a training
   // forward in both (DDP: the first after a backward).
   torch::Tensor forward(const torch::Tensor& input);
+  // loss.backward(); --fsdp: an error in it names the unit whose backward ran.
+  void backward(const torch::Tensor& loss);
   // Before an evaluation's forwards: rank 0's buffers to every rank (broadcast-buffers; a
   // collective).
   void before_evaluation();

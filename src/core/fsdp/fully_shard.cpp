@@ -161,6 +161,7 @@ struct FullyShardedDataParallel::State : nn::ForwardHooks {
   bool gradient_sync = true;                  // set_requires_gradient_sync
   fsdp::Unit* last_reduced = nullptr;         // whose reduce-scatter is in flight
   bool in_backward = false;
+  fsdp::Unit* backward_unit = nullptr;  // whose backward began last (before_backward)
 
   fsdp::Unit* find(const torch::nn::Module& module) const {
     auto it = by_module.find(&module);
@@ -323,6 +324,7 @@ void FullyShardedDataParallel::State::before_backward(fsdp::Unit& unit) {
     unit.times().backward_gather = unit.gather_issued();
   }
   unit.times().backward_begin = fsdp::Clock::now();
+  backward_unit = &unit;
   unit.begin_backward();
   if (options.prefetch()) {
     if (fsdp::Unit* next = neighbour(unit, -1)) next->gather_async();
@@ -362,6 +364,7 @@ void FullyShardedDataParallel::State::end_backward() {
   }
   last_reduced = nullptr;
   in_backward = false;
+  backward_unit = nullptr;
 }
 
 FullyShardedDataParallel::Forward::Forward(FullyShardedDataParallel& model)
@@ -405,6 +408,20 @@ void FullyShardedDataParallel::Forward::fail(const c10::Error& error) {
         not_called.empty() ? std::string("none") : fmt::format("{}", fmt::join(not_called, ", ")));
   }
   throw InputError(message);
+}
+
+void FullyShardedDataParallel::backward(const torch::Tensor& loss) {
+  try {
+    loss.backward();
+  } catch (const c10::Error& error) {
+    const fsdp::Unit* unit = std::exchange(state_->backward_unit, nullptr);
+    throw InputError(fmt::format(
+        "fully_shard: the backward{} failed: {}\n  A unit's backward runs with its parameters "
+        "gathered only when its forward ran through ddp::nn::call(unit, ...) (or the Sequential's "
+        "forward), once per forward, and the same units ran on every rank",
+        unit != nullptr ? fmt::format(" of unit {}", unit->name()) : std::string(),
+        error.what_without_backtrace()));
+  }
 }
 
 FullyShardedDataParallel::Forward::~Forward() {
