@@ -8,6 +8,7 @@
 #include "ddp/common/error.h"
 #include "ddp/core/distributed_data_parallel.h"
 #include "ddp/train/pt_file.h"
+#include "ddp/train/sharded_weights.h"
 #include "torch_compat.h"
 
 namespace ddp::train {
@@ -72,19 +73,7 @@ ShardedModel::Deferred ShardedModel::deferred_state(const std::string& prefix,
                                                     const OptimizerFactory& make) const {
   Deferred state;
   state.prefix = prefix;
-  // A tied weight is one placeholder under each of its names, as it is one tensor in the module.
-  std::map<const void*, torch::Tensor> placeholders;
-  for (const auto& [name, value] : model_->state_dict_keys()) {
-    torch::Tensor tensor;
-    if (!value.is_meta()) {
-      tensor = value.detach().clone();  // a buffer: this rank's
-    } else {
-      auto& p = placeholders[value.unsafeGetTensorImpl()];
-      if (!p.defined()) p = PtFileWriter::deferred(value.sizes(), value.scalar_type());
-      tensor = p;
-    }
-    state.model.emplace_back(prefix + name, tensor);
-  }
+  state.model = deferred_state_dict(*model_, prefix);
   if (local == nullptr) return state;
 
   const auto whole = stand_ins(*module_);
@@ -115,13 +104,10 @@ ShardedModel::Deferred ShardedModel::deferred_state(const std::string& prefix,
 
 void ShardedModel::write_gathered(const Deferred& state, torch::optim::Optimizer* local,
                                   const DeferredWrite& write) {
-  const std::map<std::string, torch::Tensor> model(state.model.begin(), state.model.end());
   const std::map<std::string, torch::Tensor> tensors(state.optimizer_tensors.begin(),
                                                      state.optimizer_tensors.end());
   const auto index = indices(*module_);
-  model_->gather_each_unit([&](const std::string& name, const torch::Tensor& value) {
-    if (write) write(model.at(state.prefix + name), value);
-  });
+  write_gathered_parameters(*model_, state.model, state.prefix, write);
   if (local == nullptr) return;
   const std::vector<torch::Tensor> shards = model_->parameters();
   for (int u = 0; u < static_cast<int>(shards.size()); ++u) {

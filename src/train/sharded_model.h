@@ -16,6 +16,7 @@
 #include "ddp/comm/process_group.h"
 #include "ddp/core/fully_shard.h"
 #include "ddp/train/checkpoint.h"
+#include "ddp/train/sharded_weights.h"
 #include "ddp/train/state_dict.h"
 #include "ddp/train/workload.h"
 #include "optimizer_state.h"
@@ -65,12 +66,11 @@ class ShardedModel {
   // Each unit's parameters gathered in turn, then (`local` given) its optimizer state, each tensor
   // handed to `write` with its placeholder in `state` (rank 0's; `write` is null on the others),
   // and freed before the next unit's: a collective.
-  using DeferredWrite = std::function<void(const torch::Tensor& placeholder, const torch::Tensor&)>;
   void write_gathered(const Deferred& state, torch::optim::Optimizer* local,
                       const DeferredWrite& write);
-  // The same for the model alone (`state` from deferred_state(prefix, nullptr, {})).
-  void write_gathered(const Deferred& state, const DeferredWrite& write) {
-    write_gathered(state, nullptr, write);
+  // model.pt alone, as the units are gathered (train::save_weights of a sharded model).
+  void save_weights(const std::string& path, bool write, const std::string& prefix) {
+    train::save_weights(*model_, path, write, prefix);
   }
   // Each rank's shards from a whole model's state (keys with or without `module.`); InputError
   // starting with `origin` on a mismatch.

@@ -174,7 +174,7 @@ class StreamedFiles {
     }
   }
   // What write_gathered() calls on this rank: write() on rank 0 (`main`), nothing elsewhere.
-  ShardedModel::DeferredWrite writer(bool main) {
+  DeferredWrite writer(bool main) {
     if (!main) return nullptr;
     return [this](const torch::Tensor& placeholder, const torch::Tensor& data) {
       write(placeholder, data);
@@ -613,27 +613,14 @@ std::string TrainState::save_sharded(CheckpointPosition at, const torch::Tensor&
 void TrainState::finish_saving() {
   if (!sharded_writer_) return;
   sharded_writer_->settle();
-  // model.pt streamed by rank 0 as the units are gathered (save_gathered's way).
-  StreamedFiles files;
-  ShardedModel::Deferred state;
-  PtFileWriter* model = nullptr;
-  if (dist_.is_main()) {
-    try {
-      state = sharded_->deferred_state(kModulePrefix, nullptr, {});
-      model = &files.open(model_file_path(config_), model_file(state.model, config_));
-    } catch (...) {
-      files.error = std::current_exception();
-    }
+  std::exception_ptr error;
+  try {  // written by rank 0 as the units are gathered: every rank takes part
+    sharded_->save_weights(model_file_path(config_), dist_.is_main(),
+                           config_.save_prefix == SavePrefix::kNone ? "" : kModulePrefix);
+  } catch (...) {
+    error = std::current_exception();
   }
-  sharded_->write_gathered(state, files.writer(dist_.is_main()));
-  if (dist_.is_main() && !files.error) {
-    try {
-      model->commit();
-    } catch (...) {
-      files.error = std::current_exception();
-    }
-  }
-  agree_all_ok(dist_, files.error, "saving model.pt");
+  agree_all_ok(dist_, error, "saving model.pt");
 }
 
 bool TrainState::resume() {

@@ -7,6 +7,9 @@
 #include "adapted_net.h"
 #include "ddp/comm/rendezvous.h"
 #include "ddp/core/fully_shard.h"
+#include "ddp/train/pt_file.h"
+#include "ddp/train/sharded_weights.h"
+#include "subprocess.h"
 
 namespace {
 
@@ -311,6 +314,17 @@ TEST(FullyShard, AWeightTiedInsideAUnitIsShardedOnceAndSavedUnderBothNames) {
   for (const auto& [name, value] : model.state_dict()) state[name] = value;
   EXPECT_TRUE(state.at("block.proj.weight").equal(lin->weight));
   EXPECT_TRUE(state.at("block.lin.weight").equal(lin->weight));
+
+  // The same weights written a unit at a time: nn.DataParallel's keys, the tied pair one tensor.
+  ddp::testing::TempDir dir;
+  ddp::train::save_weights(model, dir.file("model.pt"), /*write=*/true);
+  const auto saved = ddp::train::read_pt_file(dir.file("model.pt")).toGenericDict();
+  EXPECT_EQ(saved.size(), state.size());
+  for (const auto& [name, value] : state) {
+    EXPECT_TRUE(saved.at("module." + name).toTensor().equal(value)) << name;
+  }
+  EXPECT_EQ(saved.at("module.block.proj.weight").toTensor().data_ptr(),
+            saved.at("module.block.lin.weight").toTensor().data_ptr());
 }
 
 TEST(FullyShard, AWeightTiedBetweenAUnitAndTheRestIsRefusedNamingBoth) {
