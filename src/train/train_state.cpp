@@ -131,10 +131,14 @@ std::string model_file_path(const Config& config) {
   return (fs::path(config.output_dir) / "model.pt").string();
 }
 
+// The prefix of model.pt's keys, as --save-prefix says.
+std::string model_file_prefix(const Config& config) {
+  return config.save_prefix == SavePrefix::kNone ? "" : kModulePrefix;
+}
+
 // model.pt's contents: `model`'s weights (keys with `module.`) keyed as --save-prefix says.
 c10::IValue model_file(const StateDict& model, const Config& config) {
-  return to_ivalue(
-      with_prefix(model, config.save_prefix == SavePrefix::kNone ? "" : kModulePrefix));
+  return to_ivalue(with_prefix(model, model_file_prefix(config)));
 }
 
 // The numbered file first (written by `write_numbered`), then the names that point at the newest:
@@ -615,8 +619,7 @@ void TrainState::finish_saving() {
   sharded_writer_->settle();
   std::exception_ptr error;
   try {  // written by rank 0 as the units are gathered: every rank takes part
-    sharded_->save_weights(model_file_path(config_), dist_.is_main(),
-                           config_.save_prefix == SavePrefix::kNone ? "" : kModulePrefix);
+    sharded_->save_weights(model_file_path(config_), dist_.is_main(), model_file_prefix(config_));
   } catch (...) {
     error = std::current_exception();
   }
@@ -789,6 +792,8 @@ void TrainState::load_optimizer_state(const Checkpoint& c, const std::string& pa
 void TrainState::load_sync_state(const Checkpoint& c, const std::string& path) {
   if (c.inner_optimizers.empty()) {
     load_optimizer(optimizer(), c.optimizer_state, path, dist_.device);
+    restore_optimizer_tensors(optimizer(), module_->parameters(), c.optimizer_tensors, path,
+                              dist_.device);
     diloco_->restart({});
     return;
   }
