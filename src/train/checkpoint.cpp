@@ -97,6 +97,20 @@ std::map<std::string, std::string> yaml_lines(const std::string& yaml) {
   return out;
 }
 
+// The optimizer's entries: its state, and those of --fsdp, --zero and --sync.
+void read_optimizer_entries(const Entries& e, Checkpoint& c, const std::string& origin) {
+  c.optimizer_state = e.bytes("optimizer_state");
+  if (e.has("optimizer_tensors")) {
+    c.optimizer_tensors =
+        state_dict_from(e.get("optimizer_tensors"), origin + ": 'optimizer_tensors'");
+  }
+  if (e.has("optimizer_shards")) c.optimizer_shards = e.byte_list("optimizer_shards");
+  if (e.has("inner_optimizers")) {
+    c.inner_optimizers = e.byte_list("inner_optimizers");
+    c.outer_momentum = state_dict_from(e.get("outer_momentum"), origin + ": 'outer_momentum'");
+  }
+}
+
 }  // namespace
 
 c10::IValue to_ivalue(const Checkpoint& c) {
@@ -165,16 +179,7 @@ Checkpoint checkpoint_from(const c10::IValue& contents, const std::string& origi
   c.optimizer = e.string("optimizer");
   c.config = e.string("config");
   c.model = state_dict_from(e.get("model"), origin);
-  c.optimizer_state = e.bytes("optimizer_state");
-  if (e.has("optimizer_tensors")) {
-    c.optimizer_tensors =
-        state_dict_from(e.get("optimizer_tensors"), origin + ": 'optimizer_tensors'");
-  }
-  if (e.has("optimizer_shards")) c.optimizer_shards = e.byte_list("optimizer_shards");
-  if (e.has("inner_optimizers")) {
-    c.inner_optimizers = e.byte_list("inner_optimizers");
-    c.outer_momentum = state_dict_from(e.get("outer_momentum"), origin + ": 'outer_momentum'");
-  }
+  read_optimizer_entries(e, c, origin);
   if (e.has("bucket_cap_bytes")) c.bucket_cap_bytes = e.integer("bucket_cap_bytes");
   c.rng_state = e.bytes("rng_state");
   if (e.has("grad_scaler")) {

@@ -45,6 +45,43 @@ void copy_overlap(const torch::Tensor& into, int64_t into_begin, const torch::Te
       .copy_(from.narrow(0, first - from_begin, last - first));
 }
 
+// Into `into`, this rank's element-wise optimizer state of one unit (laid out as `shard`, the
+// unit's flat elements from `begin`; `fields`: which of its tensors it has), what it shares with
+// `from`, a saved rank's (its flat elements from `from_begin`, `from_numel` of them): the saved
+// tensor itself where it is exactly this rank's part, else a copy of the overlap into a tensor
+// made at the first need. InputError starting with `what` when `from` is not of a shard's size.
+void take_saved_part(torch::optim::OptimizerParamState& into, const std::vector<bool>& fields,
+                     const torch::Tensor& shard, int64_t begin,
+                     torch::optim::OptimizerParamState& from, int64_t from_begin,
+                     int64_t from_numel, const std::string& what) {
+  const auto saved = elementwise_state(from);
+  const auto mine = elementwise_state(into);
+  for (size_t f = 0; f < mine.size(); ++f) {
+    if (!fields[f]) continue;
+    const torch::Tensor& part = *saved[f].second;
+    if (!part.defined() || part.numel() != from_numel) {
+      throw InputError(fmt::format("{}: {} is not of its shard's size", what, saved[f].first));
+    }
+    torch::Tensor& target = *mine[f].second;
+    if (from_numel == shard.numel() && from_begin == begin) {
+      target = part.view(shard.sizes());  // exactly this rank's shard
+      continue;
+    }
+    if (!target.defined()) target = torch::zeros_like(shard);
+    copy_overlap(target, begin, part.reshape(-1), from_begin);
+  }
+}
+
+// The tensors `into` has (`fields`) that no saved part made: zeros laid out as `shard` (a shard
+// that is all padding overlaps no saved one).
+void zeros_where_unmade(torch::optim::OptimizerParamState& into, const std::vector<bool>& fields,
+                        const torch::Tensor& shard) {
+  const auto mine = elementwise_state(into);
+  for (size_t f = 0; f < mine.size(); ++f) {
+    if (fields[f] && !mine[f].second->defined()) *mine[f].second = torch::zeros_like(shard);
+  }
+}
+
 // Each parameter's position in the module's order, by name.
 std::map<std::string, size_t> indices(const torch::nn::Module& module) {
   std::map<std::string, size_t> index;
@@ -262,32 +299,15 @@ void ShardedModel::load_shard_optimizers(const std::vector<Checkpoint>& files,
           *tensor = torch::Tensor();
         }
       }
-      const auto from = elementwise_state(*it->second);
-      const auto into = elementwise_state(*mine[u]);
-      const int64_t n = saved_shards[u].numel(), begin = begin_of(static_cast<int>(u));
-      for (size_t f = 0; f < into.size(); ++f) {
-        if (!fields[u][f]) continue;
-        if (!from[f].second->defined() || from[f].second->numel() != n) {
-          throw InputError(fmt::format("{}: rank {}'s optimizer {} of unit {} is not its shard's",
-                                       path, r, from[f].first, u));
-        }
-        torch::Tensor& part = *into[f].second;
-        if (n == shards[u].numel() && static_cast<int64_t>(r) * n == begin) {
-          part = from[f].second->view(shards[u].sizes());  // exactly this rank's shard
-          continue;
-        }
-        if (!part.defined()) part = torch::zeros_like(shards[u]);
-        copy_overlap(part, begin, from[f].second->reshape(-1), static_cast<int64_t>(r) * n);
-      }
+      const int64_t n = saved_shards[u].numel();
+      take_saved_part(*mine[u], fields[u], shards[u], begin_of(static_cast<int>(u)), *it->second,
+                      static_cast<int64_t>(r) * n, n,
+                      fmt::format("{}: rank {}'s optimizer state of unit {}", path, r, u));
     }
   }
   for (size_t u = 0; u < shards.size(); ++u) {
     if (!mine[u] || !stepped[u]) continue;
-    const auto into = elementwise_state(*mine[u]);
-    for (size_t f = 0; f < into.size(); ++f) {  // a shard that is all padding
-      if (fields[u][f] && !into[f].second->defined())
-        *into[f].second = torch::zeros_like(shards[u]);
-    }
+    zeros_where_unmade(*mine[u], fields[u], shards[u]);
     local.state()[compat::optimizer_state_key(local, shards[u])] = std::move(mine[u]);
   }
 }
