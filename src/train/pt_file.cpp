@@ -14,6 +14,7 @@
 #include <cstring>
 #include <map>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "ddp/common/error.h"
@@ -116,7 +117,7 @@ bool PtFileWriter::awaits(const at::Tensor& deferred) const {
 }
 
 void PtFileWriter::begin(const c10::IValue& value) {
-  DDP_CHECK(pending_.empty(), "PtFileWriter::begin once");
+  DDP_CHECK(!std::exchange(begun_, true), "PtFileWriter::begin once");
   const auto [pickle, tensors] = pickled(value);
   write_head(*zip_, pickle);
   for (size_t i = 0; i < tensors.size(); ++i) {

@@ -1,10 +1,6 @@
 #include "ddp/train/sharded_weights.h"
 
-#include <exception>
 #include <map>
-#include <memory>
-
-#include "ddp/train/pt_file.h"
 
 namespace ddp::train {
 
@@ -35,33 +31,46 @@ void write_gathered_parameters(FullyShardedDataParallel& model, const StateDict&
   });
 }
 
+PtFileWriter& StreamedFiles::open(const std::string& path, const c10::IValue& value) {
+  files_.push_back(std::make_unique<PtFileWriter>(path));
+  files_.back()->begin(value);
+  return *files_.back();
+}
+
+void StreamedFiles::write(const torch::Tensor& placeholder, const torch::Tensor& data) {
+  if (error) return;
+  try {
+    for (auto& file : files_) {
+      if (file->awaits(placeholder)) file->write(placeholder, data);
+    }
+  } catch (...) {
+    error = std::current_exception();
+  }
+}
+
+DeferredWrite StreamedFiles::writer(bool writing) {
+  if (!writing) return nullptr;
+  return [this](const torch::Tensor& placeholder, const torch::Tensor& data) {
+    write(placeholder, data);
+  };
+}
+
 void save_weights(FullyShardedDataParallel& model, const std::string& path, bool write,
                   const std::string& prefix) {
-  std::unique_ptr<PtFileWriter> file;
-  std::exception_ptr error;
+  StreamedFiles files;
   StateDict deferred;
+  PtFileWriter* file = nullptr;
   if (write) {
     try {
       deferred = deferred_state_dict(model, prefix);
-      file = std::make_unique<PtFileWriter>(path);
-      file->begin(to_ivalue(deferred));
+      file = &files.open(path, to_ivalue(deferred));
     } catch (...) {
-      error = std::current_exception();
+      files.error = std::current_exception();
     }
   }
-  // The gathers go on whatever happened to the file: the other ranks take part in them too.
-  write_gathered_parameters(model, deferred, prefix,
-                            write ? DeferredWrite([&](const auto& placeholder, const auto& value) {
-                              if (error) return;
-                              try {
-                                file->write(placeholder, value);
-                              } catch (...) {
-                                error = std::current_exception();
-                              }
-                            })
-                                  : DeferredWrite());
-  if (error) std::rethrow_exception(error);
-  if (file) file->commit();
+  write_gathered_parameters(model, deferred, prefix, files.writer(write));
+  if (files.error) std::rethrow_exception(files.error);
+  if (file != nullptr) file->commit();
 }
 
 }  // namespace ddp::train

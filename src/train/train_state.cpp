@@ -156,40 +156,6 @@ std::string write_checkpoint_files(CheckpointPosition at, const Config& config,
   return numbered;
 }
 
-// Rank 0's files written while a sharded model's units are gathered one at a time
-// (ShardedModel::write_gathered): an error stops the writing but not the gathers, which every
-// rank goes through.
-class StreamedFiles {
- public:
-  // `path` with contents `value`, its placeholders to come from write().
-  PtFileWriter& open(const std::string& path, const c10::IValue& value) {
-    files_.push_back(std::make_unique<PtFileWriter>(path));
-    files_.back()->begin(value);
-    return *files_.back();
-  }
-  void write(const torch::Tensor& placeholder, const torch::Tensor& data) {
-    if (error) return;
-    try {
-      for (auto& file : files_) {
-        if (file->awaits(placeholder)) file->write(placeholder, data);
-      }
-    } catch (...) {
-      error = std::current_exception();
-    }
-  }
-  // What write_gathered() calls on this rank: write() on rank 0 (`main`), nothing elsewhere.
-  DeferredWrite writer(bool main) {
-    if (!main) return nullptr;
-    return [this](const torch::Tensor& placeholder, const torch::Tensor& data) {
-      write(placeholder, data);
-    };
-  }
-  std::exception_ptr error;
-
- private:
-  std::vector<std::unique_ptr<PtFileWriter>> files_;
-};
-
 // A checkpoint file, or every rank's file of a sharded checkpoint's directory (rank 0's first).
 std::vector<Checkpoint> read_checkpoints(const std::string& path) {
   if (fs::is_directory(path)) return read_sharded_checkpoint(path);

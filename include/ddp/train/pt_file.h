@@ -74,6 +74,7 @@ class PtFileWriter {
   std::exception_ptr failed_;  // the file's first write error (the zip writer cannot take it)
   std::unique_ptr<caffe2::serialize::PyTorchStreamWriter> zip_;
   std::map<const void*, std::string> pending_;  // placeholder storage -> its record's name
+  bool begun_ = false;
 };
 
 }  // namespace ddp::train

@@ -10,10 +10,14 @@
 
 #include <torch/types.h>
 
+#include <exception>
 #include <functional>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "ddp/core/fully_shard.h"
+#include "ddp/train/pt_file.h"
 #include "ddp/train/state_dict.h"
 
 namespace ddp::train {
@@ -29,6 +33,23 @@ StateDict deferred_state_dict(const FullyShardedDataParallel& model, const std::
 using DeferredWrite = std::function<void(const torch::Tensor& placeholder, const torch::Tensor&)>;
 void write_gathered_parameters(FullyShardedDataParallel& model, const StateDict& deferred,
                                const std::string& prefix, const DeferredWrite& write);
+
+// A rank's files written while a sharded model's units are gathered one at a time
+// (write_gathered_parameters): an error stops the writing but not the gathers, which every rank
+// goes through; it is kept in `error` for the caller to raise once they are done.
+class StreamedFiles {
+ public:
+  // `path` with contents `value`, its placeholders to come from write(). Throws on error.
+  PtFileWriter& open(const std::string& path, const c10::IValue& value);
+  // The placeholder's data into each file that awaits it (nothing once an error is kept).
+  void write(const torch::Tensor& placeholder, const torch::Tensor& data);
+  // What the gathers call on this rank: write() where `writing`, nothing elsewhere.
+  DeferredWrite writer(bool writing);
+  std::exception_ptr error;
+
+ private:
+  std::vector<std::unique_ptr<PtFileWriter>> files_;
+};
 
 // save_weights' file of a sharded model (keys with `prefix`; kModulePrefix: nn.DataParallel's),
 // written atomically by the rank where `write` is true while the units are gathered one at a
