@@ -60,7 +60,8 @@ def python(args, workload, precision):
 
 
 def measure(args, workload, precision, runs, tmp):
-    """Warm-up, then interleaved rounds; appends each counted run to `runs`."""
+    """Warm-up, then interleaved rounds; writes each counted run to `runs` (a file) as it ends, so
+    that a job stopped by a time limit keeps the runs done."""
     for _ in range(args.warmup):
         ours(args, workload, precision, tmp)
         python(args, workload, precision)
@@ -70,8 +71,9 @@ def measure(args, workload, precision, runs, tmp):
 
         def call():
             done.append(run())
-            runs.append({"side": side, "workload": workload, "precision": precision,
-                         "round": len(done) - 1, "samples_per_s": done[-1]})
+            runs.write(json.dumps({"side": side, "workload": workload, "precision": precision,
+                                   "round": len(done) - 1, "samples_per_s": done[-1]}) + "\n")
+            runs.flush()
             return done[-1]
         return call
 
@@ -109,13 +111,11 @@ def parse_args():
 def main():
     args = parse_args()
     os.makedirs(args.out, exist_ok=True)
-    runs, rows = [], []
-    with tempfile.TemporaryDirectory() as tmp:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp, open(os.path.join(args.out, "runs.jsonl"), "w") as runs:
         for workload in args.workloads:
             for precision in args.precisions:
                 rows.append((workload, precision) + measure(args, workload, precision, runs, tmp))
-    with open(os.path.join(args.out, "runs.jsonl"), "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in runs)
     text = summary(args.device, rows)
     with open(os.path.join(args.out, "summary.md"), "w") as f:
         f.write(text)
