@@ -572,3 +572,100 @@ TEST(FullyShard, ClippingOverTheShardsIsClippingTheWholeModel) {
   EXPECT_TRUE(shards[0].grad().allclose(trainable_gradients(*reference->a), 1e-5, 1e-7));
   EXPECT_TRUE(shards[2].grad().allclose(trainable_gradients(*reference->head), 1e-5, 1e-7));
 }
+
+// The local group, recording the buffers it made (allocate_buffer) and the memory its
+// all-gathers wrote and its reduce-scatters read and wrote.
+class BufferRecordingGroup : public ddp::comm::ProcessGroup {
+ public:
+  explicit BufferRecordingGroup(std::shared_ptr<ProcessGroup> inner)
+      : ProcessGroup(inner->rank(), inner->world_size(), inner->options()),
+        inner_(std::move(inner)) {
+    wrap(*inner_);
+  }
+  std::string backend_name() const override { return inner_->backend_name(); }
+  // Where a tensor's bytes were when a collective was given it (a unit's gathered buffer points
+  // at other memory, or none, later).
+  struct Place {
+    const uint8_t* begin;
+    size_t bytes;
+  };
+  static Place place_of(const at::Tensor& t) {
+    return {static_cast<const uint8_t*>(t.data_ptr()), t.nbytes()};
+  }
+  // Whether `place` lies inside one of the buffers made.
+  bool in_buffers(const Place& place) const {
+    return std::any_of(buffers_.begin(), buffers_.end(), [&](const at::Tensor& b) {
+      const auto* base = static_cast<const uint8_t*>(b.data_ptr());
+      return place.begin >= base && place.begin + place.bytes <= base + b.nbytes();
+    });
+  }
+  std::vector<at::Tensor> buffers_;
+  std::vector<Place> gathered_, reduced_;
+
+ protected:
+  using WorkPtr = ddp::comm::WorkPtr;
+  using Info = ddp::comm::CollectiveInfo;
+  using Op = ddp::comm::ReduceOp;
+  at::Tensor do_allocate_buffer(int64_t numel, const at::TensorOptions& options) override {
+    buffers_.push_back(inner_->allocate_buffer(numel, options));
+    return buffers_.back();
+  }
+  WorkPtr do_all_reduce(at::Tensor& t, Op op, const Info&) override {
+    return inner_->all_reduce(t, op);
+  }
+  WorkPtr do_broadcast(at::Tensor& t, int root, const Info&) override {
+    return inner_->broadcast(t, root);
+  }
+  WorkPtr do_all_gather(at::Tensor& out, const at::Tensor& in, const Info&) override {
+    gathered_.push_back(place_of(out));
+    return inner_->all_gather(out, in);
+  }
+  WorkPtr do_reduce_scatter(at::Tensor& out, const at::Tensor& in, Op op, const Info&) override {
+    reduced_.push_back(place_of(in));
+    reduced_.push_back(place_of(out));
+    return inner_->reduce_scatter(out, in, op);
+  }
+  WorkPtr do_all_to_all(at::Tensor& out, const at::Tensor& in, const Info&) override {
+    return inner_->all_to_all(out, in);
+  }
+  WorkPtr do_barrier(const Info&) override { return inner_->barrier(); }
+  std::shared_ptr<ProcessGroup> do_new_group(const std::vector<int>& ranks, const Info&) override {
+    return inner_->new_group(ranks);
+  }
+
+ private:
+  std::shared_ptr<ProcessGroup> inner_;
+};
+
+TEST(FullyShard, UnitsGatherAndReduceInBuffersTheGroupMadeOnce) {
+  torch::manual_seed(11);
+  torch::nn::Sequential reference(torch::nn::Linear(16, 16), torch::nn::Linear(16, 16),
+                                  torch::nn::Linear(16, 16));
+  torch::nn::Sequential net(torch::nn::Linear(16, 16), torch::nn::Linear(16, 16),
+                            torch::nn::Linear(16, 16));
+  copy_parameters(*reference, *net);
+  auto group = std::make_shared<BufferRecordingGroup>(local_group());
+  ddp::FullyShardedDataParallel model(net, group);
+  // Two units gathered at a time (prefetch) and the reduce-scatter's output.
+  ASSERT_EQ(group->buffers_.size(), 3u);
+  torch::optim::SGD optimizer(model.parameters(), 0.1), expected(reference->parameters(), 0.1);
+  for (int step = 0; step < 3; ++step) {
+    const auto x = torch::randn({4, 16});
+    model.forward(x).pow(2).sum().backward();
+    optimizer.step();
+    optimizer.zero_grad();
+    reference->forward(x).pow(2).sum().backward();
+    expected.step();
+    expected.zero_grad();
+  }
+  EXPECT_EQ(group->buffers_.size(), 3u) << "the buffers are made once, at construction";
+  ASSERT_EQ(group->gathered_.size(), 3u * 2 * 3);  // each unit in forward and backward, 3 steps
+  ASSERT_EQ(group->reduced_.size(), 3u * 2 * 3);
+  for (const auto& place : group->gathered_) EXPECT_TRUE(group->in_buffers(place));
+  for (const auto& place : group->reduced_) EXPECT_TRUE(group->in_buffers(place));
+  const auto state = model.state_dict();
+  for (size_t i = 0; i < state.size(); ++i) {
+    EXPECT_TRUE(state[i].second.allclose(reference->named_parameters()[state[i].first], 1e-5, 1e-6))
+        << state[i].first;
+  }
+}

@@ -145,6 +145,7 @@ using fsdp::children_of;
 struct FullyShardedDataParallel::State : nn::ForwardHooks {
   std::shared_ptr<comm::ProcessGroup> group;
   FullyShardOptions options;
+  fsdp::BufferPool pool;  // before the units, which give their buffers back to it
   std::optional<torch::nn::Sequential> sequential;
   std::vector<std::unique_ptr<fsdp::Unit>> units;  // the named units in order, the root last
   fsdp::Unit* root = nullptr;
@@ -191,6 +192,8 @@ struct FullyShardedDataParallel::State : nn::ForwardHooks {
 
   void add_unit(std::string name, std::vector<torch::Tensor> params,
                 std::vector<std::string> names);
+  // The pool's slots, once the units are made (Note [Buffers kept from step to step]).
+  void reserve_buffers();
   void begin_forward();
   void end_forward(bool grad_enabled);
   void before_backward(fsdp::Unit& unit);
@@ -205,7 +208,8 @@ struct FullyShardedDataParallel::State : nn::ForwardHooks {
 void FullyShardedDataParallel::State::add_unit(std::string name, std::vector<torch::Tensor> params,
                                                std::vector<std::string> names) {
   units.push_back(std::make_unique<fsdp::Unit>(std::move(name), std::move(params), std::move(names),
-                                               *group, options.init_sync(), options.mp_policy()));
+                                               *group, pool, options.init_sync(),
+                                               options.mp_policy()));
   fsdp::Unit* unit = units.back().get();
   if (!unit->trainable()) return;  // no gradient comes to a frozen unit
   // The hooks after set_data (the Unit's constructor): a change of dtype or device there would
@@ -217,6 +221,25 @@ void FullyShardedDataParallel::State::add_unit(std::string name, std::vector<tor
         std::make_unique<fsdp::AfterAccumulate>([this, unit, i] { on_grad_ready(*unit, i); })));
     accumulators.push_back(std::move(accumulator));
   }
+}
+
+void FullyShardedDataParallel::State::reserve_buffers() {
+  const fsdp::Unit* largest = nullptr;
+  int64_t reduced = 0;
+  for (const auto& unit : units) {
+    for (const fsdp::Unit* part : unit->parts()) {
+      if (largest == nullptr || part->buffer_bytes() > largest->buffer_bytes()) largest = part;
+      reduced = std::max(reduced, part->reduced_bytes());
+    }
+  }
+  if (largest == nullptr) return;
+  const int64_t bytes = largest->buffer_bytes();
+  // The units gathered at a time (two with prefetch), the root unit's own where it is large
+  // enough to take a slot, and the reduce-scatter's output.
+  const bool large_root = root != nullptr && 2 * root->buffer_bytes() >= bytes;
+  const c10::Device device = largest->shard().device();
+  pool.reserve(*group, device, bytes, (options.prefetch() ? 2 : 1) + (large_root ? 1 : 0));
+  if (reduced > 0) pool.reserve(*group, device, reduced, 1);
 }
 
 fsdp::Unit* FullyShardedDataParallel::State::neighbour(const fsdp::Unit& unit, int step) const {
@@ -318,6 +341,10 @@ void FullyShardedDataParallel::State::note_backward() {
 void FullyShardedDataParallel::State::before_backward(fsdp::Unit& unit) {
   if (unit.in_backward()) return;  // a hook of another of its outputs came first
   note_backward();
+  // The reduce-scatter of the unit after this one is waited for here, not when this unit's ends:
+  // its flat gradient gives its slot back to the gather issued next (Note [Buffers kept from step
+  // to step]).
+  if (last_reduced != nullptr) std::exchange(last_reduced, nullptr)->finish_reduce();
   unit.wait_gathered();
   // Gathered again for the backward (not kept since the forward: reshard_after_forward off).
   if (unit.gather_issued() > unit.times().forward_end) {
@@ -475,6 +502,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(
     state_->by_module[unit.get()] = state_->units.back().get();
   }
   add_root_unit(claims);
+  state_->reserve_buffers();
   // Until a forward shows the order, gathers are issued ahead in the order units were given.
   for (const auto& unit : state_->units) {
     if (unit.get() != state_->root) state_->predicted.push_back(unit.get());

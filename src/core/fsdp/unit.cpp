@@ -13,16 +13,14 @@
 namespace ddp::fsdp {
 namespace {
 
-// Gives `t`'s storage `nbytes` of new memory (0: none), keeping the StorageImpl, so that every
-// view of it sees the new memory (Note [Parameters are views of the gathered buffer]).
-void resize_storage(const torch::Tensor& t, size_t nbytes) {
+// Points `t`'s storage at `memory`'s bytes (undefined: none), keeping the StorageImpl, so that
+// every view of it sees them (Note [Parameters are views of the gathered buffer]). The storage does
+// not own them: `memory` (a slot of the pool, or memory of its own) is kept by the unit.
+void point_storage(const torch::Tensor& t, const torch::Tensor& memory) {
   c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
-  if (nbytes == 0) {
-    storage->set_data_ptr_noswap(c10::DataPtr(nullptr, t.device()));
-  } else {
-    storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
-  }
-  storage->set_nbytes(nbytes);
+  storage->set_data_ptr_noswap(
+      c10::DataPtr(memory.defined() ? memory.data_ptr() : nullptr, t.device()));
+  storage->set_nbytes(memory.defined() ? memory.nbytes() : 0);
 }
 
 void check_params(const std::string& unit, const std::vector<torch::Tensor>& params,
@@ -74,8 +72,9 @@ FlatLayout plan_flat_layout(const std::vector<int64_t>& numels, int world_size) 
 }
 
 Unit::Unit(std::string name, std::vector<torch::Tensor> params, std::vector<std::string> names,
-           comm::ProcessGroup& group, bool init_sync, const MixedPrecisionPolicy& policy)
-    : name_(std::move(name)), group_(group) {
+           comm::ProcessGroup& group, BufferPool& pool, bool init_sync,
+           const MixedPrecisionPolicy& policy)
+    : name_(std::move(name)), group_(group), pool_(pool) {
   times_.name = name_;
   DDP_CHECK(!params.empty() && params.size() == names.size(), "a unit has named parameters");
   check_params(name_, params, names);
@@ -93,7 +92,7 @@ Unit::Unit(std::string name, std::vector<torch::Tensor> params, std::vector<std:
     names_ = std::move(frozen_names);
   } else if (!frozen.empty()) {
     frozen_ = std::make_unique<Unit>(name_, std::move(frozen), std::move(frozen_names), group_,
-                                     init_sync, policy);
+                                     pool_, init_sync, policy);
   }
   std::vector<int64_t> numels;
   for (const auto& p : params_) numels.push_back(p.numel());
@@ -138,7 +137,9 @@ torch::Tensor Unit::flatten(const std::vector<torch::Tensor>& values) const {
 void Unit::gather_async() {
   if (frozen_) frozen_->gather_async();
   if (full_state_ != FullState::kFreed) return;
-  resize_storage(full_, static_cast<size_t>(layout_.padded) * full_.element_size());
+  // Note [Buffers kept from step to step]
+  memory_ = pool_.take(layout_.padded, full_.options());
+  point_storage(full_, memory_);
   const Label label(group_, "gather", name_);
   gather_issued_ = Clock::now();
   // Note [Mixed precision: the gathered buffer in param_dtype]
@@ -168,7 +169,8 @@ void Unit::free(bool with_frozen) {
   if (full_state_ == FullState::kFreed) return;
   wait_own_gather();  // never give back memory a collective still writes
   show_parameters(false);
-  resize_storage(full_, 0);
+  point_storage(full_, torch::Tensor());
+  memory_ = torch::Tensor();  // back to the pool
   full_state_ = FullState::kFreed;
 }
 
@@ -189,15 +191,22 @@ torch::Tensor Unit::take_gradients() {
   DDP_CHECK(in_backward_ && reduce_work_ == nullptr, "one reduce per backward through the unit");
   in_backward_ = false;
   // The gradients autograd left in .grad (zeros where none came), flattened as the parameters
-  // lie in the gathered buffer, then dropped: the two copies live together only here.
-  torch::Tensor flat = kept_.defined()
-                           ? std::move(kept_)
-                           : torch::zeros({layout_.padded}, full_.options().dtype(reduce_dtype_));
+  // lie in the gathered buffer (in a slot of the pool: Note [Buffers kept from step to step]),
+  // then dropped: the two copies live together only here.
+  const bool adding = kept_.defined();
+  torch::Tensor flat =
+      adding ? std::move(kept_) : pool_.take(layout_.padded, full_.options().dtype(reduce_dtype_));
   kept_ = torch::Tensor();
+  torch::NoGradGuard no_grad;
+  if (!adding) flat.narrow(0, layout_.numel, layout_.padded - layout_.numel).zero_();
   for (size_t i = 0; i < params_.size(); ++i) {
     torch::Tensor& grad = params_[i].mutable_grad();
-    if (!grad.defined()) continue;
-    flat.narrow(0, layout_.offsets[i], params_[i].numel()).add_(grad.reshape(-1));
+    auto place = flat.narrow(0, layout_.offsets[i], params_[i].numel());
+    if (grad.defined()) {
+      adding ? place.add_(grad.reshape(-1)) : place.copy_(grad.reshape(-1));
+    } else if (!adding) {
+      place.zero_();
+    }
     grad = torch::Tensor();
   }
   return flat;
@@ -209,7 +218,7 @@ void Unit::keep_unreduced() {
 
 void Unit::reduce_async() {
   flat_grad_ = take_gradients();
-  reduced_ = torch::empty({layout_.shard}, flat_grad_.options());
+  reduced_ = pool_.take(layout_.shard, flat_grad_.options());
   const Label label(group_, "reduce-scatter", name_);
   reduce_work_ = group_.reduce_scatter(reduced_, flat_grad_, comm::ReduceOp::kAvg);
 }
@@ -225,7 +234,8 @@ void Unit::finish_reduce() {
   if (grad.defined()) {
     grad.add_(reduced_);
   } else {
-    grad = reduced_.to(shard_.scalar_type());
+    // A copy: reduced_ is the pool's (Note [Buffers kept from step to step]).
+    grad = reduced_.to(shard_.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
   }
   reduced_ = torch::Tensor();
 }
@@ -267,6 +277,16 @@ void Unit::set_from(const std::vector<torch::Tensor>& values) {
       full_.narrow(0, layout_.offsets[i], params_[i].numel()).copy_(values[i].reshape(-1));
     }
   }
+}
+
+int64_t Unit::buffer_bytes() const {
+  const size_t widest = std::max(static_cast<size_t>(full_.element_size()),
+                                 c10::elementSize(reduce_dtype_));
+  return layout_.padded * static_cast<int64_t>(widest);
+}
+
+int64_t Unit::reduced_bytes() const {
+  return trainable() ? layout_.shard * static_cast<int64_t>(c10::elementSize(reduce_dtype_)) : 0;
 }
 
 int64_t Unit::resident_bytes() const {

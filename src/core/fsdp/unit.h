@@ -5,9 +5,11 @@
 //
 // Note [Parameters are views of the gathered buffer]
 // While the unit is gathered, each parameter of the unit is (set_data) a view of its place in
-// `full_`, the buffer the all-gather fills. Freeing gives the buffer's storage back (its size set
-// to 0): the views autograd saved of the parameters in the forward (a Linear's weight.t()) keep
-// the same storage and read it again once a gather has filled it anew. The collectives write the
+// `full_`, the buffer the all-gather fills. A gather points full_'s storage at memory taken from
+// the pool (Note [Buffers kept from step to step] in buffer_pool.h); freeing points it at nothing
+// (its size set to 0) and gives the memory back: the views autograd saved of the parameters in
+// the forward (a Linear's weight.t()) keep the same storage and read it again once a gather has
+// filled it anew. The collectives write the
 // storage directly, so the parameters' version counters do not move and autograd's saved tensors
 // stay valid.
 //
@@ -37,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "buffer_pool.h"
 #include "ddp/comm/process_group.h"
 #include "ddp/core/fully_shard.h"
 
@@ -62,10 +65,12 @@ class Unit {
  public:
   // `params` (the module's own tensors) with their names in the model; `name` says which unit in
   // errors. With `init_sync`, rank 0's values are broadcast first (a collective); `policy`'s
-  // param_dtype and reduce_dtype apply. Throws InputError for parameters that mix dtypes or
+  // param_dtype and reduce_dtype apply. The gathered buffer and the flat gradient come from
+  // `pool` (which outlives the unit). Throws InputError for parameters that mix dtypes or
   // devices.
   Unit(std::string name, std::vector<torch::Tensor> params, std::vector<std::string> names,
-       comm::ProcessGroup& group, bool init_sync, const MixedPrecisionPolicy& policy = {});
+       comm::ProcessGroup& group, BufferPool& pool, bool init_sync,
+       const MixedPrecisionPolicy& policy = {});
   Unit(const Unit&) = delete;
   Unit& operator=(const Unit&) = delete;
 
@@ -126,6 +131,11 @@ class Unit {
   torch::Tensor part_of(const std::vector<torch::Tensor>& values) const;
   // The shard (and, while gathered, the parameters) set to this rank's part of `values`.
   void set_from(const std::vector<torch::Tensor>& values);
+  // The most bytes one of the unit's buffers takes: the gathered parameters (param_dtype) or the
+  // flat gradient (reduce_dtype); its frozen part's apart.
+  int64_t buffer_bytes() const;
+  // The bytes of its reduce-scatter's output (0 for a unit without trainable parameters).
+  int64_t reduced_bytes() const;
   // Bytes held now: the shard and, while gathered, the whole buffer.
   int64_t resident_bytes() const;
 
@@ -143,9 +153,11 @@ class Unit {
   std::vector<torch::Tensor> params_;
   std::vector<std::string> names_;
   comm::ProcessGroup& group_;
+  BufferPool& pool_;
   FlatLayout layout_;
   torch::Tensor shard_;  // [layout_.shard], a leaf the optimizer steps
   torch::Tensor full_;   // [layout_.padded] in param_dtype; its storage is empty while freed
+  torch::Tensor memory_;  // what full_'s storage points at while gathered (a slot of the pool)
   torch::Tensor sent_;   // the shard cast to param_dtype while a gather reads it (mixed precision)
   std::vector<torch::Tensor> views_;    // of each parameter's place in full_
   std::vector<torch::Tensor> no_data_;  // each parameter's stand-in while not gathered
