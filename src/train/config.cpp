@@ -338,6 +338,10 @@ std::vector<ConfigKey> make_keys() {
                  "the shards and the optimizer stay float32)"),
       string_key("fsdp-reduce-dtype", &C::fsdp_reduce_dtype, {"param-dtype", "float32", "bfloat16"},
                  "", "FSDP: the dtype gradients are reduce-scattered in"),
+      bool_key("reshard-after-forward", &C::reshard_after_forward,
+               "FSDP: layers give their gathered parameters back after their forward and gather "
+               "them again for the backward (false: kept from the forward to the backward, less "
+               "communication, more memory)"),
       bool_key("checkpoint-sharded", &C::checkpoint_sharded,
                "FSDP: each rank writes its shard of every checkpoint in the background "
                "(checkpoint-epoch-N.shards/, resumable on any number of ranks); model.pt is "
@@ -611,6 +615,9 @@ void validate_fsdp(const Config& config) {
   if (!config.fsdp) {
     if (mixed) throw InputError("keys 'fsdp-param-dtype' and 'fsdp-reduce-dtype' need fsdp");
     if (config.checkpoint_sharded) throw InputError("key 'checkpoint-sharded' needs fsdp");
+    if (!config.reshard_after_forward) {
+      throw InputError("key 'reshard-after-forward' needs fsdp");
+    }
     return;
   }
   const DistributedDataParallelOptions defaults;

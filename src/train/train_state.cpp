@@ -211,7 +211,7 @@ FullyShardOptions fsdp_options(const Config& config) {
     }
     policy.output_dtype(torch::kFloat32);  // the loss in float32, as autocast computes it
   }
-  return FullyShardOptions().mp_policy(policy);
+  return FullyShardOptions().mp_policy(policy).reshard_after_forward(config.reshard_after_forward);
 }
 
 c10::ScalarType autocast_dtype(Amp amp) {

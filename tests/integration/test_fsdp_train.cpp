@@ -125,6 +125,13 @@ TEST(FsdpTrain, MlpWithClippingOnGlooEqualsDdp) {
                          mlp(16, {"--backend", "gloo", "--clip-grad-norm", "0.05"}));
 }
 
+// Units kept gathered from their forward to their backward: more at once than the slots made for
+// them, so most gather into memory of their own.
+TEST(FsdpTrain, MlpWithUnitsKeptGatheredAfterTheirForwardEqualsDdp) {
+  expect_fsdp_equals_ddp("fashion_mnist_mlp.yaml", mlp(16), false, kTolerance, {},
+                         {"--fsdp", "--reshard-after-forward", "false"});
+}
+
 TEST(FsdpTrain, InformerWithDropoutEqualsDdp) {
   TempDir data;
   const std::string csv = ddp::testing::write_short_series(data.path() + "/series.csv");

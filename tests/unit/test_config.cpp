@@ -6,6 +6,7 @@
 #include "built_paths.h"
 #include "ddp/common/error.h"
 #include "ddp/train/config.h"
+#include "ddp/train/train_state.h"
 #include "errors.h"
 #include "subprocess.h"
 
@@ -214,6 +215,17 @@ TEST(Config, CrossKeyValidation) {
   c.outer_momentum = 1.0;
   EXPECT_EQ(input_error_of([&] { ddp::train::validate(c); }),
             "key 'outer-momentum': 1 is not below 1");
+}
+
+TEST(Config, ReshardAfterForwardReachesTheShardingOptionsAndNeedsFsdp) {
+  Config c;
+  EXPECT_TRUE(ddp::train::fsdp_options(c).reshard_after_forward());
+  ddp::train::set_config_value(c, "reshard-after-forward", "false", "command line");
+  EXPECT_FALSE(ddp::train::fsdp_options(c).reshard_after_forward());
+  EXPECT_EQ(input_error_of([&] { ddp::train::validate(c); }),
+            "key 'reshard-after-forward' needs fsdp");
+  c.fsdp = true;
+  EXPECT_NO_THROW(ddp::train::validate(c));
 }
 
 TEST(Config, YamlRoundTripsEveryKey) {

@@ -110,6 +110,9 @@ struct Config {
   // are reduce-scattered in; float32 or bfloat16 (reduce: also param-dtype, fsdp_param_dtype's).
   std::string fsdp_param_dtype = "float32";
   std::string fsdp_reduce_dtype = "param-dtype";
+  // --fsdp: units free their gathered parameters after their forward (FullyShardOptions's
+  // reshard_after_forward); false keeps them until the backward.
+  bool reshard_after_forward = true;
   // --fsdp: each rank writes its shard of every checkpoint in the background (a directory of one
   // file per rank); model.pt is written gathered when the training ends.
   bool checkpoint_sharded = false;

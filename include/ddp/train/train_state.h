@@ -65,7 +65,8 @@ struct EpochPosition {
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Config& config,
                                                         const std::vector<torch::Tensor>& params);
 
-// --fsdp's options: fsdp-param-dtype's and fsdp-reduce-dtype's mixed precision policy.
+// --fsdp's options: fsdp-param-dtype's and fsdp-reduce-dtype's mixed precision policy,
+// reshard-after-forward.
 FullyShardOptions fsdp_options(const Config& config);
 
 // The dtype of --amp's autocast (bf16 or fp16).

@@ -242,7 +242,9 @@ void Unit::finish_reduce() {
 
 std::vector<torch::Tensor> Unit::gather_copies(const torch::Tensor& shard_like) {
   DDP_CHECK(shard_like.numel() == layout_.shard, "a tensor laid out as the shard");
-  auto whole = torch::empty({layout_.padded}, shard_like.options().requires_grad(false));
+  // In a slot of the pool where one is free (outside a step: a checkpoint's gathers), so that
+  // only the copies are new memory.
+  auto whole = pool_.take(layout_.padded, shard_like.options().requires_grad(false));
   group_.all_gather(whole, shard_like.detach().contiguous())->wait();
   std::vector<torch::Tensor> copies;
   for (size_t i = 0; i < params_.size(); ++i) {
