@@ -63,6 +63,7 @@
 #include "ddp/common/error.h"
 #include "ddp/common/log.h"
 #include "ddp/train/distributed.h"
+#include "forwarding_group.h"
 #include "train_main.h"
 #include "user_code.h"
 
@@ -240,15 +241,10 @@ class Faults {
 
 // The process group of the trainer: every collective goes to `inner`, numbered as there; the
 // faults act in set_phase, where the trainer and the reducer name what comes next.
-class FaultyGroup : public ddp::comm::ProcessGroup {
+class FaultyGroup : public ddp::testing::ForwardingGroup {
  public:
   FaultyGroup(std::shared_ptr<ProcessGroup> inner, std::shared_ptr<Faults> faults)
-      : ProcessGroup(inner->rank(), inner->world_size(), inner->options()),
-        inner_(std::move(inner)),
-        faults_(std::move(faults)) {
-    wrap(*inner_);
-  }
-  std::string backend_name() const override { return inner_->backend_name(); }
+      : ForwardingGroup(std::move(inner)), faults_(std::move(faults)) {}
 
   void set_phase(std::string phase) override {
     ProcessGroup::set_phase(phase);
@@ -257,9 +253,6 @@ class FaultyGroup : public ddp::comm::ProcessGroup {
   }
 
  protected:
-  using WorkPtr = ddp::comm::WorkPtr;
-  using Info = ddp::comm::CollectiveInfo;
-  using Op = ddp::comm::ReduceOp;
   WorkPtr do_all_reduce(at::Tensor& t, Op op, const Info&) override {
     return maybe_failing(inner_->all_reduce(t, op));
   }
@@ -268,19 +261,6 @@ class FaultyGroup : public ddp::comm::ProcessGroup {
   }
   WorkPtr do_all_gather(at::Tensor& out, const at::Tensor& in, const Info&) override {
     return maybe_failing(inner_->all_gather(out, in));
-  }
-  WorkPtr do_reduce_scatter(at::Tensor& out, const at::Tensor& in, Op op, const Info&) override {
-    return inner_->reduce_scatter(out, in, op);
-  }
-  WorkPtr do_all_to_all(at::Tensor& out, const at::Tensor& in, const Info&) override {
-    return inner_->all_to_all(out, in);
-  }
-  WorkPtr do_barrier(const Info&) override { return inner_->barrier(); }
-  std::shared_ptr<ProcessGroup> do_new_group(const std::vector<int>& ranks, const Info&) override {
-    return inner_->new_group(ranks);
-  }
-  at::Tensor do_allocate_buffer(int64_t numel, const at::TensorOptions& options) override {
-    return inner_->allocate_buffer(numel, options);  // a collective of inner's (shm's)
   }
 
  private:
@@ -314,7 +294,6 @@ class FaultyGroup : public ddp::comm::ProcessGroup {
     return std::make_shared<FailingWork>(std::move(work), std::exchange(after_next_, ""));
   }
 
-  std::shared_ptr<ProcessGroup> inner_;
   std::shared_ptr<Faults> faults_;
   std::string after_next_;  // the fault to act after the next collective
 };

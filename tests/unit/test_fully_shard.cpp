@@ -5,6 +5,7 @@
 #include <torch/version.h>
 
 #include "adapted_net.h"
+#include "forwarding_group.h"
 #include "ddp/comm/rendezvous.h"
 #include "ddp/core/fully_shard.h"
 #include "ddp/train/pt_file.h"
@@ -575,14 +576,9 @@ TEST(FullyShard, ClippingOverTheShardsIsClippingTheWholeModel) {
 
 // The local group, recording the buffers it made (allocate_buffer) and the memory its
 // all-gathers wrote and its reduce-scatters read and wrote.
-class BufferRecordingGroup : public ddp::comm::ProcessGroup {
+class BufferRecordingGroup : public ddp::testing::ForwardingGroup {
  public:
-  explicit BufferRecordingGroup(std::shared_ptr<ProcessGroup> inner)
-      : ProcessGroup(inner->rank(), inner->world_size(), inner->options()),
-        inner_(std::move(inner)) {
-    wrap(*inner_);
-  }
-  std::string backend_name() const override { return inner_->backend_name(); }
+  using ForwardingGroup::ForwardingGroup;
   // Where a tensor's bytes were when a collective was given it (a unit's gathered buffer points
   // at other memory, or none, later).
   struct Place {
@@ -603,18 +599,9 @@ class BufferRecordingGroup : public ddp::comm::ProcessGroup {
   std::vector<Place> gathered_, reduced_;
 
  protected:
-  using WorkPtr = ddp::comm::WorkPtr;
-  using Info = ddp::comm::CollectiveInfo;
-  using Op = ddp::comm::ReduceOp;
   at::Tensor do_allocate_buffer(int64_t numel, const at::TensorOptions& options) override {
     buffers_.push_back(inner_->allocate_buffer(numel, options));
     return buffers_.back();
-  }
-  WorkPtr do_all_reduce(at::Tensor& t, Op op, const Info&) override {
-    return inner_->all_reduce(t, op);
-  }
-  WorkPtr do_broadcast(at::Tensor& t, int root, const Info&) override {
-    return inner_->broadcast(t, root);
   }
   WorkPtr do_all_gather(at::Tensor& out, const at::Tensor& in, const Info&) override {
     gathered_.push_back(place_of(out));
@@ -625,16 +612,6 @@ class BufferRecordingGroup : public ddp::comm::ProcessGroup {
     reduced_.push_back(place_of(out));
     return inner_->reduce_scatter(out, in, op);
   }
-  WorkPtr do_all_to_all(at::Tensor& out, const at::Tensor& in, const Info&) override {
-    return inner_->all_to_all(out, in);
-  }
-  WorkPtr do_barrier(const Info&) override { return inner_->barrier(); }
-  std::shared_ptr<ProcessGroup> do_new_group(const std::vector<int>& ranks, const Info&) override {
-    return inner_->new_group(ranks);
-  }
-
- private:
-  std::shared_ptr<ProcessGroup> inner_;
 };
 
 TEST(FullyShard, UnitsGatherAndReduceInBuffersTheGroupMadeOnce) {
