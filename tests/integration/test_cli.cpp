@@ -126,18 +126,21 @@ TEST(Cli, BoolOptionsTakeTheFlagTheSpacedAndTheEqualsForm) {
                                         std::string(DDP_SOURCE_DIR) + "/configs/random_linear.yaml",
                                         "--output-dir", dir.path()};
   std::vector<std::string> spaced = job;
-  std::vector<std::string> bools;
+  std::vector<std::pair<std::string, std::string>> bools;  // key, the value given
   for (const auto& key : ddp::train::config_keys()) {
     if (!key.is_flag) continue;
-    bools.push_back(key.name);
-    spaced.insert(spaced.end(), {"--" + key.name, "false"});
+    // reshard-after-forward's false needs fsdp (false here): the spaced form, with true.
+    const std::string value = key.name == "reshard-after-forward" ? "true" : "false";
+    bools.emplace_back(key.name, value);
+    spaced.insert(spaced.end(), {"--" + key.name, value});
   }
   spaced.insert(spaced.end(), {"--epochs", "1"});
   auto r = ddp_train(spaced);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto resolved = ddp::testing::read_file(dir.file("config.yaml"));
-  for (const auto& name : bools) {
-    EXPECT_NE(resolved.find("\n" + name + ": false\n"), std::string::npos) << name << resolved;
+  for (const auto& [name, value] : bools) {
+    EXPECT_NE(resolved.find("\n" + name + ": " + value + "\n"), std::string::npos)
+        << name << resolved;
   }
   EXPECT_NE(resolved.find("\nepochs: 1\n"), std::string::npos) << resolved;
 
