@@ -17,8 +17,11 @@
 //   adapters     frozen Linear bases with trainable low-rank adapters (LoRA's shape), a wholly
 //                frozen unit, against DistributedDataParallel: equal, and no frozen parameter
 //                given a gradient
-// Each also checks the shards' sizes (1/N of each unit, padded) and that nothing stays gathered
-// after a step.
+//   param-groups the MLP's per-parameter views of the shards (named_parameters) in two AdamW
+//                groups (weight decay on the weights, none on the biases) against DDP with the
+//                same groups
+// Each but param-groups also checks the shards' sizes (1/N of each unit, padded) and that nothing
+// stays gathered after a step.
 //   fsdp_worker BACKEND SCENARIO
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -334,6 +337,16 @@ struct NestedImpl : torch::nn::SequentialImpl {
 };
 TORCH_MODULE(Nested);
 
+// One step of DDP on this rank's rows of `batch`, `plain` the module `ddp_model` wraps.
+template <class Wrapped, class Net>
+void ddp_step(Wrapped& ddp_model, Net& plain, torch::optim::Optimizer& opt, const Batch& batch,
+              const Group& g) {
+  opt.zero_grad();
+  auto out = ddp_model->forward_with([&] { return plain->forward(rows_of(batch.x, g)); });
+  torch::nn::functional::cross_entropy(out, rows_of(batch.y, g)).backward();
+  opt.step();
+}
+
 torch::nn::Sequential make_bn_net() {
   torch::manual_seed(5);
   return torch::nn::Sequential(
@@ -364,10 +377,7 @@ void versus_ddp(const Group& g) {
     const Batch batch = global_batch(step, g->world_size(), 12);
     const torch::Tensor& x = batch.x;
     const torch::Tensor& y = batch.y;
-    ddp_opt.zero_grad();
-    auto ddp_out = ddp_model->forward_with([&] { return plain->forward(rows_of(x, g)); });
-    torch::nn::functional::cross_entropy(ddp_out, rows_of(y, g)).backward();
-    ddp_opt.step();
+    ddp_step(ddp_model, plain, ddp_opt, batch, g);
     opt.zero_grad();
     torch::nn::functional::cross_entropy(model.forward(rows_of(x, g)), rows_of(y, g)).backward();
     opt.step();
@@ -393,10 +403,7 @@ void adapters(const Group& g) {
   torch::optim::Adam opt(model.parameters(), torch::optim::AdamOptions(1e-2));
   for (int step = 0; step < kSteps; ++step) {
     const Batch batch = global_batch(step, g->world_size(), 12);
-    ddp_opt.zero_grad();
-    auto ddp_out = ddp_model->forward_with([&] { return plain->forward(rows_of(batch.x, g)); });
-    torch::nn::functional::cross_entropy(ddp_out, rows_of(batch.y, g)).backward();
-    ddp_opt.step();
+    ddp_step(ddp_model, plain, ddp_opt, batch, g);
     opt.zero_grad();
     auto out = model.forward_with([&] { return net->forward(rows_of(batch.x, g)); });
     torch::nn::functional::cross_entropy(out, rows_of(batch.y, g)).backward();
@@ -427,11 +434,60 @@ void adapters(const Group& g) {
   expect(no_grads, "no parameter of the module holds a gradient");
 }
 
+// Two parameter groups of AdamW, as an optimizer of a whole model takes them: weight decay on the
+// weights, none on the biases.
+std::vector<torch::optim::OptimizerParamGroup> decay_groups(const NamedTensors& named) {
+  std::vector<torch::Tensor> weights, biases;
+  for (const auto& [name, p] : named) {
+    const bool bias = name.size() >= 4 && name.compare(name.size() - 4, 4, "bias") == 0;
+    (bias ? biases : weights).push_back(p);
+  }
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(weights, std::make_unique<torch::optim::AdamWOptions>(
+                                   torch::optim::AdamWOptions(1e-2).weight_decay(0.5)));
+  groups.emplace_back(biases, std::make_unique<torch::optim::AdamWOptions>(
+                                  torch::optim::AdamWOptions(1e-2).weight_decay(0)));
+  return groups;
+}
+
+void param_groups(const Group& g) {
+  auto plain = make_mlp();
+  ddp::DistributedDataParallel ddp_model(plain.ptr(), g);
+  NamedTensors whole;
+  for (const auto& item : plain->named_parameters()) whole.emplace_back(item.key(), item.value());
+  torch::optim::AdamW ddp_opt(decay_groups(whole), torch::optim::AdamWOptions(1e-2));
+  auto net = make_mlp();
+  ddp::FullyShardedDataParallel model(net, g);
+  const auto pieces = model.named_parameters();
+  bool names = pieces.size() == whole.size();
+  int64_t held = 0;
+  for (size_t i = 0; names && i < pieces.size(); ++i) {
+    names = pieces[i].first == whole[i].first && pieces[i].second.dim() == 1;
+    held += pieces[i].second.numel();
+  }
+  expect(names, "named_parameters: the model's names, in its order, each a 1-D piece");
+  int64_t shards = 0;
+  for (const auto& shard : model.parameters()) shards += shard.numel();
+  expect(held <= shards, fmt::format("the pieces hold {} elements, the shards {}", held, shards));
+  torch::optim::AdamW opt(decay_groups(pieces), torch::optim::AdamWOptions(1e-2));
+  for (int step = 0; step < kSteps; ++step) {
+    const Batch batch = global_batch(step, g->world_size(), 12);
+    ddp_step(ddp_model, plain, ddp_opt, batch, g);
+    opt.zero_grad();
+    torch::nn::functional::cross_entropy(model.forward(rows_of(batch.x, g)), rows_of(batch.y, g))
+        .backward();
+    opt.step();
+    expect_states_equal(model.state_dict(), state_of(*plain),
+                        fmt::format("step {}: weight decay per parameter group == DDP", step));
+  }
+}
+
 }  // namespace
 
 int run(int argc, char** argv) {
   if (argc != 3) {
-    std::cerr << "usage: fsdp_worker BACKEND sequential|custom|overlap|versus-ddp|adapters\n";
+    std::cerr << "usage: fsdp_worker BACKEND "
+                 "sequential|custom|overlap|versus-ddp|adapters|param-groups\n";
     return 64;
   }
   try {
@@ -448,6 +504,8 @@ int run(int argc, char** argv) {
       versus_ddp(group);
     } else if (scenario == "adapters") {
       adapters(group);
+    } else if (scenario == "param-groups") {
+      param_groups(group);
     } else {
       std::cerr << "unknown scenario " << scenario << "\n";
       return 64;

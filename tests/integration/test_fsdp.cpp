@@ -52,7 +52,8 @@ INSTANTIATE_TEST_SUITE_P(Backends, Fsdp,
                                          Case{"custom", "mpi", 2}, Case{"overlap", "gloo", 2},
                                          Case{"versus-ddp", "gloo", 2},
                                          Case{"versus-ddp", "shm", 3},
-                                         Case{"adapters", "gloo", 2}),
+                                         Case{"adapters", "gloo", 2},
+                                         Case{"param-groups", "gloo", 3}),
                          case_name);
 
 }  // namespace

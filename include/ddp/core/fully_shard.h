@@ -223,6 +223,14 @@ class FullyShardedDataParallel {
   // are sharded apart and are not in its shard; a unit with nothing trainable has a shard that
   // does not require grad and never gets a gradient (optimizers skip it).
   std::vector<torch::Tensor> parameters() const;
+  // The shards as FSDP1's use_orig_params shows them, for an optimizer with per-parameter
+  // options (parameter groups: weight decay off for biases and norms): each trainable parameter
+  // of the model under its name, as this rank's part of it, a 1-D leaf viewing its unit's shard
+  // (empty where this rank holds none of it) that the optimizer steps in place. Once they are
+  // asked for, the backward gives them the gradients (the same parts of what it gave the shards)
+  // and the shards none: give an optimizer these or parameters(), not both. A frozen parameter is
+  // not among them.
+  std::vector<std::pair<std::string, torch::Tensor>> named_parameters() const;
   // The whole model's parameters and buffers under the module's names, as its own state_dict:
   // the parameters gathered from the shards (a collective), the buffers this rank's.
   std::vector<std::pair<std::string, torch::Tensor>> state_dict();

@@ -554,20 +554,21 @@ torch::Tensor FullyShardedDataParallel::cast_output(torch::Tensor output) const 
 }
 
 double FullyShardedDataParallel::clip_grad_norm(double max_norm) {
-  const std::vector<torch::Tensor> shards = parameters();
-  auto squares = torch::zeros({}, shards.front().options().dtype(torch::kDouble));
-  for (const auto& shard : shards) {  // the padding's gradients are zeros
-    if (shard.grad().defined()) squares += shard.grad().to(torch::kDouble).square().sum();
+  std::vector<torch::Tensor> grads;  // the shards' (or their pieces'): the padding's are zeros
+  for (const auto& unit : state_->units) {
+    for (auto& grad : unit->gradients()) {
+      if (grad.defined()) grads.push_back(std::move(grad));
+    }
   }
+  auto squares = torch::zeros({}, state_->units.front()->shard().options().dtype(torch::kDouble));
+  for (const auto& grad : grads) squares += grad.to(torch::kDouble).square().sum();
   state_->group->all_reduce(squares, comm::ReduceOp::kSum)->wait();
   const double norm = std::sqrt(squares.item<double>());
   // torch.nn.utils.clip_grad_norm_'s rule, on the norm over every rank's shards.
   const double coefficient = max_norm / (norm + 1e-6);
   if (coefficient < 1.0) {
     torch::NoGradGuard no_grad;
-    for (const auto& shard : shards) {
-      if (shard.grad().defined()) shard.grad().mul_(coefficient);
-    }
+    for (const auto& grad : grads) grad.mul_(coefficient);
   }
   return norm;
 }
@@ -580,6 +581,17 @@ std::vector<torch::Tensor> FullyShardedDataParallel::parameters() const {
   std::vector<torch::Tensor> shards;
   for (const auto& unit : state_->units) shards.push_back(unit->shard());
   return shards;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> FullyShardedDataParallel::named_parameters()
+    const {
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (const auto& unit : state_->units) {
+    if (!unit->trainable()) continue;
+    const auto& pieces = unit->pieces();
+    for (size_t i = 0; i < pieces.size(); ++i) named.emplace_back(unit->names()[i], pieces[i]);
+  }
+  return named;
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> FullyShardedDataParallel::state_dict_keys()

@@ -23,6 +23,17 @@ void point_storage(const torch::Tensor& t, const torch::Tensor& memory) {
   storage->set_nbytes(memory.defined() ? memory.nbytes() : 0);
 }
 
+// Adds `value` into `leaf`'s gradient, or makes it a copy of it (in the leaf's dtype: `value` is
+// the pool's reduce-scatter output, Note [Buffers kept from step to step]).
+void add_gradient(const torch::Tensor& leaf, const torch::Tensor& value) {
+  auto& grad = leaf.mutable_grad();
+  if (grad.defined()) {
+    grad.add_(value);
+  } else {
+    grad = value.to(leaf.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
+  }
+}
+
 void check_params(const std::string& unit, const std::vector<torch::Tensor>& params,
                   const std::vector<std::string>& names) {
   for (size_t i = 0; i < params.size(); ++i) {
@@ -230,14 +241,38 @@ void Unit::finish_reduce() {
   reduce_work_.reset();
   flat_grad_ = torch::Tensor();
   torch::NoGradGuard no_grad;
-  auto& grad = shard_.mutable_grad();
-  if (grad.defined()) {
-    grad.add_(reduced_);
+  if (!pieces_.empty()) {  // Note [Per-parameter views of the shard]
+    for (size_t i = 0; i < pieces_.size(); ++i) {
+      add_gradient(pieces_[i], reduced_.narrow(0, piece_begins_[i], pieces_[i].numel()));
+    }
   } else {
-    // A copy: reduced_ is the pool's (Note [Buffers kept from step to step]).
-    grad = reduced_.to(shard_.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
+    add_gradient(shard_, reduced_);
   }
   reduced_ = torch::Tensor();
+}
+
+std::vector<torch::Tensor> Unit::gradients() const {
+  if (pieces_.empty()) return {shard_.grad()};
+  std::vector<torch::Tensor> grads;
+  for (const auto& piece : pieces_) grads.push_back(piece.grad());
+  return grads;
+}
+
+const std::vector<torch::Tensor>& Unit::pieces() const {
+  if (!pieces_.empty() || !trainable()) return pieces_;
+  const int64_t begin = group_.rank() * layout_.shard, end = begin + layout_.shard;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const int64_t first = std::clamp(layout_.offsets[i], begin, end);
+    const int64_t last = std::clamp(layout_.offsets[i] + params_[i].numel(), begin, end);
+    // A leaf of its own (not a view autograd tracks) whose data is the shard's elements: the
+    // optimizer's in-place updates are the shard's.
+    auto piece = torch::empty({0}, shard_.options().requires_grad(false));
+    piece.set_data(shard_.detach().narrow(0, first - begin, last - first));
+    piece.set_requires_grad(true);
+    pieces_.push_back(piece);
+    piece_begins_.push_back(first - begin);
+  }
+  return pieces_;
 }
 
 std::vector<torch::Tensor> Unit::gather_copies(const torch::Tensor& shard_like) {
@@ -282,8 +317,8 @@ void Unit::set_from(const std::vector<torch::Tensor>& values) {
 }
 
 int64_t Unit::buffer_bytes() const {
-  const size_t widest = std::max(static_cast<size_t>(full_.element_size()),
-                                 c10::elementSize(reduce_dtype_));
+  const size_t widest =
+      std::max(static_cast<size_t>(full_.element_size()), c10::elementSize(reduce_dtype_));
   return layout_.padded * static_cast<int64_t>(widest);
 }
 

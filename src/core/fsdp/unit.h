@@ -61,6 +61,16 @@ namespace ddp::fsdp {
 // forward made the nodes in). So the frozen part is freed when the gradients of the unit's inputs
 // have all arrived (each a hook on a view of the input, as FSDP2's post-backward hook on the
 // inputs), or at the end of the backward (an input that does not require grad, the root unit).
+//
+// Note [Per-parameter views of the shard]
+// An optimizer with per-parameter options (weight decay off for biases) needs the parameters, not
+// one flat shard per unit. pieces() gives, as FSDP1's use_orig_params, each parameter's part of
+// this rank's shard: the elements of its range in the flat buffer that fall in the shard, a 1-D
+// tensor whose data is the shard's (set_data of a narrow of it), a leaf of its own, so that the
+// optimizer's in-place steps are the shard's and its state is per parameter. Once they are made,
+// each reduce adds into the pieces' own .grad, not the shard's: the gradients are the optimizer's
+// leaves', so that its zero_grad (in place on 1.13, which cannot detach a view; to none on 2.x)
+// acts on them. clip_grad_norm scales whichever holds them (gradients()).
 class Unit {
  public:
   // `params` (the module's own tensors) with their names in the model; `name` says which unit in
@@ -89,6 +99,13 @@ class Unit {
     return {this};
   }
   const torch::Tensor& shard() const { return shard_; }
+  // Note [Per-parameter views of the shard]
+  // This rank's part of each parameter (in params() order): a 1-D leaf viewing the shard, made at
+  // the first call; once made, each reduce adds into their .grad instead of the shard's.
+  const std::vector<torch::Tensor>& pieces() const;
+  // The gradients the reduces add into: the shard's, or the pieces' once made (undefined ones
+  // included).
+  std::vector<torch::Tensor> gradients() const;
   const FlatLayout& layout() const { return layout_; }
   // This iteration's times (the orchestrator fills them; the gathers' issue times are the unit's).
   UnitTimes& times() { return times_; }
@@ -155,10 +172,10 @@ class Unit {
   comm::ProcessGroup& group_;
   BufferPool& pool_;
   FlatLayout layout_;
-  torch::Tensor shard_;  // [layout_.shard], a leaf the optimizer steps
-  torch::Tensor full_;   // [layout_.padded] in param_dtype; its storage is empty while freed
+  torch::Tensor shard_;   // [layout_.shard], a leaf the optimizer steps
+  torch::Tensor full_;    // [layout_.padded] in param_dtype; its storage is empty while freed
   torch::Tensor memory_;  // what full_'s storage points at while gathered (a slot of the pool)
-  torch::Tensor sent_;   // the shard cast to param_dtype while a gather reads it (mixed precision)
+  torch::Tensor sent_;    // the shard cast to param_dtype while a gather reads it (mixed precision)
   std::vector<torch::Tensor> views_;    // of each parameter's place in full_
   std::vector<torch::Tensor> no_data_;  // each parameter's stand-in while not gathered
   c10::ScalarType reduce_dtype_;
@@ -170,7 +187,9 @@ class Unit {
   torch::Tensor reduced_;  // [layout_.shard] the reduce-scatter's output
   comm::WorkPtr reduce_work_;
   std::unique_ptr<Unit> frozen_;  // Note [Frozen parameters: a flat buffer of their own]
-  std::vector<bool> grad_seen_;   // per parameter, in this backward
+  mutable std::vector<torch::Tensor> pieces_;  // Note [Per-parameter views of the shard]
+  mutable std::vector<int64_t> piece_begins_;  // where each piece starts in the shard
+  std::vector<bool> grad_seen_;                // per parameter, in this backward
   size_t grads_left_ = 0;
   UnitTimes times_;
   Clock::time_point gather_issued_;
