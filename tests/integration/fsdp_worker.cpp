@@ -20,6 +20,9 @@
 //   param-groups the MLP's per-parameter views of the shards (named_parameters) in two AdamW
 //                groups (weight decay on the weights, none on the biases) against DDP with the
 //                same groups
+//   unused       units some ranks do not use in a step, against DDP with find_unused_parameters:
+//                a branch taken on some ranks, a side output left out of the loss on some (given
+//                to backward(loss)), a unit no rank calls after the first step
 // Each but param-groups also checks the shards' sizes (1/N of each unit, padded) and that nothing
 // stays gathered after a step.
 //   fsdp_worker BACKEND SCENARIO
@@ -482,12 +485,73 @@ void param_groups(const Group& g) {
   }
 }
 
+// Units that a step uses on some ranks only (Note [Units unused on some ranks] in
+// src/core/fsdp/in_order.h): `a`, a branch the rank takes or not; `side`, an output every rank
+// computes and some leave out of the loss; `late`, called by every rank in the first step only.
+struct BranchyImpl : torch::nn::Module {
+  torch::nn::Linear stem{12, 16}, a{16, 16}, side{16, 5}, c{16, 16}, late{16, 16}, head{16, 5};
+  BranchyImpl() {
+    register_module("stem", stem);
+    register_module("a", a);
+    register_module("side", side);
+    register_module("c", c);
+    register_module("late", late);
+    register_module("head", head);
+  }
+  torch::Tensor forward(torch::Tensor x, bool take_a, bool use_side, bool first_step) {
+    x = torch::relu(ddp::nn::call(stem, x));
+    if (take_a) x = torch::relu(ddp::nn::call(a, x));
+    auto aside = ddp::nn::call(side, x);
+    x = torch::relu(ddp::nn::call(c, x));
+    if (first_step) x = torch::relu(ddp::nn::call(late, x));
+    auto out = head(x);
+    return use_side ? out + aside : out;
+  }
+};
+TORCH_MODULE(Branchy);
+
+Branchy make_branchy() {
+  torch::manual_seed(17);
+  return Branchy();
+}
+
+void unused(const Group& g) {
+  auto plain = make_branchy();
+  ddp::DistributedDataParallel ddp_model(
+      plain.ptr(), g, ddp::DistributedDataParallelOptions().find_unused_parameters(true));
+  torch::optim::Adam ddp_opt(ddp_model->parameters(), torch::optim::AdamOptions(1e-2));
+  auto net = make_branchy();
+  ddp::FullyShardedDataParallel model(
+      net.ptr(), {net->stem.ptr(), net->a.ptr(), net->side.ptr(), net->c.ptr(), net->late.ptr()},
+      g);
+  torch::optim::Adam opt(model.parameters(), torch::optim::AdamOptions(1e-2));
+  for (int step = 0; step < kSteps; ++step) {
+    const Batch batch = global_batch(step, g->world_size(), 12);
+    const bool take_a = (g->rank() + step) % 2 == 0, use_side = (g->rank() + step) % 3 != 1;
+    const auto x = rows_of(batch.x, g), y = rows_of(batch.y, g);
+    ddp_opt.zero_grad();
+    auto want = ddp_model->forward_with([&] { return plain->forward(x, take_a, use_side, !step); });
+    torch::nn::functional::cross_entropy(want, y).backward();
+    ddp_opt.step();
+    opt.zero_grad();
+    auto out = model.forward_with([&] { return net->forward(x, take_a, use_side, !step); });
+    const auto loss = torch::nn::functional::cross_entropy(out, y);
+    // Where every unit called reaches the loss, a plain backward does.
+    use_side ? loss.backward() : model.backward(loss);
+    opt.step();
+    expect_states_equal(model.state_dict(), state_of(*plain),
+                        fmt::format("step {}: units unused on some ranks == DDP", step));
+  }
+  expect_sharded(model, g,
+                 {12 * 16 + 16, 16 * 16 + 16, 16 * 5 + 5, 16 * 16 + 16, 16 * 16 + 16, 16 * 5 + 5});
+}
+
 }  // namespace
 
 int run(int argc, char** argv) {
   if (argc != 3) {
     std::cerr << "usage: fsdp_worker BACKEND "
-                 "sequential|custom|overlap|versus-ddp|adapters|param-groups\n";
+                 "sequential|custom|overlap|versus-ddp|adapters|param-groups|unused\n";
     return 64;
   }
   try {
@@ -506,6 +570,8 @@ int run(int argc, char** argv) {
       adapters(group);
     } else if (scenario == "param-groups") {
       param_groups(group);
+    } else if (scenario == "unused") {
+      unused(group);
     } else {
       std::cerr << "unknown scenario " << scenario << "\n";
       return 64;

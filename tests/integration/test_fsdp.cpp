@@ -53,7 +53,8 @@ INSTANTIATE_TEST_SUITE_P(Backends, Fsdp,
                                          Case{"versus-ddp", "gloo", 2},
                                          Case{"versus-ddp", "shm", 3},
                                          Case{"adapters", "gloo", 2},
-                                         Case{"param-groups", "gloo", 3}),
+                                         Case{"param-groups", "gloo", 3},
+                                         Case{"unused", "gloo", 3}, Case{"unused", "shm", 2}),
                          case_name);
 
 }  // namespace

@@ -37,6 +37,20 @@ TEST(FlatLayout, ADivisibleTotalIsNotPadded) {
   EXPECT_EQ(layout.padded, 12);
 }
 
+// Note [Units unused on some ranks]: the next forward's order from the earliest place any rank
+// called each unit at.
+TEST(NextGatherOrder, UnitsByTheirEarliestPlaceTiesAndTheUncalledInThePreviousOrder) {
+  // Rank 0 called units 0, 2, 3 (places 1-3); rank 1 units 0, 1, 3: unit 1 at its place 2 ties
+  // with unit 2; unit 4 nobody called.
+  EXPECT_EQ(ddp::fsdp::next_gather_order({1, 2, 2, 3, 0}, {0, 1, 2, 3, 4}),
+            (std::vector<size_t>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(ddp::fsdp::next_gather_order({1, 2, 2, 3, 0}, {4, 2, 3, 1, 0}),
+            (std::vector<size_t>{0, 2, 1, 3, 4}));
+  // A model calling its units in another order than it listed them.
+  EXPECT_EQ(ddp::fsdp::next_gather_order({3, 1, 0, 2}, {0, 1, 2, 3}),
+            (std::vector<size_t>{1, 3, 0, 2}));
+}
+
 TEST(FlatLayout, MoreRanksThanElementsGiveEachAtMostOne) {
   const auto layout = plan_flat_layout({1, 2}, 8);
   EXPECT_EQ(layout.shard, 1);

@@ -29,10 +29,14 @@
 // Parameters that belong to no unit (an embedding before the units, a head after them) form the
 // root unit: gathered at the start of each forward, kept until the backward has reduced them.
 //
-// Note [Same graph on every rank]
-// Gathers and reduce-scatters are collectives issued from the forward and from autograd's hooks,
-// so every rank must call the same units in the same order and give gradients to the same
-// parameters (as PyTorch's FSDP requires). A unit is called at most once per forward.
+// Units unused on some ranks: a unit that a rank's forward does not call (a branch its data takes,
+// an expert no token of its batch chose), or whose output its loss leaves out, trains as under
+// DDP's find_unused_parameters: the ranks' collectives stay in one order and the unit's gradient
+// counts zero from that rank (Note [Units unused on some ranks] in src/core/fsdp/in_order.h).
+// Where the unit is called but its output left out of the loss, give the loss to backward(loss)
+// (a plain loss.backward() cannot tell, and the others would wait for its gradients until the
+// group's timeout). Units are gathered in the order the ranks' last forward called them (the
+// first forward: the order given). A unit is called at most once per forward.
 //
 // Buffers (BatchNorm's running statistics) are not sharded: each rank keeps its own, as under
 // DistributedDataParallel with broadcast_buffers(false).
@@ -124,6 +128,13 @@ struct FlatLayout {
 };
 FlatLayout plan_flat_layout(const std::vector<int64_t>& numels, int world_size);
 
+// The order of the next forward's gathers (Note [Units unused on some ranks] in
+// src/core/fsdp/in_order.h), as indices of the units: those some rank's forward called, by
+// `positions` (each unit's earliest 1-based place among any rank's calls; 0: none called it;
+// ties in their `previous` order), then the others in their `previous` order. A pure function.
+std::vector<size_t> next_gather_order(const std::vector<int32_t>& positions,
+                                      const std::vector<size_t>& previous);
+
 // Whether LibTorch's error message `error` is that of a read of a parameter that holds no data
 // (a unit not gathered). A pure function.
 bool reads_parameters_without_data(const std::string& error);
@@ -202,7 +213,10 @@ class FullyShardedDataParallel {
 
   // loss.backward(), with a LibTorch error raised in it rethrown as InputError naming the unit
   // whose backward was running (the last whose output's gradient had arrived) and what a unit's
-  // backward needs. A plain loss.backward() trains the same, with LibTorch's error alone.
+  // backward needs. Given the loss, it also knows which units' parameters the loss reaches, so a
+  // unit whose output this rank's loss leaves out sends zeros at once. A plain loss.backward()
+  // trains the same where every output of every called unit reaches the loss, with LibTorch's
+  // error alone.
   void backward(const torch::Tensor& loss);
 
   // Scales the shards' gradients so that the 2-norm of the whole model's gradient (over every

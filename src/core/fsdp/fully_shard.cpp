@@ -10,11 +10,14 @@
 #include <cmath>
 #include <functional>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <set>
+#include <unordered_set>
 
 #include "ddp/common/error.h"
 #include "ddp/core/distributed_data_parallel.h"
+#include "in_order.h"
 #include "torch_compat.h"
 #include "unit.h"
 
@@ -55,6 +58,22 @@ std::vector<std::shared_ptr<torch::nn::Module>> children_of(const torch::nn::Seq
 
 // Runs `ready` after the parameter's gradient has been accumulated into .grad (a post hook on its
 // AccumulateGrad node; a Tensor hook would run before accumulation).
+// The autograd nodes a backward from `root` runs (DDP's search for unused parameters).
+std::unordered_set<const torch::autograd::Node*> reachable_from(const torch::Tensor& root) {
+  std::unordered_set<const torch::autograd::Node*> seen;
+  std::vector<torch::autograd::Node*> stack;
+  if (auto node = torch::autograd::impl::gradient_edge(root).function) stack.push_back(node.get());
+  while (!stack.empty()) {
+    torch::autograd::Node* node = stack.back();
+    stack.pop_back();
+    if (!seen.insert(node).second) continue;
+    for (const auto& edge : node->next_edges()) {
+      if (edge.function) stack.push_back(edge.function.get());
+    }
+  }
+  return seen;
+}
+
 class AfterAccumulate : public torch::autograd::FunctionPostHook {
  public:
   explicit AfterAccumulate(std::function<void()> ready) : ready_(std::move(ready)) {}
@@ -120,6 +139,16 @@ bool Claims::claimed_as(const torch::Tensor& param, const std::string& name) con
          it->second.names.count(name);
 }
 
+std::vector<size_t> next_gather_order(const std::vector<int32_t>& positions,
+                                      const std::vector<size_t>& previous) {
+  std::vector<size_t> called, rest;
+  for (size_t unit : previous) (positions.at(unit) > 0 ? called : rest).push_back(unit);
+  std::stable_sort(called.begin(), called.end(),
+                   [&](size_t a, size_t b) { return positions[a] < positions[b]; });
+  called.insert(called.end(), rest.begin(), rest.end());
+  return called;
+}
+
 bool reads_parameters_without_data(const std::string& error) {
   // Our own message (where the release lets a tensor carry it: 2.6 does) and 1.13's two for a
   // tensor without storage.
@@ -134,33 +163,47 @@ bool reads_parameters_without_data(const std::string& error) {
 
 using fsdp::children_of;
 
-// The units and what one iteration has done with them. Unit by unit:
-//   forward:  before() waits for the unit's gather and issues the next one's; after() arranges the
-//             gather for the backward on the output (a tensor hook) and frees the unit.
-//   backward: the output's hook waits for the unit's gather, starts counting its gradients and
-//             issues the gather of the unit before it; when the unit's last parameter has its
-//             gradient, the unit is freed and its reduce-scatter issued (after the previous
-//             unit's has finished, so that one flat gradient is in flight at a time); at the end
-//             of the backward (autograd's callback) the rest is reduced, waited for and freed.
+// The units and what one iteration has done with them (Note [Units unused on some ranks] in
+// in_order.h says in which order every rank issues the collectives). Unit by unit:
+//   forward:  before() issues the gathers due up to the unit, waits for its own and issues the
+//             next one's; after() arranges its backward on the output (a tensor hook) and frees
+//             the unit. The end of the forward agrees with the other ranks on what the backward
+//             takes part in (plan_backward).
+//   backward: the output's hook issues the gathers due up to the unit and the next one's, and
+//             waits for its own; when the unit's last expected gradient is in, the unit is freed
+//             and the reduce-scatters due issued (each after the previous one has finished, so that
+//             one flat gradient is in flight at a time); at the end of the backward (autograd's
+//             callback) the rest is issued, waited for and freed.
 struct FullyShardedDataParallel::State : nn::ForwardHooks {
   std::shared_ptr<comm::ProcessGroup> group;
+  std::shared_ptr<comm::ProcessGroup> reduce_group;  // the reduce-scatters' (new_group of all)
   FullyShardOptions options;
   fsdp::BufferPool pool;  // before the units, which give their buffers back to it
   std::optional<torch::nn::Sequential> sequential;
   std::vector<std::unique_ptr<fsdp::Unit>> units;  // the named units in order, the root last
   fsdp::Unit* root = nullptr;
+  std::vector<fsdp::Unit*> named;  // the units but the root, as given: their indices everywhere
   std::map<const torch::nn::Module*, fsdp::Unit*> by_module;
   std::map<std::string, std::string> aliases;  // a tied parameter's other names: the unit's name
   std::vector<compat::GradAccumulator> accumulators;  // kept alive: autograd holds them weakly
   std::vector<uintptr_t> hook_keys;
+  // Each parameter's grad accumulator: whose, and which of its params().
+  std::map<const torch::autograd::Node*, std::pair<fsdp::Unit*, size_t>> accumulated;
+  std::vector<fsdp::Unit*> order;  // the forward's gathers, the same on every rank
 
   // This iteration's.
   std::vector<fsdp::Unit*> forward_order;  // units as this forward called them
-  std::vector<fsdp::Unit*> predicted;      // the last forward's order: whose gather to issue next
   fsdp::Unit* entered = nullptr;           // whose forward runs now (before() without after())
+  // Each unit's outputs' nodes (in after()): whether a loss reaches the unit.
+  std::map<const fsdp::Unit*, std::vector<std::weak_ptr<torch::autograd::Node>>> output_nodes;
   std::map<fsdp::Unit*, int> inputs_pending;  // input gradients still to come, per unit
-  bool gradient_sync = true;                  // set_requires_gradient_sync
-  fsdp::Unit* last_reduced = nullptr;         // whose reduce-scatter is in flight
+  fsdp::InOrder forward_gathers, backward_gathers, reduces;
+  std::set<const fsdp::Unit*> runs_here;  // whose backward this rank runs (plan_backward)
+  std::set<const fsdp::Unit*> begun;      // whose backward began
+  std::vector<fsdp::Unit*> dropped;       // gathered for the other ranks only: freed next
+  bool planned = false;                   // a backward is planned and has not begun
+  bool gradient_sync = true;              // set_requires_gradient_sync
+  fsdp::Unit* last_reduced = nullptr;     // whose reduce-scatter is in flight
   bool in_backward = false;
   fsdp::Unit* backward_unit = nullptr;  // whose backward began last (before_backward)
 
@@ -189,6 +232,12 @@ struct FullyShardedDataParallel::State : nn::ForwardHooks {
   }
   void before(fsdp::Unit& unit);
   void after(fsdp::Unit& unit, const std::vector<torch::Tensor*>& outputs);
+  bool called(const fsdp::Unit* unit) const {
+    return std::find(forward_order.begin(), forward_order.end(), unit) != forward_order.end();
+  }
+  size_t index_of(const fsdp::Unit* unit) const {
+    return static_cast<size_t>(std::find(named.begin(), named.end(), unit) - named.begin());
+  }
 
   void add_unit(std::string name, std::vector<torch::Tensor> params,
                 std::vector<std::string> names);
@@ -196,19 +245,30 @@ struct FullyShardedDataParallel::State : nn::ForwardHooks {
   void reserve_buffers();
   void begin_forward();
   void end_forward(bool grad_enabled);
+  // The all-reduce at the end of a forward with gradients: each unit's earliest place among any
+  // rank's calls (1-based; 0: none called it), then whether some rank called it with gradients
+  // (Note [Units unused on some ranks]).
+  std::vector<int32_t> agree_on_usage();
+  void plan_backward(const std::vector<int32_t>& agreed);
+  // What a backward from `loss` reaches (FullyShardedDataParallel::backward).
+  void expect_from(const torch::Tensor& loss);
   void before_backward(fsdp::Unit& unit);
+  // The backward's gathers due through `unit` and `ahead` more (those for the others only dropped).
+  void gather_backward(const fsdp::Unit& unit, size_t ahead);
   void on_grad_ready(fsdp::Unit& unit, size_t param);
+  // Waits for the reduce-scatter in flight, if any.
+  void finish_last_reduce();
+  // The reduce-scatters whose turn has come, in order.
+  void reduce_due();
   void note_backward();
   void reduce(fsdp::Unit& unit);
   void end_backward();
-  // The unit after (+1) or before (-1) `unit` in the order forwards go.
-  fsdp::Unit* neighbour(const fsdp::Unit& unit, int step) const;
 };
 
 void FullyShardedDataParallel::State::add_unit(std::string name, std::vector<torch::Tensor> params,
                                                std::vector<std::string> names) {
   units.push_back(std::make_unique<fsdp::Unit>(std::move(name), std::move(params), std::move(names),
-                                               *group, pool, options.init_sync(),
+                                               *group, *reduce_group, pool, options.init_sync(),
                                                options.mp_policy()));
   fsdp::Unit* unit = units.back().get();
   if (!unit->trainable()) return;  // no gradient comes to a frozen unit
@@ -219,6 +279,7 @@ void FullyShardedDataParallel::State::add_unit(std::string name, std::vector<tor
     DDP_CHECK(accumulator != nullptr, "a parameter that requires grad has a grad accumulator");
     hook_keys.push_back(accumulator->add_post_hook(
         std::make_unique<fsdp::AfterAccumulate>([this, unit, i] { on_grad_ready(*unit, i); })));
+    accumulated[accumulator.get()] = {unit, i};
     accumulators.push_back(std::move(accumulator));
   }
 }
@@ -242,30 +303,24 @@ void FullyShardedDataParallel::State::reserve_buffers() {
   if (reduced > 0) pool.reserve(*group, device, reduced, 1);
 }
 
-fsdp::Unit* FullyShardedDataParallel::State::neighbour(const fsdp::Unit& unit, int step) const {
-  const auto& order = predicted;
-  auto it = std::find(order.begin(), order.end(), &unit);
-  if (it == order.end()) return nullptr;
-  const auto at = (it - order.begin()) + step;
-  if (at < 0 || at >= static_cast<std::ptrdiff_t>(order.size())) return nullptr;
-  return order[at];
-}
-
 void FullyShardedDataParallel::State::begin_forward() {
   forward_order.clear();
   entered = nullptr;
+  output_nodes.clear();
   inputs_pending.clear();
   for (auto& unit : units) {
     unit->times() = fsdp::UnitTimes();
     unit->times().name = unit->name();
   }
-  if (root == nullptr) return;
-  root->wait_gathered();
-  if (torch::GradMode::is_enabled()) root->begin_backward();
+  // A forward with gradients that no backward followed may have left units gathered (kept after
+  // their forward), on the ranks that called them: freed, so that every rank gathers each once.
+  for (fsdp::Unit* unit : order) unit->free();
+  forward_gathers = fsdp::InOrder(order);
+  if (root != nullptr) root->wait_gathered();
 }
 
 void FullyShardedDataParallel::State::before(fsdp::Unit& unit) {
-  if (std::find(forward_order.begin(), forward_order.end(), &unit) != forward_order.end()) {
+  if (called(&unit)) {
     throw InputError(fmt::format(
         "fully_shard: unit {} is called twice in one forward; a unit runs once per forward "
         "(make each use its own unit)",
@@ -273,11 +328,13 @@ void FullyShardedDataParallel::State::before(fsdp::Unit& unit) {
   }
   forward_order.push_back(&unit);
   entered = &unit;
-  unit.wait_gathered();  // issued by the unit before's prefetch, or now
+  // Those before it in the order that no call reached yet are gathered too, and kept.
+  for (fsdp::Unit* due : forward_gathers.through(&unit)) due->gather_async();
+  unit.wait_gathered();
   unit.times().forward_gather = unit.gather_issued();
   unit.times().forward_begin = fsdp::Clock::now();
   if (options.prefetch()) {
-    if (fsdp::Unit* next = neighbour(unit, +1)) next->gather_async();
+    for (fsdp::Unit* next : forward_gathers.through(&unit, 1)) next->gather_async();
   }
 }
 
@@ -289,6 +346,7 @@ void FullyShardedDataParallel::State::after(fsdp::Unit& unit,
   // depends on how they are used).
   for (torch::Tensor* output : outputs) {
     if (!output->defined() || !output->requires_grad()) continue;
+    output_nodes[&unit].push_back(torch::autograd::impl::gradient_edge(*output).function);
     output->register_hook([this, &unit](const torch::Tensor& grad) {
       before_backward(unit);
       return grad;
@@ -321,30 +379,101 @@ void FullyShardedDataParallel::State::input_grad_arrived(fsdp::Unit& unit) {
 }
 
 void FullyShardedDataParallel::State::end_forward(bool grad_enabled) {
-  // Without gradients no backward comes: everything is freed. With them, the gathers issued for a
-  // unit this forward did not call (a prediction it did not follow) are.
+  // The gathers no call reached, for the ranks that call those units (Note [Units unused on some
+  // ranks]). Without gradients no backward comes: everything is freed. With them, the units this
+  // forward did not call are.
+  for (fsdp::Unit* due : forward_gathers.rest()) due->gather_async();
   for (auto& unit : units) {
-    const bool used = unit.get() == root || std::find(forward_order.begin(), forward_order.end(),
-                                                      unit.get()) != forward_order.end();
-    if (!grad_enabled || !used) unit->free();
+    if (!grad_enabled || (unit.get() != root && !called(unit.get()))) unit->free();
   }
-  predicted = forward_order;
+  if (grad_enabled) plan_backward(agree_on_usage());
+}
+
+std::vector<int32_t> FullyShardedDataParallel::State::agree_on_usage() {
+  const size_t n = named.size();
+  std::vector<int32_t> usage(2 * n, 0);
+  if (n == 0) return usage;
+  // Each unit's place among this rank's calls as n + 1 - place, so that the maximum over the
+  // ranks is its earliest place (0: no rank called it); then whether this rank called it with
+  // gradients.
+  const auto last = static_cast<int32_t>(n + 1);
+  for (size_t p = 0; p < forward_order.size(); ++p) {
+    usage[index_of(forward_order[p])] = last - static_cast<int32_t>(p + 1);
+  }
+  for (const auto& [unit, nodes] : output_nodes) usage[n + index_of(unit)] = 1;
+  auto agreed = torch::from_blob(usage.data(), {static_cast<int64_t>(2 * n)}, torch::kInt32);
+  group->all_reduce(agreed, comm::ReduceOp::kMax)->wait();
+  for (size_t i = 0; i < n; ++i) usage[i] = usage[i] > 0 ? last - usage[i] : 0;
+  return usage;
+}
+
+void FullyShardedDataParallel::State::plan_backward(const std::vector<int32_t>& agreed) {
+  const size_t n = named.size();
+  std::vector<size_t> previous;
+  for (const fsdp::Unit* unit : order) previous.push_back(index_of(unit));
+  order.clear();
+  for (size_t i : fsdp::next_gather_order(agreed, previous)) order.push_back(named[i]);
+  // The units some rank called with gradients, in the reverse of the forward's order.
+  std::vector<fsdp::Unit*> backward, reduced;
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    if (agreed[n + index_of(*it)] != 0) backward.push_back(*it);
+  }
+  for (fsdp::Unit* unit : backward) {
+    if (unit->trainable()) reduced.push_back(unit);
+  }
+  if (root != nullptr && root->trainable()) reduced.push_back(root);
+  backward_gathers =
+      fsdp::InOrder(options.reshard_after_forward() ? backward : std::vector<fsdp::Unit*>{});
+  reduces = fsdp::InOrder(reduced);
+  // This rank's backward: the units it called with gradients, each gradient expected.
+  runs_here.clear();
+  for (const auto& [unit, nodes] : output_nodes) runs_here.insert(unit);
+  for (fsdp::Unit* unit : reduced) {
+    const bool here = unit == root || runs_here.count(unit) != 0;
+    unit->begin_backward(std::vector<bool>(unit->params().size(), here));
+  }
+  begun.clear();
+  dropped.clear();
+  planned = true;
+}
+
+void FullyShardedDataParallel::State::expect_from(const torch::Tensor& loss) {
+  if (!planned) return;  // no forward with gradients before it, or a second backward
+  const auto reached = fsdp::reachable_from(loss);
+  for (auto it = runs_here.begin(); it != runs_here.end();) {
+    bool reaches = false;
+    for (const auto& weak : output_nodes[*it]) {
+      const auto node = weak.lock();
+      reaches = reaches || (node != nullptr && reached.count(node.get()) != 0);
+    }
+    it = reaches ? std::next(it) : runs_here.erase(it);
+  }
+  std::map<fsdp::Unit*, std::vector<bool>> expected;
+  for (fsdp::Unit* unit : reduces.units()) expected[unit].assign(unit->params().size(), false);
+  for (const auto& [node, at] : accumulated) {
+    auto it = expected.find(at.first);
+    if (it != expected.end() && reached.count(node) != 0) it->second[at.second] = true;
+  }
+  for (const auto& [unit, marks] : expected) unit->begin_backward(marks);
 }
 
 void FullyShardedDataParallel::State::note_backward() {
   if (in_backward) return;
   in_backward = true;
+  planned = false;
   // Valid only during a backward, hence queued from a hook; it runs when the backward ends.
   torch::autograd::Engine::get_default_engine().queue_callback([this] { end_backward(); });
 }
 
 void FullyShardedDataParallel::State::before_backward(fsdp::Unit& unit) {
-  if (unit.in_backward()) return;  // a hook of another of its outputs came first
+  if (!begun.insert(&unit).second) return;  // a hook of another of its outputs came first
   note_backward();
   // The reduce-scatter of the unit after this one is waited for here, not when this unit's ends:
   // its flat gradient gives its slot back to the gather issued next (Note [Buffers kept from step
   // to step]).
-  if (last_reduced != nullptr) std::exchange(last_reduced, nullptr)->finish_reduce();
+  finish_last_reduce();
+  for (fsdp::Unit* other : std::exchange(dropped, {})) other->free();
+  gather_backward(unit, 0);
   unit.wait_gathered();
   // Gathered again for the backward (not kept since the forward: reshard_after_forward off).
   if (unit.gather_issued() > unit.times().forward_end) {
@@ -352,23 +481,53 @@ void FullyShardedDataParallel::State::before_backward(fsdp::Unit& unit) {
   }
   unit.times().backward_begin = fsdp::Clock::now();
   backward_unit = &unit;
-  unit.begin_backward();
-  if (options.prefetch()) {
-    if (fsdp::Unit* next = neighbour(unit, -1)) next->gather_async();
+  if (options.prefetch()) gather_backward(unit, 1);
+}
+
+void FullyShardedDataParallel::State::gather_backward(const fsdp::Unit& unit, size_t ahead) {
+  for (fsdp::Unit* due : backward_gathers.through(&unit, ahead)) {
+    due->gather_async();
+    if (runs_here.count(due) == 0) dropped.push_back(due);
   }
+}
+
+void FullyShardedDataParallel::State::finish_last_reduce() {
+  if (last_reduced == nullptr) return;
+  // The other ranks send theirs once its backward has run there, which may need its gather
+  // (issued here only when due otherwise: a unit whose backward this rank does not run).
+  gather_backward(*last_reduced, 0);
+  std::exchange(last_reduced, nullptr)->finish_reduce();
 }
 
 void FullyShardedDataParallel::State::on_grad_ready(fsdp::Unit& unit, size_t param) {
   note_backward();
-  if (unit.count_grad(param)) reduce(unit);
+  if (!unit.in_backward()) {
+    throw InputError(fmt::format(
+        "fully_shard: parameter {} of unit {} got a gradient after its unit's reduce-scatter: a "
+        "second backward through one forward, or a loss that FullyShardedDataParallel::backward "
+        "was not given",
+        unit.names()[param], unit.name()));
+  }
+  unit.count_grad(param);
+  reduce_due();
+}
+
+void FullyShardedDataParallel::State::reduce_due() {
+  while (fsdp::Unit* next = reduces.next()) {
+    if (!next->gradients_in()) return;
+    reduces.pop();
+    reduce(*next);
+  }
 }
 
 void FullyShardedDataParallel::State::reduce(fsdp::Unit& unit) {
   unit.times().backward_end = fsdp::Clock::now();
-  if (last_reduced != nullptr) last_reduced->finish_reduce();
+  finish_last_reduce();
   // The parameters first: the backward is done with them, and the flat gradient takes their place
-  // (not the frozen ones: Note [Frozen parameters: freed after the unit's backward]).
-  if (options.reshard_after_forward() || &unit == root) unit.free(/*with_frozen=*/false);
+  // (not the frozen ones: Note [Frozen parameters: freed after the unit's backward]). A unit whose
+  // backward did not begin here is left to the end (dropped, or a hook still to come).
+  const bool done = &unit == root || begun.count(&unit) != 0;
+  if (done && (options.reshard_after_forward() || &unit == root)) unit.free(/*with_frozen=*/false);
   if (!gradient_sync) {
     unit.keep_unreduced();
     return;
@@ -378,17 +537,18 @@ void FullyShardedDataParallel::State::reduce(fsdp::Unit& unit) {
 }
 
 void FullyShardedDataParallel::State::end_backward() {
-  // Units whose parameters did not all get gradients: reduced with zeros for the missing ones, in
-  // the reverse of the forward's order (the same on every rank: Note [Same graph on every rank]),
-  // the root last.
-  for (auto it = forward_order.rbegin(); it != forward_order.rend(); ++it) {
-    if ((*it)->in_backward()) reduce(**it);
+  // What is not issued yet, in order: the gathers for the other ranks, the reduce-scatters (zeros
+  // for the gradients that did not come: Note [Units unused on some ranks]), the root's last.
+  for (fsdp::Unit* due : backward_gathers.rest()) due->gather_async();
+  while (fsdp::Unit* next = reduces.next()) {
+    reduces.pop();
+    reduce(*next);
   }
-  if (root != nullptr && root->in_backward()) reduce(*root);
   for (auto& unit : units) {
     unit->finish_reduce();
     unit->free();
   }
+  dropped.clear();
   last_reduced = nullptr;
   in_backward = false;
   backward_unit = nullptr;
@@ -438,6 +598,7 @@ void FullyShardedDataParallel::Forward::fail(const c10::Error& error) {
 }
 
 void FullyShardedDataParallel::backward(const torch::Tensor& loss) {
+  state_->expect_from(loss);
   try {
     loss.backward();
   } catch (const c10::Error& error) {
@@ -475,6 +636,11 @@ FullyShardedDataParallel::FullyShardedDataParallel(
     : module_(std::move(module)), state_(std::make_unique<State>()) {
   DDP_CHECK(module_ != nullptr && group != nullptr, "fully_shard needs a module and a group");
   state_->group = std::move(group);
+  // Note [Units unused on some ranks]: the reduce-scatters on a group of their own (one rank's
+  // collectives cannot interleave differently).
+  std::vector<int> everyone(static_cast<size_t>(state_->group->world_size()));
+  std::iota(everyone.begin(), everyone.end(), 0);
+  state_->reduce_group = everyone.size() > 1 ? state_->group->new_group(everyone) : state_->group;
   state_->options = options;
   fsdp::check_batch_norms(*module_, options.mp_policy());
   std::map<const torch::nn::Module*, std::string> module_names;
@@ -503,10 +669,11 @@ FullyShardedDataParallel::FullyShardedDataParallel(
   }
   add_root_unit(claims);
   state_->reserve_buffers();
-  // Until a forward shows the order, gathers are issued ahead in the order units were given.
+  // Until a forward shows the order, gathers are issued in the order units were given.
   for (const auto& unit : state_->units) {
-    if (unit.get() != state_->root) state_->predicted.push_back(unit.get());
+    if (unit.get() != state_->root) state_->named.push_back(unit.get());
   }
+  state_->order = state_->named;
   if (options.init_sync()) broadcast_coalesced(*state_->group, module_->buffers());
 }
 

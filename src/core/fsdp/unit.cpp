@@ -51,13 +51,14 @@ void check_params(const std::string& unit, const std::vector<torch::Tensor>& par
 }
 
 // Labels the collectives `group` issues during its life "<the step's phase>: <what>" (the flight
-// recorder's phase, which the hang report and the overlap test read), then gives the step's phase
-// back.
+// recorder's phase, which the hang report and the overlap test read; the step's is `step`'s, the
+// model's group, which the trainer labels), then gives `group` its phase back.
 class Label {
  public:
-  Label(comm::ProcessGroup& group, const char* what, const std::string& unit)
+  Label(comm::ProcessGroup& group, const char* what, const std::string& unit,
+        const comm::ProcessGroup& step)
       : group_(group), phase_(group.recorder().phase()) {
-    group_.set_phase(fmt::format("{}: {} {}", phase_, what, unit));
+    group_.set_phase(fmt::format("{}: {} {}", step.recorder().phase(), what, unit));
   }
   ~Label() { group_.set_phase(phase_); }
   Label(const Label&) = delete;
@@ -83,9 +84,9 @@ FlatLayout plan_flat_layout(const std::vector<int64_t>& numels, int world_size) 
 }
 
 Unit::Unit(std::string name, std::vector<torch::Tensor> params, std::vector<std::string> names,
-           comm::ProcessGroup& group, BufferPool& pool, bool init_sync,
-           const MixedPrecisionPolicy& policy)
-    : name_(std::move(name)), group_(group), pool_(pool) {
+           comm::ProcessGroup& group, comm::ProcessGroup& reduce_group, BufferPool& pool,
+           bool init_sync, const MixedPrecisionPolicy& policy)
+    : name_(std::move(name)), group_(group), reduce_group_(reduce_group), pool_(pool) {
   times_.name = name_;
   DDP_CHECK(!params.empty() && params.size() == names.size(), "a unit has named parameters");
   check_params(name_, params, names);
@@ -103,7 +104,7 @@ Unit::Unit(std::string name, std::vector<torch::Tensor> params, std::vector<std:
     names_ = std::move(frozen_names);
   } else if (!frozen.empty()) {
     frozen_ = std::make_unique<Unit>(name_, std::move(frozen), std::move(frozen_names), group_,
-                                     pool_, init_sync, policy);
+                                     reduce_group_, pool_, init_sync, policy);
   }
   std::vector<int64_t> numels;
   for (const auto& p : params_) numels.push_back(p.numel());
@@ -151,7 +152,7 @@ void Unit::gather_async() {
   // Note [Buffers kept from step to step]
   memory_ = pool_.take(layout_.padded, full_.options());
   point_storage(full_, memory_);
-  const Label label(group_, "gather", name_);
+  const Label label(group_, "gather", name_, group_);
   gather_issued_ = Clock::now();
   // Note [Mixed precision: the gathered buffer in param_dtype]
   sent_ = shard_.detach().to(full_.scalar_type());
@@ -185,11 +186,15 @@ void Unit::free(bool with_frozen) {
   full_state_ = FullState::kFreed;
 }
 
-void Unit::begin_backward() {
-  if (in_backward_ || !trainable()) return;  // nothing of a frozen unit is reduced
+void Unit::begin_backward(const std::vector<bool>& expected) {
+  if (!trainable()) return;  // nothing of a frozen unit is reduced
+  DDP_CHECK(expected.size() == params_.size(), "a mark per parameter");
   in_backward_ = true;
-  grad_seen_.assign(params_.size(), false);
-  grads_left_ = params_.size();
+  grads_left_ = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    grad_seen_[i] = !expected[i];  // a gradient not expected counts for nothing
+    grads_left_ += expected[i] ? 1 : 0;
+  }
 }
 
 bool Unit::count_grad(size_t index) {
@@ -230,8 +235,8 @@ void Unit::keep_unreduced() {
 void Unit::reduce_async() {
   flat_grad_ = take_gradients();
   reduced_ = pool_.take(layout_.shard, flat_grad_.options());
-  const Label label(group_, "reduce-scatter", name_);
-  reduce_work_ = group_.reduce_scatter(reduced_, flat_grad_, comm::ReduceOp::kAvg);
+  const Label label(reduce_group_, "reduce-scatter", name_, group_);
+  reduce_work_ = reduce_group_.reduce_scatter(reduced_, flat_grad_, comm::ReduceOp::kAvg);
 }
 
 void Unit::finish_reduce() {

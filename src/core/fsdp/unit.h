@@ -75,12 +75,13 @@ class Unit {
  public:
   // `params` (the module's own tensors) with their names in the model; `name` says which unit in
   // errors. With `init_sync`, rank 0's values are broadcast first (a collective); `policy`'s
-  // param_dtype and reduce_dtype apply. The gathered buffer and the flat gradient come from
-  // `pool` (which outlives the unit). Throws InputError for parameters that mix dtypes or
-  // devices.
+  // param_dtype and reduce_dtype apply. The gathers go on `group`, the reduce-scatters on
+  // `reduce_group` (Note [Units unused on some ranks] in in_order.h; the same group will do). The
+  // gathered buffer and the flat gradient come from `pool` (which outlives the unit). Throws
+  // InputError for parameters that mix dtypes or devices.
   Unit(std::string name, std::vector<torch::Tensor> params, std::vector<std::string> names,
-       comm::ProcessGroup& group, BufferPool& pool, bool init_sync,
-       const MixedPrecisionPolicy& policy = {});
+       comm::ProcessGroup& group, comm::ProcessGroup& reduce_group, BufferPool& pool,
+       bool init_sync, const MixedPrecisionPolicy& policy = {});
   Unit(const Unit&) = delete;
   Unit& operator=(const Unit&) = delete;
 
@@ -123,11 +124,16 @@ class Unit {
   // Whether the unit holds frozen parameters (a frozen part, or nothing trainable).
   bool has_frozen() const { return frozen_ != nullptr || !trainable(); }
 
-  // A backward reaches the unit: its gradients are counted from here (autograd accumulates them
-  // into the parameters' .grad) until reduce_async().
-  void begin_backward();
+  // A backward may reach the unit: the gradients of the parameters `expected` marks (in params()
+  // order; autograd accumulates them into .grad) are counted from here until reduce_async() or
+  // keep_unreduced(), which take whatever came. Nothing for a unit without trainable parameters.
+  void begin_backward(const std::vector<bool>& expected);
+  // The same, expecting every parameter's gradient.
+  void begin_backward() { begin_backward(std::vector<bool>(params_.size(), true)); }
   bool in_backward() const { return in_backward_; }
-  // A gradient of parameter `index` has been accumulated; true when it was the unit's last.
+  // In a backward, with every expected gradient in (at once where none is expected).
+  bool gradients_in() const { return in_backward_ && grads_left_ == 0; }
+  // A gradient of parameter `index` has been accumulated; true when it was the last expected.
   bool count_grad(size_t index);
   // The parameters' gradients added into one flat buffer laid out as the gathered parameters (to
   // what keep_unreduced() kept, if anything) and dropped, and its reduce-scatter (average) into
@@ -170,6 +176,7 @@ class Unit {
   std::vector<torch::Tensor> params_;
   std::vector<std::string> names_;
   comm::ProcessGroup& group_;
+  comm::ProcessGroup& reduce_group_;
   BufferPool& pool_;
   FlatLayout layout_;
   torch::Tensor shard_;   // [layout_.shard], a leaf the optimizer steps
