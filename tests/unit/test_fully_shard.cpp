@@ -628,6 +628,33 @@ class BufferRecordingGroup : public ddp::testing::ForwardingGroup {
   }
 };
 
+// Two losses of one forward, each given its own backward (retain_graph for the first), add up their
+// gradients as in the unsharded model: the second backward gathers and reduces the units again.
+TEST(FullyShard, TwoBackwardsThroughOneForwardAddUpTheirGradients) {
+  torch::manual_seed(5);
+  torch::nn::Sequential reference(torch::nn::Linear(6, 6), torch::nn::Linear(6, 3));
+  for (const bool reshard : {true, false}) {
+    // A model of its own each time: a sharded model leaves its module's parameters without data.
+    torch::nn::Sequential net(torch::nn::Linear(6, 6), torch::nn::Linear(6, 3));
+    copy_parameters(*reference, *net);
+    ddp::FullyShardedDataParallel model(net, local_group(),
+                                        ddp::FullyShardOptions().reshard_after_forward(reshard));
+    const auto x = torch::randn({4, 6});
+    const auto out = model.forward(x);
+    out.pow(2).mean().backward({}, /*retain_graph=*/true);
+    out.sum().backward();
+    const auto want = reference->forward(x);
+    want.pow(2).mean().backward({}, /*retain_graph=*/true);
+    want.sum().backward();
+    std::vector<torch::Tensor> grads;
+    for (const auto& p : reference->parameters()) grads.push_back(p.grad().reshape(-1));
+    const auto shards = model.parameters();
+    EXPECT_TRUE(shards[0].grad().allclose(torch::cat({grads[0], grads[1]}), 1e-5, 1e-6));
+    EXPECT_TRUE(shards[1].grad().allclose(torch::cat({grads[2], grads[3]}), 1e-5, 1e-6));
+    for (auto& p : reference->parameters()) p.mutable_grad() = torch::Tensor();
+  }
+}
+
 TEST(FullyShard, UnitsGatherAndReduceInBuffersTheGroupMadeOnce) {
   torch::manual_seed(11);
   torch::nn::Sequential reference(torch::nn::Linear(16, 16), torch::nn::Linear(16, 16),

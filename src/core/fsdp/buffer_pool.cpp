@@ -58,11 +58,4 @@ torch::Tensor BufferPool::take(int64_t numel, const torch::TensorOptions& option
       options);
 }
 
-int BufferPool::in_use() const {
-  std::lock_guard<std::mutex> lock(slots_->mutex);
-  int n = 0;
-  for (const auto& slot : slots_->slots) n += slot.free ? 0 : 1;
-  return n;
-}
-
 }  // namespace ddp::fsdp

@@ -50,8 +50,6 @@ class BufferPool {
   // free again once every reference to the tensor is gone (a collective that still reads it holds
   // one). Its values are whatever the slot held last.
   torch::Tensor take(int64_t numel, const torch::TensorOptions& options);
-  // Slots in use now, for tests.
-  int in_use() const;
 
  private:
   struct Slots;

@@ -202,8 +202,10 @@ struct FullyShardedDataParallel::State : nn::ForwardHooks {
   std::set<const fsdp::Unit*> begun;      // whose backward began
   std::vector<fsdp::Unit*> dropped;       // gathered for the other ranks only: freed next
   bool planned = false;                   // a backward is planned and has not begun
-  bool gradient_sync = true;              // set_requires_gradient_sync
-  fsdp::Unit* last_reduced = nullptr;     // whose reduce-scatter is in flight
+  // The last forward's plan: the units in the backward (gathers) and those reduced, in order.
+  std::vector<fsdp::Unit*> planned_gathers, planned_reduces;
+  bool gradient_sync = true;           // set_requires_gradient_sync
+  fsdp::Unit* last_reduced = nullptr;  // whose reduce-scatter is in flight
   bool in_backward = false;
   fsdp::Unit* backward_unit = nullptr;  // whose backward began last (before_backward)
 
@@ -250,6 +252,8 @@ struct FullyShardedDataParallel::State : nn::ForwardHooks {
   // (Note [Units unused on some ranks]).
   std::vector<int32_t> agree_on_usage();
   void plan_backward(const std::vector<int32_t>& agreed);
+  // Sets up a backward as planned; `regather`: the units are gathered for it.
+  void arm_backward(bool regather);
   // What a backward from `loss` reaches (FullyShardedDataParallel::backward).
   void expect_from(const torch::Tensor& loss);
   void before_backward(fsdp::Unit& unit);
@@ -401,8 +405,11 @@ std::vector<int32_t> FullyShardedDataParallel::State::agree_on_usage() {
     usage[index_of(forward_order[p])] = last - static_cast<int32_t>(p + 1);
   }
   for (const auto& [unit, nodes] : output_nodes) usage[n + index_of(unit)] = 1;
-  auto agreed = torch::from_blob(usage.data(), {static_cast<int64_t>(2 * n)}, torch::kInt32);
+  // On the units' device (NCCL's collectives take CUDA tensors only).
+  auto agreed = torch::tensor(usage, torch::kInt32).to(named.front()->shard().device());
   group->all_reduce(agreed, comm::ReduceOp::kMax)->wait();
+  agreed = agreed.cpu();
+  std::copy_n(agreed.data_ptr<int32_t>(), usage.size(), usage.begin());
   for (size_t i = 0; i < n; ++i) usage[i] = usage[i] > 0 ? last - usage[i] : 0;
   return usage;
 }
@@ -414,27 +421,31 @@ void FullyShardedDataParallel::State::plan_backward(const std::vector<int32_t>& 
   order.clear();
   for (size_t i : fsdp::next_gather_order(agreed, previous)) order.push_back(named[i]);
   // The units some rank called with gradients, in the reverse of the forward's order.
-  std::vector<fsdp::Unit*> backward, reduced;
+  planned_gathers.clear();
+  planned_reduces.clear();
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
-    if (agreed[n + index_of(*it)] != 0) backward.push_back(*it);
+    if (agreed[n + index_of(*it)] != 0) planned_gathers.push_back(*it);
   }
-  for (fsdp::Unit* unit : backward) {
-    if (unit->trainable()) reduced.push_back(unit);
+  for (fsdp::Unit* unit : planned_gathers) {
+    if (unit->trainable()) planned_reduces.push_back(unit);
   }
-  if (root != nullptr && root->trainable()) reduced.push_back(root);
-  backward_gathers =
-      fsdp::InOrder(options.reshard_after_forward() ? backward : std::vector<fsdp::Unit*>{});
-  reduces = fsdp::InOrder(reduced);
+  if (root != nullptr && root->trainable()) planned_reduces.push_back(root);
+  arm_backward(options.reshard_after_forward());
+  planned = true;
+}
+
+void FullyShardedDataParallel::State::arm_backward(bool regather) {
+  backward_gathers = fsdp::InOrder(regather ? planned_gathers : std::vector<fsdp::Unit*>{});
+  reduces = fsdp::InOrder(planned_reduces);
   // This rank's backward: the units it called with gradients, each gradient expected.
   runs_here.clear();
   for (const auto& [unit, nodes] : output_nodes) runs_here.insert(unit);
-  for (fsdp::Unit* unit : reduced) {
+  for (fsdp::Unit* unit : planned_reduces) {
     const bool here = unit == root || runs_here.count(unit) != 0;
     unit->begin_backward(std::vector<bool>(unit->params().size(), here));
   }
   begun.clear();
   dropped.clear();
-  planned = true;
 }
 
 void FullyShardedDataParallel::State::expect_from(const torch::Tensor& loss) {
@@ -460,14 +471,17 @@ void FullyShardedDataParallel::State::expect_from(const torch::Tensor& loss) {
 void FullyShardedDataParallel::State::note_backward() {
   if (in_backward) return;
   in_backward = true;
+  // A second backward through one forward (retain_graph): the same units again, gathered anew
+  // (the first one's end freed them all).
+  if (!planned) arm_backward(/*regather=*/true);
   planned = false;
   // Valid only during a backward, hence queued from a hook; it runs when the backward ends.
   torch::autograd::Engine::get_default_engine().queue_callback([this] { end_backward(); });
 }
 
 void FullyShardedDataParallel::State::before_backward(fsdp::Unit& unit) {
-  if (!begun.insert(&unit).second) return;  // a hook of another of its outputs came first
   note_backward();
+  if (!begun.insert(&unit).second) return;  // a hook of another of its outputs came first
   // The reduce-scatter of the unit after this one is waited for here, not when this unit's ends:
   // its flat gradient gives its slot back to the gather issued next (Note [Buffers kept from step
   // to step]).
