@@ -189,7 +189,7 @@ Checkpoint checkpoint_from(const c10::IValue& contents, const std::string& origi
     c.shard_rank = e.integer("shard_rank");
     c.parameter_shards = e.floating_list("parameter_shards");
   }
-  if (c.epoch < 0 || c.step < 0 || c.epoch_step < 0 || c.world_size < 1 || c.batch_size < 1 ||
+  if (c.epoch < 0 || c.step < 0 || c.epoch_step < 0 || c.world_size < 1 || c.batch_size < 0 ||
       c.rng_state.dim() != 2 || c.rng_state.size(0) != c.world_size) {
     throw InputError(
         fmt::format("{}: checkpoint with inconsistent values (epoch {}, step {}, "

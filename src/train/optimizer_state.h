@@ -16,12 +16,9 @@
 
 #include "ddp/core/zero_redundancy_optimizer.h"
 #include "ddp/train/checkpoint.h"
+#include "ddp/train/sharded_checkpoint.h"  // OptimizerFactory
 
 namespace ddp::train {
-
-// An optimizer of the run's kind over the parameters given (make_optimizer in train_state.h).
-using OptimizerFactory =
-    std::function<std::unique_ptr<torch::optim::Optimizer>(const std::vector<torch::Tensor>&)>;
 
 // The optimizer's own serialization (torch::save), as a checkpoint's optimizer_state holds it.
 std::string serialized(const torch::optim::Optimizer& optimizer);

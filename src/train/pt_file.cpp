@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <unordered_map>
@@ -264,10 +265,10 @@ at::Tensor view_of_storage(const at::Tensor& storage, int64_t offset,
   if (size.size() != stride.size()) throw Corrupt{"tensor with as many sizes as strides"};
   int64_t last = offset;  // the last element's index in the storage
   int64_t numel = 1;
-  bool empty = false;
+  // A tensor with a dimension of size 0 ([3, 0]) has no element, whatever its other sizes.
+  const bool empty = std::find(size.begin(), size.end(), 0) != size.end();
   for (size_t d = 0; d < size.size(); ++d) {
     if (size[d] < 0 || stride[d] < 0) throw Corrupt{"tensor with a negative size or stride"};
-    if (size[d] == 0) empty = true;
     // Views that repeat elements (stride 0) never occur in state dicts; refusing them bounds
     // the size of what a file can make us allocate to the size of the file.
     if (__builtin_mul_overflow(numel, size[d], &numel) || (!empty && numel > storage.numel())) {

@@ -532,12 +532,12 @@ std::string TrainState::save_gathered(CheckpointPosition at, const torch::Tensor
   const std::string what = describe(at);
   const at::Tensor all_rng = all_rng_states(dist_);  // a collective
   StreamedFiles files;
-  ShardedModel::Deferred state;  // rank 0's
+  ShardedState::Deferred state;  // rank 0's
   PtFileWriter* checkpoint = nullptr;
   PtFileWriter* model = nullptr;
   if (dist_.is_main()) {
     try {
-      state = sharded_->deferred_state(kModulePrefix, optimizer_.get(), factory());
+      state = sharded_->state().deferred_state(kModulePrefix, optimizer_.get(), factory());
       Checkpoint c = checkpoint_here(at, untrained, state.model);
       c.optimizer_state = byte_tensor(std::move(state.optimizer_state));
       c.optimizer_tensors = state.optimizer_tensors;
@@ -550,7 +550,7 @@ std::string TrainState::save_gathered(CheckpointPosition at, const torch::Tensor
       files.error = std::current_exception();
     }
   }
-  sharded_->write_gathered(state, optimizer_.get(), files.writer(dist_.is_main()));
+  sharded_->state().write_gathered(state, optimizer_.get(), files.writer(dist_.is_main()));
   std::string numbered;
   if (dist_.is_main()) {
     try {
@@ -570,10 +570,10 @@ std::string TrainState::save_gathered(CheckpointPosition at, const torch::Tensor
 std::string TrainState::save_sharded(CheckpointPosition at, const torch::Tensor& untrained) {
   if (!sharded_writer_) sharded_writer_ = std::make_unique<ShardedCheckpointWriter>(config_, dist_);
   const std::string dir = sharded_writer_->begin(at);  // the previous one settled first
-  Checkpoint c = checkpoint_here(at, untrained, sharded_->buffer_copies(""));
+  Checkpoint c = checkpoint_here(at, untrained, sharded_->state().buffer_copies(""));
   c.rng_state = all_rng_states(dist_);
   c.shard_rank = dist_.rank();
-  c.parameter_shards = sharded_->shard_copies();
+  c.parameter_shards = sharded_->state().shard_copies();
   c.optimizer_state = byte_tensor(serialized(*optimizer_));
   sharded_writer_->write(std::move(c));
   log::info("checkpoint {}: {} (each rank writing its file in the background)", describe(at), dir);
@@ -639,9 +639,9 @@ void TrainState::apply(const Checkpoint& c, const std::string& path,
   }
   check_resumable(c, path);  // may change the batch size per rank
   if (shard_files != nullptr) {
-    sharded_->load_shards(*shard_files, *optimizer_, factory(), path);
+    sharded_->state().load_shards(*shard_files, *optimizer_, factory(), path);
   } else if (sharded_) {
-    sharded_->load_state_dict(c.model, path);  // this rank's shards of it
+    sharded_->state().load_state_dict(c.model, path);  // this rank's shards of it
   } else {
     load_state_dict(*module_, c.model, path);
   }
@@ -679,6 +679,12 @@ torch::Tensor TrainState::untrained_samples_of(const Checkpoint& c, const std::s
 }
 
 void TrainState::check_resumable(const Checkpoint& c, const std::string& path) {
+  if (c.batch_size == 0) {
+    throw InputError(fmt::format(
+        "{}: a checkpoint of a model and its optimizer alone (ddp::train::ShardedCheckpoint), "
+        "with no training position to resume from",
+        path));
+  }
   if (c.optimizer != to_string(config_.optimizer)) {
     throw InputError(fmt::format("{}: saved with optimizer '{}', but the run uses '{}'", path,
                                  c.optimizer, to_string(config_.optimizer)));
@@ -741,8 +747,8 @@ void TrainState::load_optimizer_state(const Checkpoint& c, const std::string& pa
   } else if (sharded_ && c.shard_rank >= 0) {
     return;               // loaded with the model's shards (apply)
   } else if (sharded_) {  // this rank's part of the per-parameter state
-    sharded_->load_unsharded_optimizer_state(*optimizer_, zero_state_of(c, path, false, 0),
-                                             c.optimizer_tensors, factory(), path);
+    sharded_->state().load_unsharded_optimizer_state(*optimizer_, zero_state_of(c, path, false, 0),
+                                                     c.optimizer_tensors, factory(), path);
   } else {
     load_optimizer(optimizer(), zero_state_of(c, path, config_.zero, dist_.rank()), path,
                    dist_.device);

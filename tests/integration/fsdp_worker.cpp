@@ -23,9 +23,13 @@
 //   unused       units some ranks do not use in a step, against DDP with find_unused_parameters:
 //                a branch taken on some ranks, a side output left out of the loss on some (given
 //                to backward(loss)), a unit no rank calls after the first step
+//   checkpoints  the library's checkpoints (ShardedCheckpoint) of the MLP and its Adam, as a
+//                program of its own saves them: each rank's file written in the background while
+//                the next step trains, and one gathered file; each loaded on as many ranks and on
+//                two of them (a new_group), one more step equal to the run that went on
 // Each but param-groups also checks the shards' sizes (1/N of each unit, padded) and that nothing
 // stays gathered after a step.
-//   fsdp_worker BACKEND SCENARIO
+//   fsdp_worker BACKEND SCENARIO [DIR (checkpoints: where its files go)]
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -37,6 +41,7 @@
 #include "adapted_net.h"
 #include "ddp/core/distributed_data_parallel.h"
 #include "ddp/core/fully_shard.h"
+#include "ddp/train/sharded_checkpoint.h"
 #include "worker_group.h"
 
 namespace fsdp_worker {
@@ -546,12 +551,57 @@ void unused(const Group& g) {
                  {12 * 16 + 16, 16 * 16 + 16, 16 * 5 + 5, 16 * 16 + 16, 16 * 16 + 16, 16 * 5 + 5});
 }
 
+// One step of the MLP on `on`'s ranks, each with its part of the step's 12 rows.
+void mlp_step(ddp::FullyShardedDataParallel& model, torch::optim::Optimizer& opt, const Group& on,
+              int step) {
+  const Batch batch = global_batch(step, 3, 12);
+  const int64_t rows = 12 / on->world_size();
+  opt.zero_grad();
+  auto out = model.forward(batch.x.narrow(0, on->rank() * rows, rows));
+  torch::nn::functional::cross_entropy(out, batch.y.narrow(0, on->rank() * rows, rows)).backward();
+  opt.step();
+}
+
+void checkpoints(const Group& g, const std::string& dir) {
+  const ddp::train::OptimizerFactory make = [](const std::vector<torch::Tensor>& params) {
+    return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-2));
+  };
+  auto net = make_mlp();
+  ddp::FullyShardedDataParallel model(net, g);
+  auto opt = make(model.parameters());
+  ddp::train::ShardedCheckpoint checkpoint(model, *opt, make, g);
+  mlp_step(model, *opt, g, 0);
+  mlp_step(model, *opt, g, 1);
+  checkpoint.save_async(dir + "/sharded");  // written while the next step trains
+  checkpoint.save_gathered(dir + "/checkpoint.pt");
+  mlp_step(model, *opt, g, 2);
+  checkpoint.wait();
+  const auto want = model.state_dict();
+  const Group pair = g->new_group({0, 1});  // null on the ranks not in it
+  for (const std::string file : {"sharded", "checkpoint.pt"}) {
+    for (const Group& on : {g, pair}) {
+      if (on == nullptr) continue;
+      auto again = torch::nn::Sequential(torch::nn::Flatten(), torch::nn::Linear(12, 24),
+                                         torch::nn::ReLU(), torch::nn::Linear(24, 16),
+                                         torch::nn::ReLU(), torch::nn::Linear(16, 5));
+      ddp::FullyShardedDataParallel resumed(again, on);
+      auto resumed_opt = make(resumed.parameters());
+      ddp::train::ShardedCheckpoint(resumed, *resumed_opt, make, on).load(dir + "/" + file);
+      mlp_step(resumed, *resumed_opt, on, 2);
+      expect_states_equal(
+          resumed.state_dict(), want,
+          fmt::format("{} loaded on {} ranks, one more step", file, on->world_size()));
+    }
+  }
+}
+
 }  // namespace
 
 int run(int argc, char** argv) {
-  if (argc != 3) {
+  if (argc != 3 && argc != 4) {
     std::cerr << "usage: fsdp_worker BACKEND "
-                 "sequential|custom|overlap|versus-ddp|adapters|param-groups|unused\n";
+                 "sequential|custom|overlap|versus-ddp|adapters|param-groups|unused|checkpoints "
+                 "[DIR]\n";
     return 64;
   }
   try {
@@ -572,6 +622,8 @@ int run(int argc, char** argv) {
       param_groups(group);
     } else if (scenario == "unused") {
       unused(group);
+    } else if (scenario == "checkpoints" && argc == 4) {
+      checkpoints(group, argv[3]);
     } else {
       std::cerr << "unknown scenario " << scenario << "\n";
       return 64;

@@ -28,7 +28,9 @@ class Fsdp : public testing::TestWithParam<Case> {};
 
 TEST_P(Fsdp, ShardedTrainingEqualsItsReference) {
   const auto& c = GetParam();
-  const std::vector<std::string> argv = {DDP_FSDP_WORKER_BIN, c.backend, c.scenario};
+  const ddp::testing::TempDir dir;  // the checkpoints' files
+  std::vector<std::string> argv = {DDP_FSDP_WORKER_BIN, c.backend, c.scenario};
+  if (c.scenario == "checkpoints") argv.push_back(dir.path());
   std::string output;
   if (c.backend == "mpi") {
     const auto r = ddp::testing::run_mpirun(c.world, argv, std::chrono::seconds(120));
@@ -51,10 +53,9 @@ INSTANTIATE_TEST_SUITE_P(Backends, Fsdp,
                                          Case{"sequential", "local", 1}, Case{"custom", "gloo", 3},
                                          Case{"custom", "mpi", 2}, Case{"overlap", "gloo", 2},
                                          Case{"versus-ddp", "gloo", 2},
-                                         Case{"versus-ddp", "shm", 3},
-                                         Case{"adapters", "gloo", 2},
-                                         Case{"param-groups", "gloo", 3},
-                                         Case{"unused", "gloo", 3}, Case{"unused", "shm", 2}),
+                                         Case{"versus-ddp", "shm", 3}, Case{"adapters", "gloo", 2},
+                                         Case{"param-groups", "gloo", 3}, Case{"unused", "gloo", 3},
+                                         Case{"unused", "shm", 2}, Case{"checkpoints", "gloo", 3}),
                          case_name);
 
 }  // namespace

@@ -70,6 +70,15 @@ TEST(PtFile, WhatWeWriteWeReadBack) {
   EXPECT_TRUE(torch::equal(d.at("bytes").toTensor(), torch::tensor({1, 2, 255}, torch::kByte)));
 }
 
+// A tensor with a dimension of size 0 after one that is not ([3, 0]: a row of no bytes per rank)
+// has no element and needs no storage.
+TEST(PtFile, ATensorWithAnEmptyDimensionReadsBack) {
+  c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
+  dict.insert("rows", torch::empty({3, 0}, torch::kUInt8));
+  const c10::IValue back = train::parse_pt(train::serialize_pt(dict), "memory");
+  EXPECT_EQ(back.toGenericDict().at("rows").toTensor().sizes(), (std::vector<int64_t>{3, 0}));
+}
+
 TEST(PtFile, AFileStreamedAsItsTensorsArriveReadsAsTheOneWrittenWhole) {
   TempDir dir;
   const auto w = torch::arange(6, torch::kFloat).view({2, 3});

@@ -26,7 +26,7 @@ struct Checkpoint {
   // trains each of them once. Undefined at an epoch's end, and in checkpoints older than it.
   at::Tensor epoch_samples;
   int64_t world_size = 1;
-  int64_t batch_size = 0;      // per rank
+  int64_t batch_size = 0;      // per rank; 0: no training run's (ShardedCheckpoint's)
   int64_t seed = 0;            // the sampler's and the model's seed
   std::string optimizer;       // sgd, adam, adamw
   std::string config;          // the resolved config of the run, YAML
