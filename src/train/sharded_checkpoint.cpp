@@ -40,13 +40,14 @@ ShardedCheckpoint::ShardedCheckpoint(FullyShardedDataParallel& model,
       optimizer_(optimizer),
       make_(std::move(make)),
       group_(std::move(group)),
+      device_(model.parameters().empty() ? c10::Device(c10::kCPU)
+                                         : model.parameters().front().device()),
       writer_(std::make_unique<Writer>()) {}
 
 ShardedCheckpoint::~ShardedCheckpoint() = default;  // BackgroundWrite's joins the thread
 
 void ShardedCheckpoint::agree(std::exception_ptr error, const std::string& what) {
-  const auto device = optimizer_.param_groups().front().params().front().device();
-  const bool failed = comm::any_rank(*group_, error != nullptr, device);
+  const bool failed = comm::any_rank(*group_, error != nullptr, device_);
   if (error) std::rethrow_exception(error);
   if (failed) throw Error(fmt::format("{} failed on another rank", what));
 }

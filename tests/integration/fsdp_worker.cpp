@@ -39,6 +39,7 @@
 #include <thread>
 
 #include "adapted_net.h"
+#include "ddp/common/error.h"
 #include "ddp/core/distributed_data_parallel.h"
 #include "ddp/core/fully_shard.h"
 #include "ddp/train/sharded_checkpoint.h"
@@ -592,6 +593,12 @@ void checkpoints(const Group& g, const std::string& dir) {
           resumed.state_dict(), want,
           fmt::format("{} loaded on {} ranks, one more step", file, on->world_size()));
     }
+  }
+  try {  // every rank says so, none waits
+    checkpoint.load(dir + "/missing.pt");
+    expect(false, "a checkpoint that is not there loaded");
+  } catch (const ddp::Error& e) {
+    expect(std::string(e.what()).find("missing.pt") != std::string::npos, e.what());
   }
 }
 

@@ -132,6 +132,7 @@ class ShardedCheckpoint {
   torch::optim::Optimizer& optimizer_;
   OptimizerFactory make_;
   std::shared_ptr<comm::ProcessGroup> group_;
+  c10::Device device_;  // the model's: the agreements' tensors go there (NCCL: CUDA only)
   std::unique_ptr<Writer> writer_;
   std::string writing_;  // the directory being written ("": none)
 };
