@@ -197,7 +197,7 @@ void ShardedState::load_unsharded_optimizer_state(torch::optim::Optimizer& local
 
 std::vector<torch::Tensor> ShardedState::shard_copies() const {
   std::vector<torch::Tensor> copies;
-  for (const auto& shard : model_.parameters()) copies.push_back(shard.detach().clone());
+  for (const auto& shard : model_.flat_shards()) copies.push_back(shard.detach().clone());
   return copies;
 }
 
@@ -211,17 +211,18 @@ StateDict ShardedState::buffer_copies(const std::string& prefix) const {
 
 void ShardedState::load_shards(const std::vector<Checkpoint>& files, torch::optim::Optimizer& local,
                                const OptimizerFactory& make, const std::string& path) {
-  const int units = model_.num_units();
+  // Each unit's shard, then the frozen parts' (FullyShardedDataParallel::flat_shards).
+  const std::vector<torch::Tensor> shards = model_.flat_shards();
+  const int units = static_cast<int>(shards.size());
   if (static_cast<int>(files.front().parameter_shards.size()) != units) {
-    throw InputError(fmt::format("{}: shards of {} units; this model has {}", path,
+    throw InputError(fmt::format("{}: shards of {} flat buffers; this model has {}", path,
                                  files.front().parameter_shards.size(), units));
   }
   torch::NoGradGuard no_grad;
   const auto params = module_.named_parameters();
-  const std::vector<torch::Tensor> shards = model_.parameters();
   for (int u = 0; u < units; ++u) {
     int64_t numel = 0;
-    for (const auto& name : model_.parameter_names(u)) numel += params[name].numel();
+    for (const auto& name : model_.flat_shard_names(u)) numel += params[name].numel();
     const int64_t saved = files.front().parameter_shards[u].numel();
     const auto saved_world = static_cast<int64_t>(files.size());
     if (saved != (numel + saved_world - 1) / saved_world) {  // plan_flat_layout's shard
@@ -251,7 +252,7 @@ void ShardedState::load_shards(const std::vector<Checkpoint>& files, torch::opti
 }
 
 int64_t ShardedState::begin_of(int unit) const {
-  return group_->rank() * model_.parameters()[static_cast<size_t>(unit)].numel();
+  return group_->rank() * model_.flat_shards()[static_cast<size_t>(unit)].numel();
 }
 
 // The saved ranks' optimizers whose shards overlap this rank's read back in turn (over stand-ins
@@ -276,8 +277,10 @@ void ShardedState::load_shard_optimizers(const std::vector<Checkpoint>& files,
     bool needed = false;
     for (size_t u = 0; u < shards.size(); ++u) needed = needed || overlaps(u);
     if (!needed) continue;
-    std::vector<torch::Tensor> stand_ins;
-    for (const auto& shard : saved_shards) stand_ins.push_back(torch::empty({0}, shard.options()));
+    std::vector<torch::Tensor> stand_ins;  // the optimizer's: the units' shards, not frozen parts
+    for (size_t u = 0; u < shards.size(); ++u) {
+      stand_ins.push_back(torch::empty({0}, saved_shards[u].options()));
+    }
     const auto saved = make(stand_ins);
     load_optimizer(*saved, files[r].optimizer_state, path, shards.front().device());
     for (size_t u = 0; u < shards.size(); ++u) {

@@ -23,10 +23,11 @@
 //   unused       units some ranks do not use in a step, against DDP with find_unused_parameters:
 //                a branch taken on some ranks, a side output left out of the loss on some (given
 //                to backward(loss)), a unit no rank calls after the first step
-//   checkpoints  the library's checkpoints (ShardedCheckpoint) of the MLP and its Adam, as a
-//                program of its own saves them: each rank's file written in the background while
-//                the next step trains, and one gathered file; each loaded on as many ranks and on
-//                two of them (a new_group), one more step equal to the run that went on
+//   checkpoints  the library's checkpoints (ShardedCheckpoint) of the adapted net (its frozen
+//                bases too) and its Adam, as a program of its own saves them: each rank's file
+//                written in the background while the next step trains, and one gathered file;
+//                each loaded on as many ranks and on two of them (a new_group) into a model of
+//                other values, one more step equal to the run that went on
 // Each but param-groups also checks the shards' sizes (1/N of each unit, padded) and that nothing
 // stays gathered after a step.
 //   fsdp_worker BACKEND SCENARIO [DIR (checkpoints: where its files go)]
@@ -552,45 +553,54 @@ void unused(const Group& g) {
                  {12 * 16 + 16, 16 * 16 + 16, 16 * 5 + 5, 16 * 16 + 16, 16 * 16 + 16, 16 * 5 + 5});
 }
 
-// One step of the MLP on `on`'s ranks, each with its part of the step's 12 rows.
-void mlp_step(ddp::FullyShardedDataParallel& model, torch::optim::Optimizer& opt, const Group& on,
-              int step) {
+// One step of the adapted net on `on`'s ranks, each with its part of the step's 12 rows.
+void adapted_step(ddp::FullyShardedDataParallel& model, ddp::testing::AdaptedNet& net,
+                  torch::optim::Optimizer& opt, const Group& on, int step) {
   const Batch batch = global_batch(step, 3, 12);
   const int64_t rows = 12 / on->world_size();
   opt.zero_grad();
-  auto out = model.forward(batch.x.narrow(0, on->rank() * rows, rows));
+  const auto x = batch.x.narrow(0, on->rank() * rows, rows);
+  auto out = model.forward_with([&] { return net->forward(x); });
   torch::nn::functional::cross_entropy(out, batch.y.narrow(0, on->rank() * rows, rows)).backward();
   opt.step();
+}
+
+// The adapted net (frozen bases, trainable adapters), whose units are its stem, a and b.
+std::unique_ptr<ddp::FullyShardedDataParallel> shard_adapted(ddp::testing::AdaptedNet& net,
+                                                             const Group& on) {
+  return std::make_unique<ddp::FullyShardedDataParallel>(
+      net.ptr(),
+      std::vector<std::shared_ptr<torch::nn::Module>>{net->stem.ptr(), net->a.ptr(), net->b.ptr()},
+      on);
 }
 
 void checkpoints(const Group& g, const std::string& dir) {
   const ddp::train::OptimizerFactory make = [](const std::vector<torch::Tensor>& params) {
     return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-2));
   };
-  auto net = make_mlp();
-  ddp::FullyShardedDataParallel model(net, g);
-  auto opt = make(model.parameters());
-  ddp::train::ShardedCheckpoint checkpoint(model, *opt, make, g);
-  mlp_step(model, *opt, g, 0);
-  mlp_step(model, *opt, g, 1);
+  auto net = make_adapted_net();
+  auto model = shard_adapted(net, g);
+  auto opt = make(model->parameters());
+  ddp::train::ShardedCheckpoint checkpoint(*model, *opt, make, g);
+  adapted_step(*model, net, *opt, g, 0);
+  adapted_step(*model, net, *opt, g, 1);
   checkpoint.save_async(dir + "/sharded");  // written while the next step trains
   checkpoint.save_gathered(dir + "/checkpoint.pt");
-  mlp_step(model, *opt, g, 2);
+  adapted_step(*model, net, *opt, g, 2);
   checkpoint.wait();
-  const auto want = model.state_dict();
+  const auto want = model->state_dict();
   const Group pair = g->new_group({0, 1});  // null on the ranks not in it
   for (const std::string file : {"sharded", "checkpoint.pt"}) {
     for (const Group& on : {g, pair}) {
       if (on == nullptr) continue;
-      auto again = torch::nn::Sequential(torch::nn::Flatten(), torch::nn::Linear(12, 24),
-                                         torch::nn::ReLU(), torch::nn::Linear(24, 16),
-                                         torch::nn::ReLU(), torch::nn::Linear(16, 5));
-      ddp::FullyShardedDataParallel resumed(again, on);
-      auto resumed_opt = make(resumed.parameters());
-      ddp::train::ShardedCheckpoint(resumed, *resumed_opt, make, on).load(dir + "/" + file);
-      mlp_step(resumed, *resumed_opt, on, 2);
+      torch::manual_seed(99);  // other values everywhere, the frozen bases too, until loaded
+      ddp::testing::AdaptedNet again(12, 3, 5);
+      auto resumed = shard_adapted(again, on);
+      auto resumed_opt = make(resumed->parameters());
+      ddp::train::ShardedCheckpoint(*resumed, *resumed_opt, make, on).load(dir + "/" + file);
+      adapted_step(*resumed, again, *resumed_opt, on, 2);
       expect_states_equal(
-          resumed.state_dict(), want,
+          resumed->state_dict(), want,
           fmt::format("{} loaded on {} ranks, one more step", file, on->world_size()));
     }
   }

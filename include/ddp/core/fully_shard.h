@@ -272,6 +272,12 @@ class FullyShardedDataParallel {
   torch::Tensor shard(int unit, const std::vector<torch::Tensor>& whole) const;
   // The names in the model of unit `unit`'s parameters.
   std::vector<std::string> parameter_names(int unit) const;
+  // Every flat buffer's shard on this rank, as a sharded checkpoint saves them: parameters()'
+  // (one per unit), then the frozen parameters' of each unit that has trainable ones too (sharded
+  // apart: Note [Frozen parameters: a flat buffer of their own] in src/core/fsdp/unit.h); and the
+  // names in the model of flat shard `shard`'s parameters.
+  std::vector<torch::Tensor> flat_shards() const;
+  std::vector<std::string> flat_shard_names(int shard) const;
 
   torch::nn::Module& module() { return *module_; }
   int num_units() const;  // with parameters; the root unit included when there is one

@@ -74,7 +74,8 @@ class ShardedState {
                                       const StateDict& tensors, const OptimizerFactory& make,
                                       const std::string& path);
 
-  // A sharded checkpoint's: copies of this rank's shards (one per unit) and of its buffers (keys
+  // A sharded checkpoint's: copies of this rank's shards (FullyShardedDataParallel::flat_shards:
+  // one per unit, then the frozen parts') and of its buffers (keys
   // prefixed with `prefix`), what its file holds besides the optimizer (no collective).
   std::vector<torch::Tensor> shard_copies() const;
   StateDict buffer_copies(const std::string& prefix) const;

@@ -878,6 +878,24 @@ std::vector<std::string> FullyShardedDataParallel::parameter_names(int unit) con
   return state_->units.at(static_cast<size_t>(unit))->names();
 }
 
+std::vector<torch::Tensor> FullyShardedDataParallel::flat_shards() const {
+  std::vector<torch::Tensor> shards = parameters();
+  for (const auto& unit : state_->units) {
+    if (const fsdp::Unit* frozen = unit->frozen_part()) shards.push_back(frozen->shard());
+  }
+  return shards;
+}
+
+std::vector<std::string> FullyShardedDataParallel::flat_shard_names(int shard) const {
+  if (shard < num_units()) return parameter_names(shard);
+  int frozen_parts = num_units();
+  for (const auto& unit : state_->units) {
+    const fsdp::Unit* frozen = unit->frozen_part();
+    if (frozen != nullptr && frozen_parts++ == shard) return frozen->names();
+  }
+  throw InputError(fmt::format("fully_shard: no flat shard {}", shard));
+}
+
 std::vector<fsdp::UnitTimes> FullyShardedDataParallel::last_iteration() const {
   std::vector<fsdp::UnitTimes> times;
   for (const auto& unit : state_->units) times.push_back(unit->times());
