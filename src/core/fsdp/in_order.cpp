@@ -20,9 +20,4 @@ std::vector<Unit*> InOrder::rest() {
   return take_until(units_.size());
 }
 
-bool InOrder::pending(const Unit* unit) const {
-  auto it = std::find(units_.begin() + static_cast<std::ptrdiff_t>(next_), units_.end(), unit);
-  return it != units_.end();
-}
-
 }  // namespace ddp::fsdp

@@ -54,8 +54,6 @@ class InOrder {
   // The next one to issue (nullptr: none left), and a step past it.
   Unit* next() const { return next_ < units_.size() ? units_[next_] : nullptr; }
   void pop() { ++next_; }
-  // Whether `unit` is in the order and not yet issued.
-  bool pending(const Unit* unit) const;
   const std::vector<Unit*>& units() const { return units_; }
 
  private:

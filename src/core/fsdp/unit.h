@@ -128,8 +128,6 @@ class Unit {
   // order; autograd accumulates them into .grad) are counted from here until reduce_async() or
   // keep_unreduced(), which take whatever came. Nothing for a unit without trainable parameters.
   void begin_backward(const std::vector<bool>& expected);
-  // The same, expecting every parameter's gradient.
-  void begin_backward() { begin_backward(std::vector<bool>(params_.size(), true)); }
   bool in_backward() const { return in_backward_; }
   // In a backward, with every expected gradient in (at once where none is expected).
   bool gradients_in() const { return in_backward_ && grads_left_ == 0; }
