@@ -267,17 +267,21 @@ int comm_size(MPI_Comm comm) {
 // Note [A ring reduce-scatter]
 // Open MPI 4.1's MPI_Reduce_scatter_block picks, at 4 ranks and tens of MB, its basic linear
 // algorithm: a reduce to rank 0, then a scatter, so rank 0 alone holds the whole reduced buffer
-// and more (docs/benchmarks.md, "Fully sharded data parallelism"). A ring holds two blocks on
-// every rank: at step s each rank sends the partial sum it holds of one block to the next rank,
-// receives the previous rank's partial sum of another and adds its own part of that block into
-// it; after N - 1 steps each rank holds the whole sum of its own block. Same bytes on the wire as
-// any reduce-scatter, (N - 1) / N of the input per rank.
+// and more (docs/benchmarks.md, "Fully sharded data parallelism"). A ring holds one block besides
+// the output on every rank: at step s each rank sends the partial sum it holds of one block to the
+// next rank, receives the previous rank's partial sum of another and adds its own part of that
+// block into it; after N - 1 steps each rank holds the whole sum of its own block. The partial
+// sums alternate between the output and one block of scratch, starting in the one that makes the
+// last step's land in the output. Same bytes on the wire as any reduce-scatter, (N - 1) / N of
+// the input per rank.
 int ring_reduce_scatter(const at::Tensor& input, const at::Tensor& output, int count,
                         MPI_Datatype type, MPI_Op op, MPI_Comm comm) {
   const int rank = comm_rank(comm), size = comm_size(comm);
   const auto blocks = input.view({size, count});
-  at::Tensor held = blocks[(rank + size - 1) % size].clone();
-  at::Tensor received = at::empty_like(held);
+  const at::Tensor scratch = size > 1 ? at::empty_like(output) : output;
+  at::Tensor held = (size - 1) % 2 == 1 ? scratch : output;
+  at::Tensor received = held.is_same(output) ? scratch : output;
+  held.copy_(blocks[(rank + size - 1) % size]);
   for (int step = 0; step + 1 < size; ++step) {
     const int index = (rank - step - 2 + 2 * size) % size;  // the block received at this step
     int rc = MPI_Sendrecv(held.data_ptr(), count, type, (rank + 1) % size, 0, received.data_ptr(),
@@ -288,7 +292,6 @@ int ring_reduce_scatter(const at::Tensor& input, const at::Tensor& output, int c
     if (rc != MPI_SUCCESS) return rc;
     std::swap(held, received);
   }
-  output.copy_(held);
   return MPI_SUCCESS;
 }
 
