@@ -346,6 +346,10 @@ std::vector<ConfigKey> make_keys() {
                "FSDP: each rank writes its shard of every checkpoint in the background "
                "(checkpoint-epoch-N.shards/, resumable on any number of ranks); model.pt is "
                "written gathered when the training ends"),
+      bool_key("checkpoint-async", &C::checkpoint_async,
+               "FSDP, checkpoint-sharded: each rank's file written on a thread while training goes "
+               "on, from a copy of the rank's state held until written (false: written before the "
+               "next step, from the state itself, no copy)"),
       string_key("sync", &C::sync, {"ddp", "local-sgd", "diloco"}, "",
                  "ddp: gradients all-reduced every step; local-sgd: each rank trains alone and "
                  "the models are averaged every sync-every steps and at each epoch's end; diloco: "
@@ -612,6 +616,11 @@ void validate_elastic(const Config& config) {
 void validate_fsdp(const Config& config) {
   const bool mixed =
       config.fsdp_param_dtype != "float32" || config.fsdp_reduce_dtype != "param-dtype";
+  if (!config.checkpoint_async && !config.checkpoint_sharded) {
+    throw InputError(
+        "key 'checkpoint-async' false needs checkpoint-sharded (a gathered checkpoint is written "
+        "before training goes on)");
+  }
   if (!config.fsdp) {
     if (mixed) throw InputError("keys 'fsdp-param-dtype' and 'fsdp-reduce-dtype' need fsdp");
     if (config.checkpoint_sharded) throw InputError("key 'checkpoint-sharded' needs fsdp");

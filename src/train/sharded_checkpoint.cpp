@@ -53,15 +53,21 @@ void ShardedCheckpoint::agree(std::exception_ptr error, const std::string& what)
 }
 
 void ShardedCheckpoint::save_async(const std::string& dir) {
+  start_save(dir, /*background=*/true);
+}
+
+void ShardedCheckpoint::save(const std::string& dir) {
+  start_save(dir, /*background=*/false);
+  wait();
+}
+
+void ShardedCheckpoint::start_save(const std::string& dir, bool background) {
   wait();
   Checkpoint c = model_and_optimizer(group_->world_size());
-  c.shard_rank = group_->rank();
-  c.model = state_.buffer_copies("");
-  c.parameter_shards = state_.shard_copies();
-  c.optimizer_state = byte_tensor(serialized(optimizer_));
+  state_.fill_rank_file(c, optimizer_, make_, /*copy=*/background);
   writer_->write.start(
       std::move(c),
-      (fs::path(dir) / shard_file_name(group_->rank(), group_->world_size())).string());
+      (fs::path(dir) / shard_file_name(group_->rank(), group_->world_size())).string(), background);
   writing_ = dir;
 }
 

@@ -17,17 +17,18 @@ BackgroundWrite::~BackgroundWrite() {
   if (thread_.joinable()) thread_.join();
 }
 
-void BackgroundWrite::start(Checkpoint checkpoint, std::string path) {
+void BackgroundWrite::start(Checkpoint checkpoint, std::string path, bool background) {
   wait();
-  // The thread owns the copy; error_ is read only after join().
-  thread_ = std::thread([this, c = std::move(checkpoint), path = std::move(path)] {
+  auto write = [this, c = std::move(checkpoint), path = std::move(path)] {
     try {
       fs::create_directories(fs::path(path).parent_path());  // each host's, where not shared
       write_pt_file(path, to_ivalue(c));
     } catch (...) {
       error_ = std::current_exception();
     }
-  });
+  };
+  if (!background) return write();
+  thread_ = std::thread(std::move(write));  // which owns the copy; error_ is read after join()
 }
 
 void BackgroundWrite::wait() {
@@ -54,10 +55,10 @@ std::string ShardedCheckpointWriter::begin(CheckpointPosition at) {
   return dir_;
 }
 
-void ShardedCheckpointWriter::write(Checkpoint checkpoint) {
+void ShardedCheckpointWriter::write(Checkpoint checkpoint, bool background) {
   const int64_t rank = checkpoint.shard_rank;
   write_.start(std::move(checkpoint),
-               (fs::path(dir_) / shard_file_name(rank, dist_.world_size())).string());
+               (fs::path(dir_) / shard_file_name(rank, dist_.world_size())).string(), background);
 }
 
 void ShardedCheckpointWriter::settle() {

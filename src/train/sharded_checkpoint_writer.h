@@ -29,8 +29,10 @@ class BackgroundWrite {
   BackgroundWrite(const BackgroundWrite&) = delete;
   BackgroundWrite& operator=(const BackgroundWrite&) = delete;
 
-  // Starts writing `checkpoint` to `path`, after the previous write (whose error it throws).
-  void start(Checkpoint checkpoint, std::string path);
+  // Starts writing `checkpoint` to `path`, after the previous write (whose error it throws): on
+  // a thread of its own, or (`background` false) here, before returning. wait() rethrows the
+  // write's error either way.
+  void start(Checkpoint checkpoint, std::string path, bool background = true);
   // Waits for the write in flight, if any; rethrows its error.
   void wait();
 
@@ -47,9 +49,9 @@ class ShardedCheckpointWriter {
   // Every rank, collectives: settle(), then the directory of the checkpoint at `at` made anew
   // (rank 0 deletes what a run that stopped while writing it left). Returns the directory.
   std::string begin(CheckpointPosition at);
-  // Starts writing this rank's file of the checkpoint begin() made (`checkpoint`: a copy, which
-  // the writing thread owns).
-  void write(Checkpoint checkpoint);
+  // Writes this rank's file of the checkpoint begin() made: on a thread (`background`;
+  // `checkpoint` a copy, which the thread owns) or here, before returning.
+  void write(Checkpoint checkpoint, bool background);
   // Every rank, a collective: waits for this rank's write, agrees that every rank's succeeded
   // (an error on every rank otherwise), then rank 0 deletes the checkpoints beyond keep_last.
   void settle();

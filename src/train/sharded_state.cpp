@@ -33,6 +33,23 @@ std::vector<torch::Tensor> in_module_order(const torch::nn::Module& module,
   return ordered;
 }
 
+// A sharded file's element-wise optimizer tensors, kept apart (`tensors`, keyed by unit), into
+// the state `saved` (over `stand_ins`, one per unit) was just loaded with: the tensors as they lie
+// (views of the mapped file), of which take_saved_part reads only the overlap.
+void attach_kept_apart(torch::optim::Optimizer& saved, const std::vector<torch::Tensor>& stand_ins,
+                       const StateDict& tensors) {
+  if (tensors.empty()) return;  // a file that keeps them in its optimizer_state
+  const std::map<std::string, torch::Tensor> by_key(tensors.begin(), tensors.end());
+  for (size_t u = 0; u < stand_ins.size(); ++u) {
+    auto it = saved.state().find(compat::optimizer_state_key(saved, stand_ins[u]));
+    if (it == saved.state().end()) continue;
+    for (auto& [field, tensor] : elementwise_state(*it->second)) {
+      auto kept = by_key.find(optimizer_tensor_key(u, field));
+      if (kept != by_key.end()) *tensor = kept->second;
+    }
+  }
+}
+
 // Copies into `into`, the elements [into_begin, into_begin + into.numel()) of a unit's flat
 // buffer, those of `from`, the elements [from_begin, ...), that both hold: the rest of `from` is
 // not read (a saved shard may be a view of a mapped file).
@@ -195,18 +212,32 @@ void ShardedState::load_unsharded_optimizer_state(torch::optim::Optimizer& local
   }
 }
 
-std::vector<torch::Tensor> ShardedState::shard_copies() const {
-  std::vector<torch::Tensor> copies;
-  for (const auto& shard : model_.flat_shards()) copies.push_back(shard.detach().clone());
-  return copies;
-}
-
-StateDict ShardedState::buffer_copies(const std::string& prefix) const {
-  StateDict buffers;
+void ShardedState::fill_rank_file(Checkpoint& c, const torch::optim::Optimizer& local,
+                                  const OptimizerFactory& make, bool copy) const {
+  auto kept = [copy](const torch::Tensor& t) { return copy ? t.detach().clone() : t.detach(); };
+  c.shard_rank = group_->rank();
   for (const auto& item : module_.named_buffers()) {
-    buffers.emplace_back(prefix + item.key(), item.value().detach().clone());
+    c.model.emplace_back(item.key(), item.value().detach().clone());
   }
-  return buffers;
+  for (const auto& shard : model_.flat_shards()) c.parameter_shards.push_back(kept(shard));
+  // An optimizer over stand-ins of the shards (as load_shard_optimizers reads it back) holding
+  // `local`'s state with the element-wise tensors left empty: its serialization is small.
+  const std::vector<torch::Tensor> shards = model_.parameters();
+  std::vector<torch::Tensor> stand_ins;
+  for (const auto& shard : shards) stand_ins.push_back(torch::empty({0}, shard.options()));
+  const auto apart = make(stand_ins);
+  for (size_t u = 0; u < shards.size(); ++u) {
+    auto it = local.state().find(compat::optimizer_state_key(local, shards[u]));
+    if (it == local.state().end()) continue;  // not stepped yet
+    auto saved = it->second->clone();         // its tensors shared, not copied
+    for (auto& [field, tensor] : elementwise_state(*saved)) {
+      if (!tensor->defined()) continue;  // AMSGrad's maximum, off
+      c.optimizer_tensors.emplace_back(optimizer_tensor_key(u, field), kept(*tensor));
+      *tensor = torch::empty({0}, tensor->options());
+    }
+    apart->state()[compat::optimizer_state_key(*apart, stand_ins[u])] = std::move(saved);
+  }
+  c.optimizer_state = byte_tensor(serialized(*apart));
 }
 
 void ShardedState::load_shards(const std::vector<Checkpoint>& files, torch::optim::Optimizer& local,
@@ -283,6 +314,7 @@ void ShardedState::load_shard_optimizers(const std::vector<Checkpoint>& files,
     }
     const auto saved = make(stand_ins);
     load_optimizer(*saved, files[r].optimizer_state, path, shards.front().device());
+    attach_kept_apart(*saved, stand_ins, files[r].optimizer_tensors);
     for (size_t u = 0; u < shards.size(); ++u) {
       if (!overlaps(u) || !stepped[u]) continue;
       auto it = saved->state().find(compat::optimizer_state_key(*saved, stand_ins[u]));

@@ -182,11 +182,20 @@ StateDict state_dict_from(const c10::IValue& contents, const std::string& origin
 c10::IValue to_ivalue(const StateDict& weights) {
   c10::Dict<std::string, at::Tensor> dict;
   for (const auto& [key, tensor] : weights) {
-    // A CPU copy with its own storage: a view would write its whole base storage. A placeholder
-    // of a file written as its data comes (PtFileWriter) stays itself.
-    dict.insert(key, PtFileWriter::is_deferred(tensor)
-                         ? tensor
-                         : tensor.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true));
+    // A tensor is written with its whole storage: one that is exactly its storage, on the CPU,
+    // goes as it is (the file is written before the caller goes on, or from copies it made); any
+    // other (a view, a GPU tensor) as a CPU copy of its own. A placeholder of a file written as its
+    // data comes (PtFileWriter) stays itself.
+    if (PtFileWriter::is_deferred(tensor)) {
+      dict.insert(key, tensor);
+      continue;
+    }
+    const bool whole_storage = tensor.is_cpu() && tensor.has_storage() && tensor.is_contiguous() &&
+                               tensor.storage_offset() == 0 &&
+                               tensor.storage().nbytes() == tensor.nbytes();
+    dict.insert(key, whole_storage ? tensor.detach()
+                                   : tensor.detach().to(torch::kCPU, /*non_blocking=*/false,
+                                                        /*copy=*/true));
   }
   return dict;
 }

@@ -570,13 +570,17 @@ std::string TrainState::save_gathered(CheckpointPosition at, const torch::Tensor
 std::string TrainState::save_sharded(CheckpointPosition at, const torch::Tensor& untrained) {
   if (!sharded_writer_) sharded_writer_ = std::make_unique<ShardedCheckpointWriter>(config_, dist_);
   const std::string dir = sharded_writer_->begin(at);  // the previous one settled first
-  Checkpoint c = checkpoint_here(at, untrained, sharded_->state().buffer_copies(""));
+  Checkpoint c = checkpoint_here(at, untrained, {});
   c.rng_state = all_rng_states(dist_);
-  c.shard_rank = dist_.rank();
-  c.parameter_shards = sharded_->state().shard_copies();
-  c.optimizer_state = byte_tensor(serialized(*optimizer_));
-  sharded_writer_->write(std::move(c));
-  log::info("checkpoint {}: {} (each rank writing its file in the background)", describe(at), dir);
+  const bool async = config_.checkpoint_async;
+  sharded_->state().fill_rank_file(c, *optimizer_, factory(), /*copy=*/async);
+  sharded_writer_->write(std::move(c), async);
+  if (async) {
+    log::info("checkpoint {}: {} (each rank writing its file in the background)", describe(at),
+              dir);
+  } else {
+    sharded_writer_->settle();  // every rank's file written, older checkpoints deleted
+  }
   return fmt::format("{} ({})", dir, describe(at));
 }
 

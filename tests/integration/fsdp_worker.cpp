@@ -25,7 +25,8 @@
 //                to backward(loss)), a unit no rank calls after the first step
 //   checkpoints  the library's checkpoints (ShardedCheckpoint) of the adapted net (its frozen
 //                bases too) and its Adam, as a program of its own saves them: each rank's file
-//                written in the background while the next step trains, and one gathered file;
+//                written in the background while the next step trains, the same written at
+//                once (save), and one gathered file;
 //                each loaded on as many ranks and on two of them (a new_group) into a model of
 //                other values, one more step equal to the run that went on
 // Each but param-groups also checks the shards' sizes (1/N of each unit, padded) and that nothing
@@ -585,12 +586,13 @@ void checkpoints(const Group& g, const std::string& dir) {
   adapted_step(*model, net, *opt, g, 0);
   adapted_step(*model, net, *opt, g, 1);
   checkpoint.save_async(dir + "/sharded");  // written while the next step trains
+  checkpoint.save(dir + "/sharded-now");    // written before it returns, from the state itself
   checkpoint.save_gathered(dir + "/checkpoint.pt");
   adapted_step(*model, net, *opt, g, 2);
   checkpoint.wait();
   const auto want = model->state_dict();
   const Group pair = g->new_group({0, 1});  // null on the ranks not in it
-  for (const std::string file : {"sharded", "checkpoint.pt"}) {
+  for (const std::string file : {"sharded", "sharded-now", "checkpoint.pt"}) {
     for (const Group& on : {g, pair}) {
       if (on == nullptr) continue;
       torch::manual_seed(99);  // other values everywhere, the frozen bases too, until loaded

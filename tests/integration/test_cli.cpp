@@ -129,8 +129,11 @@ TEST(Cli, BoolOptionsTakeTheFlagTheSpacedAndTheEqualsForm) {
   std::vector<std::pair<std::string, std::string>> bools;  // key, the value given
   for (const auto& key : ddp::train::config_keys()) {
     if (!key.is_flag) continue;
-    // reshard-after-forward's false needs fsdp (false here): the spaced form, with true.
-    const std::string value = key.name == "reshard-after-forward" ? "true" : "false";
+    // reshard-after-forward's false needs fsdp, checkpoint-async's checkpoint-sharded (both
+    // false here): the spaced form, with true.
+    const bool refused_false =
+        key.name == "reshard-after-forward" || key.name == "checkpoint-async";
+    const std::string value = refused_false ? "true" : "false";
     bools.emplace_back(key.name, value);
     spaced.insert(spaced.end(), {"--" + key.name, value});
   }

@@ -1,7 +1,7 @@
 // ddp_train --fsdp --checkpoint-sharded: each rank writes its shard of every checkpoint in the
-// background; the checkpoints resume on as many ranks bitwise and on another number as the
-// gathered checkpoint of the same run does; a rank killed while it writes leaves the previous
-// checkpoint whole, and --resume auto goes on from it.
+// background (or, --checkpoint-async false, before the next step); the checkpoints resume on as
+// many ranks bitwise and on another number as the gathered checkpoint of the same run does; a rank
+// killed while it writes leaves the previous checkpoint whole, and --resume auto goes on from it.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -60,7 +60,9 @@ std::vector<std::string> sharded(std::vector<std::string> extra = {}) {
 TEST(FsdpCheckpoint, ShardedCheckpointsResumeBitwiseOnAsManyRanksAndOnAnotherAsTheGatheredOne) {
   TempDir whole, split, gathered;
   run_ranks(2, sharded_mlp_job(whole, 3, sharded()));
-  run_ranks(2, sharded_mlp_job(split, 2, sharded({"--keep-last", "1"})));
+  // Written before each next step, from the state itself (the run above: in the background).
+  run_ranks(
+      2, sharded_mlp_job(split, 2, sharded({"--keep-last", "1", "--checkpoint-async", "false"})));
   // Each rank's file, in a directory per checkpoint; keep-last 1 deleted epoch 1's once epoch 2's
   // was whole.
   EXPECT_TRUE(fs::exists(split.file("checkpoint-epoch-0002.shards/rank-00000-of-00002.pt")));

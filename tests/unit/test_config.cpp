@@ -228,6 +228,17 @@ TEST(Config, ReshardAfterForwardReachesTheShardingOptionsAndNeedsFsdp) {
   EXPECT_NO_THROW(ddp::train::validate(c));
 }
 
+TEST(Config, CheckpointAsyncFalseNeedsShardedCheckpoints) {
+  Config c;
+  c.fsdp = true;
+  ddp::train::set_config_value(c, "checkpoint-async", "false", "command line");
+  EXPECT_EQ(input_error_of([&] { ddp::train::validate(c); }),
+            "key 'checkpoint-async' false needs checkpoint-sharded (a gathered checkpoint is "
+            "written before training goes on)");
+  c.checkpoint_sharded = true;
+  EXPECT_NO_THROW(ddp::train::validate(c));
+}
+
 TEST(Config, YamlRoundTripsEveryKey) {
   TempDir dir;
   Config c;

@@ -55,7 +55,9 @@ struct Checkpoint {
   // One rank's file of a sharded checkpoint (--checkpoint-sharded, under --fsdp; 0 and up, -1 for
   // a whole checkpoint): that rank's shard of each unit's flat parameters, in the model's unit
   // order, then of each unit's frozen part (FullyShardedDataParallel::flat_shards). `model` then
-  // holds the rank's buffers only and optimizer_state its optimizer over the shards; the rest
+  // holds the rank's buffers only and optimizer_state its optimizer over the shards, whose
+  // element-wise tensors are in optimizer_tensors keyed by unit ("2.exp_avg": unit 2's shard's),
+  // or (files written before they were kept apart) in optimizer_state itself; the rest
   // (rng_state: every rank's) is the same in every rank's file.
   int64_t shard_rank = -1;
   std::vector<at::Tensor> parameter_shards;

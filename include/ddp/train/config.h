@@ -116,6 +116,10 @@ struct Config {
   // --fsdp: each rank writes its shard of every checkpoint in the background (a directory of one
   // file per rank); model.pt is written gathered when the training ends.
   bool checkpoint_sharded = false;
+  // --checkpoint-sharded: each rank's file written on a thread beside training, from a copy of its
+  // state (PyTorch DCP's async_save); false: written before the next step, from the state itself
+  // (DCP's save), which costs no memory beyond training's.
+  bool checkpoint_async = true;
   // How the ranks' models are kept together (core/diloco.h): ddp (gradients all-reduced every
   // step), local-sgd (each rank trains alone, models averaged every sync_every steps and at each
   // epoch's end), diloco (the same with the paper's outer Nesterov step on the averaged change).

@@ -15,6 +15,7 @@
 //   checkpoint.save_async("ckpt/step-100");    // returns once this rank's state is copied
 //   ...                                        // training goes on while the files are written
 //   checkpoint.wait();                         // every rank's file written (a collective)
+//   checkpoint.save("ckpt/step-200");          // the same, no copy: written before it returns
 //   checkpoint.save_gathered("checkpoint.pt"); // one file, as DDP's checkpoint.pt
 //   checkpoint.load("ckpt/step-100");          // either kind, on any number of ranks
 
@@ -74,11 +75,14 @@ class ShardedState {
                                       const StateDict& tensors, const OptimizerFactory& make,
                                       const std::string& path);
 
-  // A sharded checkpoint's: copies of this rank's shards (FullyShardedDataParallel::flat_shards:
-  // one per unit, then the frozen parts') and of its buffers (keys
-  // prefixed with `prefix`), what its file holds besides the optimizer (no collective).
-  std::vector<torch::Tensor> shard_copies() const;
-  StateDict buffer_copies(const std::string& prefix) const;
+  // This rank's file of a sharded checkpoint into `c` (no collective): its shard_rank, copies of
+  // its buffers, its shards (FullyShardedDataParallel::flat_shards: one per unit, then the frozen
+  // parts') and `local`'s state over them, its element-wise tensors apart (Checkpoint's
+  // optimizer_tensors), so that the file is written from where they lie. With `copy`, copies of
+  // the shards and of those tensors, for a write beside training (3/N of the model's bytes under
+  // Adam); without, the tensors themselves, for a write before the next step (no copy at all).
+  void fill_rank_file(Checkpoint& c, const torch::optim::Optimizer& local,
+                      const OptimizerFactory& make, bool copy) const;
   // The model and `local`'s state from every rank's file of a sharded checkpoint (`files`, in rank
   // order, of any number of ranks): this rank's part of each unit's parameters and of each
   // element-wise optimizer state copied from the saved shards it overlaps (the rest is not read,
@@ -114,6 +118,9 @@ class ShardedCheckpoint {
   // written on a thread of its own from a copy of the rank's shards, buffers and optimizer state:
   // returns once the copy is taken. The previous save is waited for first.
   void save_async(const std::string& dir);
+  // The same written before returning, from the state itself: no copy, no memory beyond
+  // training's (PyTorch DCP's save). Agrees that every rank's write succeeded.
+  void save(const std::string& dir);
   // Waits for this rank's write and agrees that every rank's succeeded (throws otherwise).
   void wait();
   // One file at `path`, a checkpoint whose model and optimizer state are DDP's (keys with
@@ -125,6 +132,7 @@ class ShardedCheckpoint {
 
  private:
   struct Writer;  // the thread that writes this rank's file
+  void start_save(const std::string& dir, bool background);
   // Every rank: throws when `error` is set on any rank (its own error where it has one).
   void agree(std::exception_ptr error, const std::string& what);
   void read_into_this_rank(const std::string& path);
