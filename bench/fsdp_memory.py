@@ -22,6 +22,8 @@ rounds.
 
   bench/fsdp_memory.py --build build --worlds 2 4 --rounds 2
   bench/fsdp_memory.py --models wide-mlp --worlds 2 --fsdp-args=--checkpoint-sharded
+  bench/fsdp_memory.py --models wide-mlp --worlds 2 4 \
+      "--fsdp-args=--checkpoint-sharded --checkpoint-async false"
 """
 import argparse
 import datetime
@@ -121,7 +123,7 @@ def run(args, model, world, fsdp, width):
                "--train-subset", str(samples), "--test-subset", "64", "--threads", "1",
                "--backend", args.backend, "--progress", "off", "--device", "cpu", "--output-dir", out]
         if fsdp:
-            cmd += ["--fsdp", *args.fsdp_args]
+            cmd += ["--fsdp", *(word for arg in args.fsdp_args for word in arg.split())]
         train, total, _ = peaks(cmd, world)
         with open(os.path.join(out, "metrics.jsonl")) as f:
             speed = json.loads(f.readlines()[-1])["samples_per_s"]
@@ -143,7 +145,8 @@ def main():
     p.add_argument("--backend", choices=["mpi", "gloo"], default="mpi",
                    help="mpi: the ranks under mpirun; gloo: under the launcher")
     p.add_argument("--fsdp-args", nargs="*", default=[],
-                   help="more ddp_train arguments for the FSDP runs (--checkpoint-sharded)")
+                   help="more ddp_train arguments for the FSDP runs (--checkpoint-sharded); one may "
+                        "hold several, split at spaces")
     args = p.parse_args()
     unit_mb = (args.width * args.width + args.width) * 4 / 2**20
     print(f"| model | ranks | DDP MB/rank (train, +checkpoint, +resume) | FSDP MB/rank (train, "
