@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <set>
 #include <utility>
 
 #include "ddp/comm/host_collectives.h"
@@ -27,6 +28,24 @@ Checkpoint model_and_optimizer(int world_size) {
   return c;
 }
 
+// InputError unless `optimizer` steps exactly the model's shards (model.parameters()): its state
+// is saved and loaded per shard, and an optimizer over named_parameters()'s per-parameter views
+// would be saved without it.
+void check_steps_the_shards(const torch::optim::Optimizer& optimizer,
+                            FullyShardedDataParallel& model) {
+  std::set<const void*> shards, stepped;
+  for (const auto& shard : model.parameters()) shards.insert(shard.unsafeGetTensorImpl());
+  for (const auto& group : optimizer.param_groups()) {
+    for (const auto& param : group.params()) stepped.insert(param.unsafeGetTensorImpl());
+  }
+  if (stepped != shards) {
+    throw InputError(
+        "ShardedCheckpoint: the optimizer must step the model's shards, model.parameters(), and "
+        "nothing else (an optimizer over named_parameters()'s per-parameter views is not "
+        "checkpointed by it)");
+  }
+}
+
 }  // namespace
 
 struct ShardedCheckpoint::Writer {
@@ -42,7 +61,9 @@ ShardedCheckpoint::ShardedCheckpoint(FullyShardedDataParallel& model,
       group_(std::move(group)),
       device_(model.parameters().empty() ? c10::Device(c10::kCPU)
                                          : model.parameters().front().device()),
-      writer_(std::make_unique<Writer>()) {}
+      writer_(std::make_unique<Writer>()) {
+  check_steps_the_shards(optimizer_, model);
+}
 
 ShardedCheckpoint::~ShardedCheckpoint() = default;  // BackgroundWrite's joins the thread
 

@@ -5,11 +5,12 @@
 #include <torch/version.h>
 
 #include "adapted_net.h"
-#include "forwarding_group.h"
 #include "ddp/comm/rendezvous.h"
 #include "ddp/core/fully_shard.h"
 #include "ddp/train/pt_file.h"
+#include "ddp/train/sharded_checkpoint.h"
 #include "ddp/train/sharded_weights.h"
+#include "forwarding_group.h"
 #include "subprocess.h"
 
 namespace {
@@ -95,6 +96,24 @@ TEST(FullyShard, OutsideTheWrapperAUnitCallIsThePlainCall) {
   Twice net;
   const auto x = torch::ones({1, 3});
   EXPECT_TRUE(net->forward(x).equal(net->fc(net->fc(x))));
+}
+
+// Its state is saved per shard: an optimizer over anything else would be saved without it.
+TEST(ShardedCheckpoint, AnOptimizerThatDoesNotStepTheShardsIsRefused) {
+  torch::nn::Sequential net(torch::nn::Linear(3, 2));
+  ddp::FullyShardedDataParallel model(net, local_group());
+  const ddp::train::OptimizerFactory make = [](const std::vector<torch::Tensor>& params) {
+    return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1));
+  };
+  std::vector<torch::Tensor> views;
+  for (const auto& [name, view] : model.named_parameters()) views.push_back(view);
+  for (const auto& params : {views, std::vector<torch::Tensor>{}}) {
+    auto optimizer = make(params);
+    EXPECT_THROW(ddp::train::ShardedCheckpoint(model, *optimizer, make, local_group()),
+                 ddp::InputError);
+  }
+  auto optimizer = make(model.parameters());
+  EXPECT_NO_THROW(ddp::train::ShardedCheckpoint(model, *optimizer, make, local_group()));
 }
 
 TEST(FullyShard, AUnitThatIsNotInTheModelIsRefused) {

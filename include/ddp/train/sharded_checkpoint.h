@@ -107,7 +107,8 @@ class ShardedState {
 // is thrown on every rank once the collectives are done, so that none is left waiting.
 class ShardedCheckpoint {
  public:
-  // `model`, `optimizer` (over model.parameters()) and `group` outlive this.
+  // `model`, `optimizer` (over model.parameters(); InputError otherwise) and `group` outlive
+  // this.
   ShardedCheckpoint(FullyShardedDataParallel& model, torch::optim::Optimizer& optimizer,
                     OptimizerFactory make, std::shared_ptr<comm::ProcessGroup> group);
   ~ShardedCheckpoint();  // waits for the write in flight; its error is dropped
