@@ -560,7 +560,10 @@ TEST(Shm, ASetUpThatFailsAnywhereLeavesNothingInDevShm) {
         << what << "\n" << mine;
     EXPECT_NE(theirs.find(fmt::format("rank {}: exit 1\n", other)), std::string::npos)
         << what << "\n" << theirs;
-    EXPECT_NE(theirs.find(fmt::format("rank {}: set-up ended: ", other)), std::string::npos)
+    // A rank that dies at the first collective may leave before the other's side of the gloo
+    // group's connection is done: then that group's creation is where the other's set-up ends.
+    EXPECT_TRUE(theirs.find(fmt::format("rank {}: set-up ended: ", other)) != std::string::npos ||
+                (k == 1 && theirs.find("gloo could not connect") != std::string::npos))
         << what << "\n" << theirs;
     EXPECT_EQ(segments_of_rank_zero(case_lines(results[0].output, i)), "") << what;
   }

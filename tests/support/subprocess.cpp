@@ -8,11 +8,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <regex>
 #include <sstream>
 #include <stdexcept>
@@ -119,17 +122,43 @@ bool process_alive(int pid) {
   return pid > 0 && (::kill(pid, 0) == 0 || errno != ESRCH);
 }
 
-int free_port() {
+namespace {
+
+// The first port of the kernel's ephemeral range (what bind to port 0 and every connect() take
+// from), 32768 where it cannot be read.
+int ephemeral_floor() {
+  int low = 32768;
+  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> low;
+  return low;
+}
+
+bool bindable(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
   close(fd);
-  return ntohs(addr.sin_port);
+  return ok;
+}
+
+}  // namespace
+
+// Below the ephemeral range: a port the kernel handed out there could be taken, between this
+// check and the rank's bind, by any connection another test opens meanwhile (gloo's ranks open
+// many), which made a rank's store fail with "MASTER_PORT ... is already in use". Tests choose
+// at random among 10000 ports, each process from its own seed.
+int free_port() {
+  static std::minstd_rand next(static_cast<unsigned>(::getpid()) ^
+                               static_cast<unsigned>(std::time(nullptr)));
+  const int high = std::max(ephemeral_floor(), 11024);  // a floor of 1024 leaves none below
+  const int low = std::max(1024, high - 10000);
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    const int port = low + static_cast<int>(next() % static_cast<unsigned>(high - low));
+    if (bindable(port)) return port;
+  }
+  throw std::runtime_error("free_port: no free port below the ephemeral range");
 }
 
 TempDir::TempDir() {

@@ -49,7 +49,8 @@ int launcher_worker_pid(const std::string& launcher_output, int rank);
 // Whether process `pid` exists (a zombie counts); false for pid <= 0.
 bool process_alive(int pid);
 
-// A TCP port on 127.0.0.1 that was free a moment ago.
+// A TCP port on 127.0.0.1 that was free a moment ago, below the kernel's ephemeral range (so that
+// no connection another test opens takes it meanwhile).
 int free_port();
 
 // A fresh empty directory under the system temp dir; removed by the destructor.
