@@ -346,4 +346,40 @@ TEST(CheckpointTrain, SavePrefixNoneWritesTheModelsOwnNames) {
             "module.0.weight");
 }
 
+// Checkpoints that main at 9ae8ad7 wrote (tests/fixtures/checkpoints-9ae8ad7: each kind after one
+// epoch of the Linear demo on 2 ranks, and that commit's model.pt after a resume to epoch 2): the
+// same resume now ends with the same weights, bitwise.
+struct Fixture {
+  std::string kind;        // the folder
+  std::string checkpoint;  // in it
+  std::vector<std::string> options;
+};
+
+class Fixtures9ae8ad7 : public ::testing::TestWithParam<Fixture> {};
+
+TEST_P(Fixtures9ae8ad7, ResumeAndTrainAsThatCommitDid) {
+  const Fixture& f = GetParam();
+  const std::string dir =
+      std::string(DDP_SOURCE_DIR) + "/tests/fixtures/checkpoints-9ae8ad7/" + f.kind + "/";
+  TempDir out;
+  std::vector<std::string> extra = {"--device", "cpu",      "--progress",
+                                    "off",      "--resume", dir + f.checkpoint};
+  extra.insert(extra.end(), f.options.begin(), f.options.end());
+  expect_all_ok(ddp::testing::run_env_ranks(2, linear_job(out.path(), 2, extra), seconds(120)));
+  expect_same_weights(out.file("model.pt"), dir + "model-after-epoch-2.pt");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Kinds, Fixtures9ae8ad7,
+    ::testing::Values(
+        Fixture{"gathered",
+                "checkpoint-epoch-0001.pt",
+                {"--fsdp", "--optimizer", "adam", "--lr", "0.01"}},
+        Fixture{"sharded",
+                "checkpoint-epoch-0001.shards",
+                {"--fsdp", "--checkpoint-sharded", "--optimizer", "adam", "--lr", "0.01"}},
+        Fixture{"zero", "checkpoint-epoch-0001.pt", {"--zero"}},
+        Fixture{"diloco", "checkpoint-epoch-0001.pt", {"--sync", "diloco", "--sync-every", "2"}}),
+    [](const ::testing::TestParamInfo<Fixture>& info) { return info.param.kind; });
+
 }  // namespace
