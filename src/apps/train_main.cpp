@@ -201,7 +201,7 @@ void install_signal_handlers(const ddp::train::Config& config) {
 // whose tensors are not sharded, keeps glibc's default.
 void return_freed_blocks_to_the_system(const ddp::train::Config& config) {
   constexpr int kMmapThreshold = 1 << 20;
-  if (config.fsdp) mallopt(M_MMAP_THRESHOLD, kMmapThreshold);
+  if (sharded(ddp::train::parallel_mode(config))) mallopt(M_MMAP_THRESHOLD, kMmapThreshold);
 }
 
 }  // namespace

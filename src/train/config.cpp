@@ -59,6 +59,11 @@ constexpr Named<CommHook> kCommHookNames[] = {{CommHook::kAllReduce, "allreduce"
                                               {CommHook::kFp16, "fp16"},
                                               {CommHook::kBf16, "bf16"},
                                               {CommHook::kPowerSgd, "powersgd"}};
+constexpr Named<Parallel> kParallelNames[] = {{Parallel::kDdp, "ddp"},
+                                              {Parallel::kZero, "zero"},
+                                              {Parallel::kFsdp, "fsdp"},
+                                              {Parallel::kLocalSgd, "local-sgd"},
+                                              {Parallel::kDiloco, "diloco"}};
 constexpr Named<Amp> kAmpNames[] = {{Amp::kOff, "off"}, {Amp::kBf16, "bf16"}, {Amp::kFp16, "fp16"}};
 
 // "sgd|adam|adamw"
@@ -326,6 +331,11 @@ std::vector<ConfigKey> make_keys() {
                "DDP: allow parameters that get no gradient in an iteration"),
       bool_key("gradient-as-bucket-view", DDP_OPTION(gradient_as_bucket_view),
                "DDP: gradients live in the all-reduce buckets (saves a copy and memory)"),
+      enum_key("parallel", &C::parallel, kParallelNames,
+               "how the ranks keep the model: ddp (each a replica, gradients all-reduced every "
+               "step), zero (the optimizer state sharded), fsdp (parameters, gradients and "
+               "optimizer state sharded), local-sgd or diloco (each rank trains alone between "
+               "averages); the keys zero, fsdp and sync name the same modes"),
       bool_key("zero", &C::zero,
                "ZeRO stage 1 (ZeroRedundancyOptimizer): each rank keeps the optimizer state of "
                "its shard of the parameters only"),
@@ -430,6 +440,10 @@ std::string to_string(CommHook hook) {
   return name_of(kCommHookNames, hook);
 }
 
+std::string to_string(Parallel mode) {
+  return name_of(kParallelNames, mode);
+}
+
 std::string to_string(Amp amp) {
   return name_of(kAmpNames, amp);
 }
@@ -504,166 +518,6 @@ void apply_config_file(Config& config, const std::string& path) {
                                    item.second.IsSequence() ? "list" : "mapping or null"));
     }
     set_config_value(config, key, item.second.Scalar(), origin);
-  }
-}
-
-namespace {
-
-// --sync local-sgd and diloco: the ranks' models differ between synchronizations.
-void validate_sync(const Config& config) {
-  if (config.sync != "ddp") {
-    // What needs the ranks' models equal after every step, or a step's state on every rank.
-    const char* refused = config.elastic                             ? "elastic"
-                          : config.zero                              ? "zero"
-                          : config.uneven                            ? "uneven"
-                          : config.check_params_every                ? "check-params-every"
-                          : config.checkpoint_on_signal              ? "checkpoint-on-signal"
-                          : config.comm_hook != CommHook::kAllReduce ? "comm-hook"
-                                                                     : nullptr;
-    if (refused != nullptr) {
-      throw InputError(
-          fmt::format("key 'sync': {} cannot be combined with {}", config.sync, refused));
-    }
-  }
-  if (config.sync_delay > 0 && config.sync == "ddp") {
-    throw InputError("key 'sync-delay': needs sync local-sgd or diloco");
-  }
-  if (config.sync_delay >= config.sync_every) {
-    throw InputError(fmt::format("key 'sync-delay': {} is not below sync-every ({})",
-                                 config.sync_delay, config.sync_every));
-  }
-  if (config.outer_momentum >= 1.0) {
-    throw InputError(fmt::format("key 'outer-momentum': {} is not below 1", config.outer_momentum));
-  }
-}
-
-// bucket-cap-mb auto: the ranks re-bucket at steps they count alike, with the plain all-reduce.
-void validate_bucket_tuning(const Config& config) {
-  if (!config.bucket_cap_auto) return;
-  std::string refused;
-  if (config.sync != "ddp") refused = "sync " + config.sync + " (no all-reduce per step to tune)";
-  if (config.elastic) refused = "elastic (a member that joins does not know the trials)";
-  if (config.uneven) refused = "uneven (a joined rank takes no steps)";
-  if (config.comm_hook == CommHook::kPowerSgd) {
-    refused = "comm-hook powersgd (its state is per bucket)";
-  }
-  if (!refused.empty()) {
-    throw InputError("key 'bucket-cap-mb': auto cannot be combined with " + refused);
-  }
-}
-
-// The model and the data must fit each other, and so must the keys that only some models or data
-// read (the informer's sizes, augment, sync-bn).
-void validate_workload(const Config& config) {
-  if (config.model == "linear" && config.dataset != "random") {
-    throw InputError(fmt::format("model 'linear' trains on dataset 'random' (5 features), not '{}'",
-                                 config.dataset));
-  }
-  if ((config.model == "informer") != (config.dataset == "csv")) {
-    throw InputError(
-        fmt::format("model '{}' and dataset '{}': the informer trains on csv data, "
-                    "and csv data trains the informer",
-                    config.model, config.dataset));
-  }
-  const auto& series = config.time_series;
-  if (series.label_len > series.seq_len) {
-    throw InputError(fmt::format("key 'label-len': {} is longer than seq-len {}", series.label_len,
-                                 series.seq_len));
-  }
-  const auto& informer = config.informer;
-  if (informer.d_model % 2 != 0 || informer.d_model % informer.n_heads != 0) {
-    throw InputError(fmt::format("key 'd-model': {} must be even and a multiple of n-heads {}",
-                                 informer.d_model, informer.n_heads));
-  }
-  if (informer.dropout >= 1.0) {
-    throw InputError(fmt::format("key 'dropout': {} is not below 1", informer.dropout));
-  }
-  if ((config.model == "mlp" || config.model == "resnet18" || config.model == "wide-mlp") &&
-      config.dataset != "fashion-mnist") {
-    throw InputError(fmt::format("model '{}' trains on dataset 'fashion-mnist', not '{}'",
-                                 config.model, config.dataset));
-  }
-  if (config.augment && config.dataset != "fashion-mnist") {
-    throw InputError(fmt::format("key 'augment': dataset '{}' has no images", config.dataset));
-  }
-  if (config.sync_bn && config.model != "resnet18") {
-    throw InputError(fmt::format("key 'sync-bn': model '{}' has no BatchNorm layer", config.model));
-  }
-}
-
-// --elastic: the keys whose state a lost rank would take with it or that cannot follow a new
-// group, and the backends that end every rank when one is lost.
-void validate_elastic(const Config& config) {
-  if (!config.elastic) return;
-  const char* refused = config.zero      ? "zero (a lost rank's optimizer shard would be lost)"
-                        : config.sync_bn ? "sync-bn (its layers hold the group they were built on)"
-                        : config.uneven  ? "uneven (Join's shadow steps)"
-                        : config.comm_hook == CommHook::kPowerSgd
-                            ? "comm-hook powersgd (its per-rank error feedback)"
-                            : nullptr;
-  if (refused != nullptr) {
-    throw InputError(fmt::format("key 'elastic': cannot be combined with {}", refused));
-  }
-  if (config.backend == "local" || config.backend == "mpi") {
-    throw InputError(fmt::format(
-        "key 'elastic': backend '{}' cannot survive a lost rank (Open MPI ends every rank with "
-        "it); use shm or gloo (or nccl on GPUs) under launcher --nnodes MIN:MAX",
-        config.backend));
-  }
-}
-
-// --fsdp: the keys that act on DDP's wrapper or on the whole model every rank holds.
-void validate_fsdp(const Config& config) {
-  const bool mixed =
-      config.fsdp_param_dtype != "float32" || config.fsdp_reduce_dtype != "param-dtype";
-  if (!config.checkpoint_async && !config.checkpoint_sharded) {
-    throw InputError(
-        "key 'checkpoint-async' false needs checkpoint-sharded (a gathered checkpoint is written "
-        "before training goes on)");
-  }
-  if (!config.fsdp) {
-    if (mixed) throw InputError("keys 'fsdp-param-dtype' and 'fsdp-reduce-dtype' need fsdp");
-    if (config.checkpoint_sharded) throw InputError("key 'checkpoint-sharded' needs fsdp");
-    if (!config.reshard_after_forward) {
-      throw InputError("key 'reshard-after-forward' needs fsdp");
-    }
-    return;
-  }
-  const DistributedDataParallelOptions defaults;
-  const std::vector<std::pair<bool, const char*>> refused = {
-      {config.zero, "zero (FSDP shards the optimizer state already)"},
-      {config.sync != "ddp", "sync local-sgd or diloco (each rank would train a whole model)"},
-      {config.uneven, "uneven (a rank out of batches would leave the others' gathers alone)"},
-      {config.elastic, "elastic"},
-      {config.comm_hook != CommHook::kAllReduce, "comm-hook (FSDP reduce-scatters gradients)"},
-      {config.amp == Amp::kFp16, "amp fp16 (bf16 needs no GradScaler)"},
-      {config.amp != Amp::kOff && mixed,
-       "amp together with fsdp-param-dtype or fsdp-reduce-dtype (autocast or the policy: one)"},
-      {config.sync_bn, "sync-bn"},
-      {config.check_params_every > 0, "check-params-every (no rank holds the whole model)"},
-      {config.bucket_cap_auto, "bucket-cap-mb auto (FSDP has no buckets)"},
-      {config.ddp.find_unused_parameters(), "find-unused-parameters"},
-      {config.ddp.gradient_as_bucket_view(), "gradient-as-bucket-view (FSDP has no buckets)"},
-      {config.ddp.bucket_cap_mb() != defaults.bucket_cap_mb() ||
-           config.ddp.first_bucket_mb() != defaults.first_bucket_mb(),
-       "bucket-cap-mb or first-bucket-mb (FSDP has no buckets: it gathers and reduces by layer)"},
-  };
-  for (const auto& [set, key] : refused) {
-    if (set) throw InputError(fmt::format("key 'fsdp': cannot be combined with {}", key));
-  }
-}
-
-}  // namespace
-
-void validate(const Config& config) {
-  validate_workload(config);
-  validate_fsdp(config);
-  validate_elastic(config);
-  validate_sync(config);
-  validate_bucket_tuning(config);
-  if (config.warmup_epochs > static_cast<double>(config.epochs)) {
-    throw InputError(fmt::format("key 'warmup-epochs': {} is longer than the {} epochs of the run",
-                                 config.warmup_epochs, config.epochs));
   }
 }
 

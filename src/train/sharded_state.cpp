@@ -100,6 +100,28 @@ void zeros_where_unmade(torch::optim::OptimizerParamState& into, const std::vect
   }
 }
 
+// The element-wise tensors `state` holds, by name (AMSGrad's maximum, off, is not among them).
+std::vector<std::pair<std::string, torch::Tensor*>> defined_fields(
+    torch::optim::OptimizerParamState& state) {
+  std::vector<std::pair<std::string, torch::Tensor*>> fields;
+  for (const auto& field : elementwise_state(state)) {
+    if (field.second->defined()) fields.push_back(field);
+  }
+  return fields;
+}
+
+// Calls `each(u, state)` for each unit u whose shard `local` has stepped (a unit not stepped yet
+// has no state, on every rank alike). Every reshaping of the optimizer's state that starts from
+// this rank's shards (a gathered save's, a sharded save's) goes through here.
+template <class Each>
+void for_each_unit_state(const torch::optim::Optimizer& local,
+                         const std::vector<torch::Tensor>& shards, Each each) {
+  for (size_t u = 0; u < shards.size(); ++u) {
+    auto it = local.state().find(compat::optimizer_state_key(local, shards[u]));
+    if (it != local.state().end()) each(u, *it->second);
+  }
+}
+
 // Each parameter's position in the module's order, by name.
 std::map<std::string, size_t> indices(const torch::nn::Module& module) {
   std::map<std::string, size_t> index;
@@ -129,24 +151,19 @@ ShardedState::Deferred ShardedState::deferred_state(const std::string& prefix,
   const auto index = indices(module_);
   const auto unsharded = make(in_module_order(module_, whole));
   const auto params = module_.named_parameters();
-  const std::vector<torch::Tensor> shards = model_.parameters();
-  for (int u = 0; u < static_cast<int>(shards.size()); ++u) {
-    auto it = local->state().find(compat::optimizer_state_key(*local, shards[u]));
-    if (it == local->state().end()) continue;  // not stepped yet (on every rank alike)
-    for (const auto& name : model_.parameter_names(u)) {
-      auto saved = it->second->clone();
-      for (auto& [field, tensor] : elementwise_state(*saved)) {
-        if (!tensor->defined()) continue;  // AMSGrad's maximum, off
-        const torch::Tensor& param = params[name];
+  for_each_unit_state(*local, model_.parameters(), [&](size_t u, auto& unit_state) {
+    for (const auto& name : model_.parameter_names(static_cast<int>(u))) {
+      auto saved = unit_state.clone();
+      for (auto& [field, tensor] : defined_fields(*saved)) {
         state.optimizer_tensors.emplace_back(
             optimizer_tensor_key(index.at(name), field),
-            PtFileWriter::deferred(param.sizes(), tensor->scalar_type()));
+            PtFileWriter::deferred(params[name].sizes(), tensor->scalar_type()));
         *tensor = torch::empty({0}, tensor->options());  // kept apart
       }
       unsharded->state()[compat::optimizer_state_key(*unsharded, whole.at(name))] =
           std::move(saved);
     }
-  }
+  });
   state.optimizer_state = serialized(*unsharded);
   return state;
 }
@@ -158,17 +175,14 @@ void ShardedState::write_gathered(const Deferred& state, torch::optim::Optimizer
   const auto index = indices(module_);
   write_gathered_parameters(model_, state.model, state.prefix, write);
   if (local == nullptr) return;
-  const std::vector<torch::Tensor> shards = model_.parameters();
-  for (int u = 0; u < static_cast<int>(shards.size()); ++u) {
-    auto it = local->state().find(compat::optimizer_state_key(*local, shards[u]));
-    if (it == local->state().end()) continue;  // not stepped yet (on every rank alike)
-    for (const auto& [field, tensor] : elementwise_state(*it->second)) {
-      if (!tensor->defined()) continue;
-      for (const auto& [name, value] : model_.unshard(u, *tensor)) {  // a collective
+  for_each_unit_state(*local, model_.parameters(), [&](size_t u, auto& unit_state) {
+    for (const auto& [field, tensor] : defined_fields(unit_state)) {
+      for (const auto& [name, value] :
+           model_.unshard(static_cast<int>(u), *tensor)) {  // a collective
         if (write) write(tensors.at(optimizer_tensor_key(index.at(name), field)), value);
       }
     }
-  }
+  });
 }
 
 void ShardedState::load_unsharded_optimizer_state(torch::optim::Optimizer& local,
@@ -226,17 +240,14 @@ void ShardedState::fill_rank_file(Checkpoint& c, const torch::optim::Optimizer& 
   std::vector<torch::Tensor> stand_ins;
   for (const auto& shard : shards) stand_ins.push_back(torch::empty({0}, shard.options()));
   const auto apart = make(stand_ins);
-  for (size_t u = 0; u < shards.size(); ++u) {
-    auto it = local.state().find(compat::optimizer_state_key(local, shards[u]));
-    if (it == local.state().end()) continue;  // not stepped yet
-    auto saved = it->second->clone();         // its tensors shared, not copied
-    for (auto& [field, tensor] : elementwise_state(*saved)) {
-      if (!tensor->defined()) continue;  // AMSGrad's maximum, off
+  for_each_unit_state(local, shards, [&](size_t u, auto& unit_state) {
+    auto saved = unit_state.clone();  // its tensors shared, not copied
+    for (auto& [field, tensor] : defined_fields(*saved)) {
       c.optimizer_tensors.emplace_back(optimizer_tensor_key(u, field), kept(*tensor));
       *tensor = torch::empty({0}, tensor->options());
     }
     apart->state()[compat::optimizer_state_key(*apart, stand_ins[u])] = std::move(saved);
-  }
+  });
   c.optimizer_state = byte_tensor(serialized(*apart));
 }
 

@@ -25,9 +25,9 @@
 #include "ddp/train/progress.h"
 #include "ddp/train/state_dict.h"
 #include "epoch_pass.h"
+#include "parallel_mode.h"
 #include "phase.h"
 #include "sample_record.h"
-#include "shared_dir.h"
 
 namespace ddp::train {
 namespace {
@@ -49,49 +49,6 @@ void make_writable_dir(const std::string& dir) {
   check_writable_dir(dir);
 }
 
-// The reducer's part of the backward just run, inside backward's span: the moment the last
-// gradient was ready (an all-reduce that began before it overlapped the gradients' computation),
-// the finalize, and each bucket's all-reduce from launch to completion, on the bucket's lane.
-void record_reducer(Timeline& timeline, const core::IterationStats& s, int64_t step) {
-  if (s.finalize_start == core::Clock::time_point()) return;  // no synchronised backward
-  timeline.add("last gradient ready", "compute", Timeline::kStepLane, s.last_grad, s.last_grad,
-               step);
-  timeline.add("finalize: wait for all-reduces", "comm", Timeline::kStepLane, s.finalize_start,
-               s.finalize_end, step);
-  if (!s.communicated) return;
-  for (size_t b = 0; b < s.bucket_launch.size(); ++b) {
-    timeline.add("all-reduce", "comm", Timeline::kBucketLane + static_cast<int>(b),
-                 s.bucket_launch[b], s.bucket_done[b], step, s.bucket_bytes[b]);
-  }
-}
-
-// --fsdp: on unit u's lane (kBucketLane + u), its all-gathers (from their issue to the wait for
-// them), its forward and backward, and its reduce-scatter.
-void record_units(Timeline& timeline, const std::vector<fsdp::UnitTimes>& units, int64_t step) {
-  for (size_t u = 0; u < units.size(); ++u) {
-    const fsdp::UnitTimes& t = units[u];
-    const int lane = Timeline::kBucketLane + static_cast<int>(u);
-    timeline.name_lane(lane, "unit " + t.name);
-    const auto add = [&](const char* name, const char* category, fsdp::Clock::time_point begin,
-                         fsdp::Clock::time_point end) {
-      const fsdp::Clock::time_point none;
-      if (begin != none && end != none) timeline.add(name, category, lane, begin, end, step);
-    };
-    add("all-gather", "comm", t.forward_gather, t.forward_begin);
-    add("unit forward", "compute", t.forward_begin, t.forward_end);
-    add("all-gather", "comm", t.backward_gather, t.backward_begin);
-    add("unit backward", "compute", t.backward_begin, t.backward_end);
-    add("reduce-scatter", "comm", t.backward_end, t.reduce_done);
-  }
-}
-
-// The bytes the step's gradient collectives carried (0 on one rank without a hook).
-int64_t gradient_bytes(const core::IterationStats& s) {
-  int64_t total = 0;
-  for (int64_t bytes : s.bucket_bytes) total += bytes;
-  return total;
-}
-
 }  // namespace
 
 void request_stop_from_signal() {
@@ -103,6 +60,7 @@ namespace {
 // Checks everything a user can get wrong before any rank waits for the others.
 Config prepared(Config config) {
   validate(config);
+  config.parallel = parallel_mode(config);  // what the older keys name, once
   if (config.nesterov && (config.optimizer != Optimizer::kSgd || config.momentum <= 0.0)) {
     throw InputError("key 'nesterov': needs optimizer sgd with a momentum > 0");
   }
@@ -115,11 +73,6 @@ Config prepared(Config config) {
     throw InputError(
         "key 'uneven': cannot be combined with drop-last, checkpoint-on-signal, "
         "check-params-every, grad-accum-steps, amp fp16 or record-samples");
-  }
-  // The GradScaler unscales the gradients of the optimizer it steps, and --zero's steps a shard.
-  if (config.amp == Amp::kFp16 && config.zero) {
-    throw InputError(
-        "key 'amp': fp16 (with its GradScaler) cannot be combined with zero; bf16 can");
   }
   make_writable_dir(config.output_dir);
   if (!config.timeline.empty()) {  // fail now, not after the whole run
@@ -181,7 +134,7 @@ void log_shapes(const Distributed& dist, const torch::Tensor& input, const torch
 void check_parameters(const torch::nn::Module& module, const Distributed& dist, int64_t step) {
   const Phase phase(*dist.group, fmt::format("step {}: parameter check", step));
   // Two float64 checksums per parameter (sum and sum of squares), gathered from every rank:
-  // DDP keeps the parameters bitwise equal, so any difference is a divergence.
+  // The ranks keep the parameters bitwise equal, so any difference is a divergence.
   const auto named = module.named_parameters();
   std::vector<torch::Tensor> sums;
   for (const auto& item : named) {
@@ -200,6 +153,16 @@ void check_parameters(const torch::nn::Module& module, const Distributed& dist, 
       "(sum {} on rank 0, {} on rank {}); the ranks no longer train the same model",
       step, named[static_cast<size_t>(i)].key(), fmt::join(ranks, ", "),
       all[0][i][0].item<double>(), all[first][i][0].item<double>(), first));
+}
+
+// Where an evaluation forward is a collective (the mode's), a rank with fewer than the most
+// batches of any rank runs forwards of one sample until it has run as many (a collective first).
+void match_evaluation_forwards(ParallelMode& mode, const data::TensorDataset& set, int64_t batches,
+                               const torch::Device& device) {
+  const int64_t forwards = mode.evaluation_forwards(batches);
+  for (int64_t extra = batches; extra < forwards; ++extra) {
+    mode.evaluation_forward(set.gather(torch::zeros({1}, torch::kLong)).input.to(device));
+  }
 }
 
 }  // namespace
@@ -224,9 +187,6 @@ Trainer::Trainer(Config config, Distributed dist)
     config_.resume = "auto";
   }
   set_threads(config_, dist_);
-  if (config_.checkpoint_sharded) {  // fail now, not at the first resume
-    check_dir_shared(*dist_.group, dist_.device, config_.output_dir, "--checkpoint-sharded");
-  }
   workload_ = build_workload(config_, dist_);
   state_ = std::make_unique<TrainState>(config_, dist_, workload_, timeline_.get());
   elastic_ = std::make_unique<ElasticMember>(
@@ -305,7 +265,7 @@ TrainResult Trainer::train() {
           : "",
       global);
 
-  if (config_.bucket_cap_auto) state_->start_bucket_tuning();
+  state_->mode().begin_training();
   for (int64_t epoch = start_epoch; epoch < config_.epochs;) {
     EpochMetrics m;
     m.epoch = epoch + 1;
@@ -401,14 +361,14 @@ bool Trainer::train_epoch(int64_t epoch, EpochMetrics& m) {
 
 bool Trainer::train_steps(EpochPass& pass, EpochMetrics& m) {
   // --uneven: a rank out of batches joins the others' steps until all are done (core/join.h).
-  if (config_.uneven) state_->model()->begin_join();
+  if (config_.uneven) state_->mode().begin_join();
   while (true) {
     const std::optional<std::vector<data::Batch>> batches = step_batches(pass);
     if (!batches) break;
     const auto step_start = Clock::now();
     m.lr = lr_at(state_->schedule(), state_->step(), pass.steps);
     state_->set_lr(m.lr);
-    state_->zero_grad();  // dropped: the next backward's gradients become .grad
+    state_->mode().zero_grad();  // dropped: the next backward's gradients become .grad
 
     // Forward and backward of each micro-batch; the last backward reduces their gradients.
     // --elastic: applied only where every member's gradients were reduced; a step that failed
@@ -439,7 +399,7 @@ bool Trainer::train_steps(EpochPass& pass, EpochMetrics& m) {
   }
   elastic_->settle();  // --elastic: the last step's decision, before the epoch's collectives
   if (config_.uneven) {
-    state_->model()->finish_join();
+    state_->mode().finish_join();
     state_->skip_steps(pass.steps - pass.step);  // the steps this rank joined: the same count
   }
   end_epoch(pass, m);
@@ -481,39 +441,22 @@ std::pair<torch::Tensor, int64_t> Trainer::step_gradients(EpochPass& pass,
   int64_t samples = 0;
   for (const auto& batch : batches) samples += batch.size();
   auto loss_sum = torch::zeros({}, torch::TensorOptions(torch::kDouble).device(dist_.device));
-  const bool local = state_->diloco() != nullptr;  // --sync: nothing reduced
   for (size_t i = 0; i < batches.size(); ++i) {
-    const bool last = i + 1 == batches.size();
-    loss_sum += forward_backward(pass, batches[i], samples, /*sync=*/last && !local);
+    loss_sum += forward_backward(pass, batches[i], samples, /*last=*/i + 1 == batches.size());
   }
-  if (local) return {loss_sum, samples};
-  if (state_->sharded()) {  // --fsdp: each unit's gathers and reduce-scatter onto the timeline
-    if (timeline_) record_units(*timeline_, state_->unit_times(), state_->step() + 1);
-    return {loss_sum, samples};
-  }
-  // Finalize, the reducer's at backward's end (it waited for every bucket and wrote the averages
-  // into .grad): onto the timeline.
-  const auto& reduced = state_->model()->reducer().last_iteration();
-  if (timeline_) record_reducer(*timeline_, reduced, state_->step() + 1);
-  pass.grad_bytes += gradient_bytes(reduced);
+  // The reduction's spans onto the timeline, and the bytes it carried.
+  pass.grad_bytes += state_->mode().record_reduction(timeline_.get(), state_->step() + 1);
   return {loss_sum, samples};
 }
 
 torch::Tensor Trainer::forward_backward(EpochPass& pass, const data::Batch& batch,
-                                        int64_t step_samples, bool sync) {
+                                        int64_t step_samples, bool last) {
   const auto input = batch.input.to(dist_.device, /*non_blocking=*/pass.pin_memory);
   const auto target = batch.target.to(dist_.device, /*non_blocking=*/pass.pin_memory);
   Timeline* timeline = timeline_.get();
   const int64_t step = state_->step() + 1;
-  // no_sync around forward and backward, as PyTorch's guard (Join's notice says it in forward);
-  // --fsdp keeps the micro-batches' gradients whole until the last one's backward
-  // (set_requires_gradient_sync, FSDP2's way), which alone reduce-scatters.
-  std::optional<DistributedDataParallelBase::NoSyncGuard> local;
-  if (state_->sharded()) {
-    state_->set_requires_gradient_sync(sync);
-  } else if (!sync) {
-    local.emplace(state_->model()->reducer());
-  }
+  // Gradients kept on this rank, added up, but in the step's last micro-batch (the mode's).
+  const std::unique_ptr<Accumulation> accumulation = state_->mode().accumulate(last);
   torch::Tensor output, loss;
   {
     const Phase phase = step_phase(*dist_.group, timeline, "forward", step);
@@ -521,7 +464,7 @@ torch::Tensor Trainer::forward_backward(EpochPass& pass, const data::Batch& batc
     std::optional<amp::Autocast> autocast;
     if (config_.amp != Amp::kOff)
       autocast.emplace(dist_.device.type(), autocast_dtype(config_.amp));
-    output = state_->forward(input);
+    output = state_->mode().forward(input);
     loss = compute_loss(workload_.train_set.task, output, target);
   }
   if (std::exchange(pass.first, false)) log_shapes(dist_, input, output);
@@ -533,7 +476,7 @@ torch::Tensor Trainer::forward_backward(EpochPass& pass, const data::Batch& batc
     const Phase phase = step_phase(*dist_.group, timeline, "backward", step);
     torch::Tensor weighted = share == 1.0 ? loss : loss * share;
     amp::GradScaler* scaler = state_->scaler();
-    state_->backward(scaler ? scaler->scale(weighted) : weighted);  // --amp fp16: scaled
+    state_->mode().backward(scaler ? scaler->scale(weighted) : weighted);  // --amp fp16: scaled
   }
   return loss.detach().to(torch::kDouble) * static_cast<double>(batch.size());
 }
@@ -552,10 +495,7 @@ void Trainer::end_epoch(EpochPass& pass, EpochMetrics& m) {
   elastic_->reached(
       pass.position(dist_.world_size()));  // --elastic: the epoch's end, if what follows fails
   pass.progress->finish(pass.trained, [&] { return pass.running_loss(); });
-  if (DiLoCo* diloco = state_->diloco()) {  // the epoch's evaluation, checkpoint and model.pt
-    const Phase phase(*dist_.group, fmt::format("epoch {}: synchronization", m.epoch));
-    diloco->synchronize_if_pending();  // see the global model
-  }
+  state_->mode().end_epoch(m.epoch);
   const double seconds = seconds_since(pass.start);
 
   // Global figures: loss over all ranks' samples; throughput bounded by the slowest rank.
@@ -580,32 +520,18 @@ bool Trainer::stop_requested() {
   return comm::any_rank(*dist_.group, g_stop_requested != 0, dist_.device);
 }
 
-torch::Tensor Trainer::evaluation_forward(const torch::Tensor& input) {
-  if (!state_->sharded()) return workload_.forward(input);  // the module: no collective
-  return state_->forward(input);
-}
-
-void Trainer::run_extra_evaluation_forwards(const data::TensorDataset& set, int64_t batches) {
-  if (!state_->sharded()) return;
-  const auto most = static_cast<int64_t>(comm::all_reduce_scalar(
-      *dist_.group, static_cast<double>(batches), comm::ReduceOp::kMax, dist_.device));
-  for (int64_t extra = batches; extra < most; ++extra) {
-    evaluation_forward(set.gather(torch::zeros({1}, torch::kLong)).input.to(dist_.device));
-  }
-}
-
 Scores Trainer::evaluate(const data::TensorDataset& set) {
   const KeepCpuRng keep_rng;  // training's random numbers do not depend on evaluations
-  state_->before_evaluation();
+  ParallelMode& mode = state_->mode();
+  mode.before_evaluation();  // rank 0's buffers (broadcast-buffers)
   torch::NoGradGuard no_grad;
   workload_.module->eval();
-  // Unpadded shards: every sample counted once over all ranks. Ranks may run different numbers
-  // of batches, so no collective in the loop but --fsdp's forwards (then all run as many).
+  // Unpadded parts (every sample once); the loop's one collective: a mode's forward, if any.
   const torch::Tensor order =
       data::evaluation_indices(set.size(), dist_.world_size(), dist_.rank());
   const int64_t n = order.size(0);
   const int64_t batch_size = state_->batch_size();
-  run_extra_evaluation_forwards(set, (n + batch_size - 1) / batch_size);
+  match_evaluation_forwards(mode, set, (n + batch_size - 1) / batch_size, dist_.device);
   const bool classification = set.task == data::Task::kClassification;
   // Sums of: loss, correct (classification) or absolute error, naive squared and absolute errors,
   // count.
@@ -617,7 +543,7 @@ Scores Trainer::evaluate(const data::TensorDataset& set) {
     const data::Batch batch = set.gather(order.narrow(0, begin, size));
     const auto input = batch.input.to(dist_.device);
     const auto target = batch.target.to(dist_.device);
-    const auto output = evaluation_forward(input);
+    const auto output = mode.evaluation_forward(input);
     add(kLoss, compute_loss(set.task, output, target) * static_cast<double>(size));
     if (classification) {
       add(kCorrectOrAbs, output.argmax(1).eq(target).sum());

@@ -351,4 +351,27 @@ TEST(FsdpTrain, OptionsItCannotHonourAreRefusedByName) {
   }
 }
 
+// --parallel fsdp is --fsdp: the same run, bitwise; a second key naming another mode is refused at
+// start, naming both.
+TEST(FsdpTrain, TheKeyParallelTrainsAsTheFsdpKeyAndAConflictIsRefused) {
+  TempDir by_alias, by_parallel;
+  const std::vector<std::string> job = {"--epochs", "2", "--optimizer", "adam", "--lr", "0.01"};
+  auto with = [&](std::vector<std::string> mode) {
+    mode.insert(mode.end(), job.begin(), job.end());
+    return mode;
+  };
+  expect_ranks_ok(ddp::testing::run_env_ranks(
+      2, train("random_linear.yaml", by_alias.path(), with({"--fsdp"})), seconds(120)));
+  expect_ranks_ok(ddp::testing::run_env_ranks(
+      2, train("random_linear.yaml", by_parallel.path(), with({"--parallel", "fsdp"})),
+      seconds(120)));
+  ddp::testing::expect_same_weights(model_of(by_parallel), model_of(by_alias));
+  TempDir out;
+  const auto r = ddp::testing::run_process(
+      train("random_linear.yaml", out.path(), {"--parallel", "zero", "--fsdp"}), {}, seconds(60));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("key 'fsdp': cannot be combined with parallel zero"), std::string::npos)
+      << r.output;
+}
+
 }  // namespace

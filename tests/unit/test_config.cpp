@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <tuple>
+#include <vector>
 
 #include "built_paths.h"
 #include "ddp/common/error.h"
@@ -265,6 +267,61 @@ TEST(Config, ShippedConfigsLoadAndValidate) {
     ++checked;
   }
   EXPECT_GE(checked, 4);
+}
+
+// The key parallel names how the ranks keep the model; fsdp, zero and sync name the same modes and
+// agree with it or are refused, naming both keys. The rules follow the mode whichever key named it.
+TEST(Config, ParallelNamesTheModeAndTheOlderKeysAreItsAliases) {
+  using ddp::train::Parallel;
+  using ddp::train::parallel_mode;
+  using ddp::train::set_config_value;
+  Config c;
+  EXPECT_EQ(parallel_mode(c), Parallel::kDdp);
+  EXPECT_NE(ddp::train::to_yaml(c).find("\nparallel: ddp\n"), std::string::npos);
+  for (const auto& [key, value, mode] : std::vector<std::tuple<std::string, std::string, Parallel>>{
+           {"parallel", "zero", Parallel::kZero},
+           {"parallel", "fsdp", Parallel::kFsdp},
+           {"parallel", "local-sgd", Parallel::kLocalSgd},
+           {"parallel", "diloco", Parallel::kDiloco},
+           {"zero", "true", Parallel::kZero},
+           {"fsdp", "true", Parallel::kFsdp},
+           {"sync", "local-sgd", Parallel::kLocalSgd},
+           {"sync", "diloco", Parallel::kDiloco}}) {
+    Config one;
+    set_config_value(one, key, value, "command line");
+    EXPECT_EQ(parallel_mode(one), mode) << key << " " << value;
+    EXPECT_NO_THROW(ddp::train::validate(one)) << key << " " << value;
+  }
+  set_config_value(c, "parallel", "fsdp", "command line");
+  set_config_value(c, "fsdp", "true", "configs/a.yaml:3");
+  EXPECT_EQ(parallel_mode(c), Parallel::kFsdp);  // the alias agrees
+  set_config_value(c, "parallel", "zero", "command line");
+  EXPECT_EQ(input_error_of([&] { parallel_mode(c); }),
+            "key 'fsdp': cannot be combined with parallel zero (FSDP shards the optimizer state "
+            "already)");
+  Config d;
+  set_config_value(d, "sync", "local-sgd", "command line");
+  set_config_value(d, "parallel", "diloco", "command line");
+  EXPECT_EQ(input_error_of([&] { ddp::train::validate(d); }),
+            "key 'sync': local-sgd cannot be combined with parallel diloco (each names how the "
+            "ranks keep the model: write one)");
+  Config e;
+  set_config_value(e, "parallel", "fsdp", "command line");
+  e.uneven = true;
+  EXPECT_NE(input_error_of([&] {
+              ddp::train::validate(e);
+            }).find("key 'parallel': fsdp cannot be combined with uneven"),
+            std::string::npos);
+  e.uneven = false;
+  set_config_value(e, "hierarchical", "true", "command line");  // accepted before, doing nothing
+  EXPECT_NE(input_error_of([&] {
+              ddp::train::validate(e);
+            }).find("key 'parallel': fsdp cannot be combined with hierarchical true"),
+            std::string::npos);
+  EXPECT_NE(input_error_of([&] {
+              set_config_value(e, "parallel", "ring", "command line");
+            }).find("expected one of ddp|zero|fsdp|local-sgd|diloco, got 'ring'"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -29,6 +29,11 @@ enum class CommHook {
   kBf16,       // bf16_compress_hook
   kPowerSgd,   // powersgd_hook (core/powersgd.h)
 };
+// How the ranks keep the model (key parallel; the modes of src/train/parallel_mode.h): each a
+// whole replica reduced every step (ddp), with the optimizer state sharded (zero: ZeRO-1),
+// parameters, gradients and optimizer state sharded over every rank (fsdp), each rank training
+// alone between averages (local-sgd, diloco: core/diloco.h).
+enum class Parallel { kDdp, kZero, kFsdp, kLocalSgd, kDiloco };
 // Mixed precision (core/autocast.h): forward and loss under autocast in 16 bits.
 enum class Amp {
   kOff,
@@ -40,6 +45,7 @@ std::string to_string(LrScaling scaling);    // none | linear
 std::string to_string(SavePrefix prefix);    // module | none
 std::string to_string(CommHook hook);        // allreduce | fp16 | bf16 | powersgd
 std::string to_string(Amp amp);              // off | bf16 | fp16
+std::string to_string(Parallel mode);        // ddp | zero | fsdp | local-sgd | diloco
 
 struct Config {
   // What to train.
@@ -104,8 +110,12 @@ struct Config {
   int64_t powersgd_rank = 1;           // PowerSGDOptions::matrix_approximation_rank
   int64_t powersgd_start_iter = 1000;  // PowerSGDOptions::start_powerSGD_iter (PyTorch's default)
   bool sync_bn = false;                // BatchNorm statistics over the global batch (SyncBatchNorm)
-  bool zero = false;                   // ZeroRedundancyOptimizer: optimizer state sharded (ZeRO-1)
-  bool fsdp = false;  // FullyShardedDataParallel: parameters, gradients and optimizer sharded
+  // How the ranks keep the model. ddp, the default, claims nothing: the older keys zero, fsdp and
+  // sync (local-sgd, diloco) name a mode too, and parallel_mode() says which one the keys agree on.
+  // A Trainer sets this to it at the start, and every mode-dependent part reads only this.
+  Parallel parallel = Parallel::kDdp;
+  bool zero = false;  // parallel zero: ZeroRedundancyOptimizer, optimizer state sharded (ZeRO-1)
+  bool fsdp = false;  // parallel fsdp: parameters, gradients and optimizer sharded
   // --fsdp's mixed precision policy: the dtype units gather and compute in, and the one gradients
   // are reduce-scattered in; float32 or bfloat16 (reduce: also param-dtype, fsdp_param_dtype's).
   std::string fsdp_param_dtype = "float32";
@@ -120,9 +130,9 @@ struct Config {
   // state (PyTorch DCP's async_save); false: written before the next step, from the state itself
   // (DCP's save), which costs no memory beyond training's.
   bool checkpoint_async = true;
-  // How the ranks' models are kept together (core/diloco.h): ddp (gradients all-reduced every
-  // step), local-sgd (each rank trains alone, models averaged every sync_every steps and at each
-  // epoch's end), diloco (the same with the paper's outer Nesterov step on the averaged change).
+  // parallel local-sgd (each rank trains alone, models averaged every sync_every steps and at each
+  // epoch's end) or diloco (the same with the paper's outer Nesterov step on the averaged change),
+  // as the older key names them (core/diloco.h); ddp claims no mode.
   std::string sync = "ddp";
   int64_t sync_every = 50;
   int64_t sync_delay = 0;  // inner steps each synchronization's all-reduce overlaps (tau)
@@ -186,7 +196,19 @@ void set_config_value(Config& config, const std::string& key, const std::string&
 // Throws InputError naming the file and line for syntax errors, unknown keys and bad values.
 void apply_config_file(Config& config, const std::string& path);
 
-// Checks that need several keys at once. Throws InputError.
+// Whether `mode` shards the parameters.
+inline bool sharded(Parallel mode) {
+  return mode == Parallel::kFsdp;
+}
+
+// The mode the keys parallel, fsdp, zero and sync name (ddp when none does). InputError naming two
+// of them when they name different modes ("key 'fsdp': cannot be combined with parallel zero ...").
+Parallel parallel_mode(const Config& config);
+
+// The checks that need several keys at once (each key alone is checked as it is set): the model
+// and the data that do not fit, each mode's rules (the mode's check_options), --elastic's and
+// bucket-cap-mb auto's, the warmup. Throws InputError naming the keys. Defined with the modes'
+// rules in src/train/validate.cpp.
 void validate(const Config& config);
 
 // The resolved configuration as YAML, one "key: value" line per key (loadable again).

@@ -90,15 +90,17 @@ class Trainer {
   // the epoch's end.
   std::optional<std::vector<data::Batch>> step_batches(EpochPass& pass);
   // Forward and backward of a step's micro-batches (one without --grad-accum-steps): the last
-  // backward reduces the sum of their gradients, each bucket all-reduced as it is ready. Returns
+  // backward reduces the sum of their gradients as the mode does (DDP: each bucket all-reduced as
+  // it is ready; the reduction onto the timeline, and its bytes into `pass`). Returns
   // the step's loss times the sizes (float64, not synchronised) and its samples.
   std::pair<torch::Tensor, int64_t> step_gradients(EpochPass& pass,
                                                    const std::vector<data::Batch>& batches);
   // Forward, loss and backward of one micro-batch of a step of `step_samples` samples, its loss
-  // weighted by its share of them; reduced only when `sync` (else under no_sync). Returns the
-  // micro-batch's loss times its size (float64, not synchronised).
+  // weighted by its share of them; reduced where the mode reduces the step's `last` (the others
+  // under its accumulation: DDP's no_sync). Returns the micro-batch's loss times its size
+  // (float64, not synchronised).
   torch::Tensor forward_backward(EpochPass& pass, const data::Batch& batch, int64_t step_samples,
-                                 bool sync);
+                                 bool last);
   // The periodic blocks after a counted step: --check-params-every, the step times' exchange,
   // --checkpoint-on-signal (true when a SIGTERM stopped the run there, after a checkpoint).
   bool after_step(const EpochPass& pass);
@@ -110,13 +112,6 @@ class Trainer {
   // The evaluation after an epoch (all ranks): the validation split when there is one, the test
   // split after the last epoch or when there is no validation split.
   void evaluate_epoch(EpochMetrics& metrics, bool last);
-  // An evaluation batch's forward: the module's (no collective), or --fsdp's (gathers: every rank
-  // runs as many).
-  torch::Tensor evaluation_forward(const torch::Tensor& input);
-  // --fsdp: the forwards of one sample that a rank with `batches` evaluation batches runs so that
-  // every rank runs as many as the rank with the most (a collective, then each forward's). Nothing
-  // without --fsdp.
-  void run_extra_evaluation_forwards(const data::TensorDataset& set, int64_t batches);
   // Rank 0: the epoch's line of metrics.jsonl (a new rank 0 after an elastic change goes on with
   // the file).
   void write_metrics(const EpochMetrics& metrics);
