@@ -49,31 +49,42 @@ class FutureWork : public Work {
   std::shared_future<void> done_;
 };
 
+// The host and across-hosts groups of `group` (a collective of it), as host_groups() says.
+HostGroups make_host_groups(ProcessGroup& group, const std::vector<std::string>& hosts,
+                            const char* what) {
+  if (static_cast<int>(hosts.size()) != group.world_size()) {
+    throw InputError(
+        fmt::format("{}: {} host names for {} ranks", what, hosts.size(), group.world_size()));
+  }
+  const auto by_host = ranks_by_host(hosts);
+  if (const auto why = hierarchy_unusable_because(by_host); !why.empty()) {
+    throw InputError(fmt::format("{}: {}", what, why));
+  }
+  // Every rank makes every group, in one order (new_group is a collective of `group`).
+  HostGroups groups;
+  for (const auto& ranks : by_host) {
+    if (auto g = group.new_group(ranks)) groups.host = std::move(g);
+  }
+  for (size_t i = 0; i < by_host.front().size(); ++i) {
+    std::vector<int> peers;
+    for (const auto& ranks : by_host) peers.push_back(ranks[i]);
+    if (auto g = group.new_group(peers)) groups.across = std::move(g);
+  }
+  return groups;
+}
+
 class HierarchicalGroup : public ProcessGroup {
  public:
   HierarchicalGroup(std::shared_ptr<ProcessGroup> inner, const std::vector<std::string>& hosts)
       : ProcessGroup(inner->rank(), inner->world_size(), inner->options()),
         inner_(std::move(inner)) {
     wrap(*inner_);  // numbered as inner before the new_groups below (see CheckedGroup)
-    if (static_cast<int>(hosts.size()) != world_size()) {
-      throw InputError(fmt::format("hierarchical all-reduce: {} host names for {} ranks",
-                                   hosts.size(), world_size()));
-    }
-    const auto by_host = ranks_by_host(hosts);
-    if (const auto why = hierarchy_unusable_because(by_host); !why.empty()) {
-      throw InputError("hierarchical all-reduce: " + why);
-    }
-    // Every rank makes every group, in one order (new_group is a collective of inner).
-    for (const auto& ranks : by_host) {
-      if (auto g = inner_->new_group(ranks)) host_ = std::move(g);
-    }
-    for (size_t i = 0; i < by_host.front().size(); ++i) {
-      std::vector<int> peers;
-      for (const auto& ranks : by_host) peers.push_back(ranks[i]);
-      if (auto g = inner_->new_group(peers)) across_ = std::move(g);
-    }
+    const HostGroups groups = make_host_groups(*inner_, hosts, "hierarchical all-reduce");
+    host_ = groups.host;
+    across_ = groups.across;
     steps_ = std::make_unique<JobThread>();
   }
+  HostGroups groups() const { return {host_, across_}; }
   ~HierarchicalGroup() override { steps_.reset(); }  // its jobs use the groups: they end first
 
   std::string backend_name() const override { return inner_->backend_name(); }
@@ -140,6 +151,12 @@ class HierarchicalGroup : public ProcessGroup {
 };
 
 }  // namespace
+
+HostGroups host_groups(const std::shared_ptr<ProcessGroup>& group,
+                       const std::vector<std::string>& hosts) {
+  if (const auto* h = dynamic_cast<const HierarchicalGroup*>(group.get())) return h->groups();
+  return make_host_groups(*group, hosts, "hybrid sharding");
+}
 
 std::shared_ptr<ProcessGroup> hierarchical(std::shared_ptr<ProcessGroup> inner,
                                            const std::vector<std::string>& hosts) {

@@ -62,6 +62,7 @@ constexpr Named<CommHook> kCommHookNames[] = {{CommHook::kAllReduce, "allreduce"
 constexpr Named<Parallel> kParallelNames[] = {{Parallel::kDdp, "ddp"},
                                               {Parallel::kZero, "zero"},
                                               {Parallel::kFsdp, "fsdp"},
+                                              {Parallel::kHsdp, "hsdp"},
                                               {Parallel::kLocalSgd, "local-sgd"},
                                               {Parallel::kDiloco, "diloco"}};
 constexpr Named<Amp> kAmpNames[] = {{Amp::kOff, "off"}, {Amp::kBf16, "bf16"}, {Amp::kFp16, "fp16"}};
@@ -334,8 +335,9 @@ std::vector<ConfigKey> make_keys() {
       enum_key("parallel", &C::parallel, kParallelNames,
                "how the ranks keep the model: ddp (each a replica, gradients all-reduced every "
                "step), zero (the optimizer state sharded), fsdp (parameters, gradients and "
-               "optimizer state sharded), local-sgd or diloco (each rank trains alone between "
-               "averages); the keys zero, fsdp and sync name the same modes"),
+               "optimizer state sharded), hsdp (sharded within each host, replicated across "
+               "hosts), local-sgd or diloco (each rank trains alone between averages); the keys "
+               "zero, fsdp and sync name the same modes"),
       bool_key("zero", &C::zero,
                "ZeRO stage 1 (ZeroRedundancyOptimizer): each rank keeps the optimizer state of "
                "its shard of the parameters only"),

@@ -11,12 +11,13 @@ namespace ddp::train {
 
 void DiLoCoMode::build(bool init_sync) {
   DdpMode::build(init_sync);
+  diloco_ =
+      std::make_unique<DiLoCo>(run_.workload.module->parameters(), run_.dist.group, options());
+}
+
+DiLoCoOptions DiLoCoMode::options() const {
   const Config& c = run_.config;
-  const DiLoCoOptions options =
-      c.parallel == Parallel::kLocalSgd
-          ? DiLoCoOptions::local_sgd(c.sync_every, c.sync_delay)
-          : DiLoCoOptions{c.sync_every, c.outer_lr, c.outer_momentum, true, c.sync_delay};
-  diloco_ = std::make_unique<DiLoCo>(run_.workload.module->parameters(), run_.dist.group, options);
+  return {c.sync_every, c.outer_lr, c.outer_momentum, /*nesterov=*/true, c.sync_delay};
 }
 
 void DiLoCoMode::after_step(int64_t step, double /*seconds*/) {

@@ -1,10 +1,10 @@
 #pragma once
-// parallel local-sgd and diloco (or --sync): DDP's wrapper, but every backward under no_sync, so
+// parallel diloco (or --sync diloco): DDP's wrapper, but every backward under no_sync, so
 // that each rank trains its own copy; every sync-every steps, and at each epoch's end, the models
 // meet (core/diloco.h: local SGD's average, or DiLoCo's outer Nesterov step on the averaged
 // change). A checkpoint, written after the epoch's synchronization, holds the common model, every
-// rank's inner optimizer and the outer momentum. One class for both: local SGD is DiLoCo with an
-// outer lr of 1 and no momentum. A private header of the train layer (parallel_mode.h).
+// rank's inner optimizer and the outer momentum. LocalSgdMode (local_sgd_mode.h) is the same with
+// a plain average. A private header of the train layer (parallel_mode.h).
 
 #include <memory>
 #include <string>
@@ -35,6 +35,8 @@ class DiLoCoMode : public DdpMode {
   void end_epoch(int64_t epoch) override;
 
  protected:
+  // The outer step: DiLoCo's Nesterov SGD with outer-lr and outer-momentum.
+  virtual DiLoCoOptions options() const;
   void fill_optimizer(Checkpoint& c) override;
   void load_optimizer_state(const Checkpoint& c, const std::string& path) override;
 

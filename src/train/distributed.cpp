@@ -198,10 +198,9 @@ void start_fixed(Distributed& d, const Config& config, const comm::Env& env) {
   const auto all = gather_topology(*d.group, d.device, mine);
   log::info("launched by {}: {}", comm::to_string(d.launch.launcher),
             format_topology(all, d.group->backend_name()));
-  std::vector<std::string> hosts;
-  for (const auto& r : all) hosts.push_back(r.host);
-  if (const auto line = hierarchy_decision(config.hierarchical, hosts); !line.empty()) {
-    d.group = comm::hierarchical(d.group, hosts);
+  for (const auto& r : all) d.hosts.push_back(r.host);
+  if (const auto line = hierarchy_decision(config.hierarchical, d.hosts); !line.empty()) {
+    d.group = comm::hierarchical(d.group, d.hosts);
     log::info("{}", line);
   }
 }

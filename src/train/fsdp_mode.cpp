@@ -4,6 +4,8 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <tuple>
+#include <utility>
 
 #include "checkpoint_files.h"
 #include "ddp/comm/host_collectives.h"
@@ -31,9 +33,11 @@ void FsdpMode::build(bool /*init_sync: rank 0's weights are always broadcast*/) 
     check_dir_shared(*dist.group, dist.device, run_.config.output_dir, "--checkpoint-sharded");
   }
   const Workload& w = run_.workload;
-  model_ = std::make_unique<FullyShardedDataParallel>(w.module, w.units, run_.dist.group,
-                                                      fsdp_options(run_.config));
-  state_ = std::make_unique<ShardedState>(*model_, run_.dist.group);
+  FullyShardOptions options = fsdp_options(run_.config);
+  std::shared_ptr<comm::ProcessGroup> shards;
+  std::tie(shards, options.replicate_group()) = groups();
+  model_ = std::make_unique<FullyShardedDataParallel>(w.module, w.units, shards, options);
+  state_ = std::make_unique<ShardedState>(*model_, shards);
   optimizer_ = make_optimizer(run_.config, model_->parameters());
 }
 

@@ -6,13 +6,14 @@
 // every rank's shards, and its state in a checkpoint's forms (ShardedState,
 // ddp/train/sharded_checkpoint.h: the optimizer's state in the per-parameter form a DDP run saves,
 // so that a gathered checkpoint is the same file either way and resumes on any number of ranks,
-// sharded or not; or each rank's own file, --checkpoint-sharded). A private header of the train
-// layer (parallel_mode.h).
+// sharded or not; or each rank's own file, --checkpoint-sharded). HsdpMode (hsdp_mode.h) shards
+// within each host instead. A private header of the train layer (parallel_mode.h).
 
 #include <torch/optim/optimizer.h>
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ddp/core/fully_shard.h"
@@ -62,6 +63,10 @@ class FsdpMode : public ParallelMode {
  protected:
   // Scaled so that their 2-norm over every rank's shards is at most `max_norm` (a collective).
   void clip_gradients(double max_norm) override { model_->clip_grad_norm(max_norm); }
+  // The group that shards and the one that replicates (null: none): every rank, and none.
+  using Groups =
+      std::pair<std::shared_ptr<comm::ProcessGroup>, std::shared_ptr<comm::ProcessGroup>>;
+  virtual Groups groups() const { return {run_.dist.group, nullptr}; }
 
  private:
   std::string save_gathered(Checkpoint c, CheckpointPosition at);

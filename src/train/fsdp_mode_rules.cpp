@@ -13,11 +13,15 @@
 namespace ddp::train {
 namespace {
 
+// Whether the FSDP keys ask for a mixed precision policy.
+bool mixed_precision(const Config& config) {
+  return config.fsdp_param_dtype != "float32" || config.fsdp_reduce_dtype != "param-dtype";
+}
+
 // The FSDP keys without a sharded mode.
 void check_fsdp_keys_need_it(const Config& config) {
-  const bool mixed =
-      config.fsdp_param_dtype != "float32" || config.fsdp_reduce_dtype != "param-dtype";
-  if (mixed) throw InputError("keys 'fsdp-param-dtype' and 'fsdp-reduce-dtype' need fsdp");
+  if (mixed_precision(config))
+    throw InputError("keys 'fsdp-param-dtype' and 'fsdp-reduce-dtype' need fsdp");
   if (config.checkpoint_sharded) throw InputError("key 'checkpoint-sharded' needs fsdp");
   if (!config.reshard_after_forward) throw InputError("key 'reshard-after-forward' needs fsdp");
 }
@@ -32,19 +36,20 @@ void FsdpMode::check_options(const Config& config, const ModeNaming& naming) {
         "before training goes on)");
   }
   if (!sharded(mode)) return check_fsdp_keys_need_it(config);
-  const bool mixed =
-      config.fsdp_param_dtype != "float32" || config.fsdp_reduce_dtype != "param-dtype";
   const DistributedDataParallelOptions defaults;
   const std::vector<std::pair<bool, const char*>> refused = {
       {config.uneven, "uneven (a rank out of batches would leave the others' gathers alone)"},
       {config.elastic, "elastic"},
       {config.comm_hook != CommHook::kAllReduce, "comm-hook (FSDP reduce-scatters gradients)"},
-      {config.amp == Amp::kFp16, "amp fp16 (bf16 needs no GradScaler)"},
-      {config.amp != Amp::kOff && mixed,
+      {config.amp != Amp::kOff && mixed_precision(config),
        "amp together with fsdp-param-dtype or fsdp-reduce-dtype (autocast or the policy: one)"},
       {config.sync_bn, "sync-bn"},
-      {config.hierarchical == "true",
-       "hierarchical true (its gathers and reduce-scatters are over every rank, not by host)"},
+      {mode == Parallel::kFsdp && config.hierarchical == "true",
+       "hierarchical true (its gathers and reduce-scatters are over every rank; parallel hsdp "
+       "shards within each host and all-reduces across hosts)"},
+      {mode == Parallel::kHsdp && config.checkpoint_sharded,
+       "checkpoint-sharded (not built for replicas: each host's ranks would write the same "
+       "files)"},
       {config.check_params_every > 0, "check-params-every (no rank holds the whole model)"},
       {config.bucket_cap_auto, "bucket-cap-mb auto (FSDP has no buckets)"},
       {config.ddp.find_unused_parameters(), "find-unused-parameters"},

@@ -6,6 +6,8 @@
 #include "ddp_mode.h"
 #include "diloco_mode.h"
 #include "fsdp_mode.h"
+#include "hsdp_mode.h"
+#include "local_sgd_mode.h"
 #include "zero_mode.h"
 
 namespace ddp::train {
@@ -18,7 +20,10 @@ std::unique_ptr<ParallelMode> make_parallel_mode(const ModeContext& run) {
       return std::make_unique<ZeroMode>(run);
     case Parallel::kFsdp:
       return std::make_unique<FsdpMode>(run);
+    case Parallel::kHsdp:
+      return std::make_unique<HsdpMode>(run);
     case Parallel::kLocalSgd:
+      return std::make_unique<LocalSgdMode>(run);
     case Parallel::kDiloco:
       return std::make_unique<DiLoCoMode>(run);
   }

@@ -7,7 +7,9 @@
 //   ddp               DdpMode (ddp_mode.h)          the model, DDP's wrapper reducing in buckets
 //   zero              ZeroMode (zero_mode.h)        the same, the optimizer state of its shard
 //   fsdp              FsdpMode (fsdp_mode.h)        1/N of parameters, gradients, optimizer state
-//   local-sgd, diloco DiLoCoMode (diloco_mode.h)    the model, trained alone between averages
+//   hsdp              HsdpMode (hsdp_mode.h)        the same, N the ranks of its host, replicated
+//   diloco            DiLoCoMode (diloco_mode.h)    the model, trained alone between outer steps
+//   local-sgd         LocalSgdMode (local_sgd_mode.h) the same, averaged
 //
 // A mode owns its wrapper and its optimizer, the training and the evaluation forward, accumulation
 // without sync, clipping and the optimizer step, its part of a save, a resume and an elastic heal,

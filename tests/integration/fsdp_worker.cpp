@@ -20,6 +20,9 @@
 //   param-groups the MLP's per-parameter views of the shards (named_parameters) in two AdamW
 //                groups (weight decay on the weights, none on the biases) against DDP with the
 //                same groups
+//   hybrid       hybrid sharding (FullyShardOptions::replicate_group) on 4 ranks as 2 hosts of 2,
+//                against DDP: equal, each rank holding half the parameters, the bytes all-reduced
+//                across hosts half those DDP all-reduces
 //   unused       units some ranks do not use in a step, against DDP with find_unused_parameters:
 //                a branch taken on some ranks, a side output left out of the loss on some (given
 //                to backward(loss)), a unit no rank calls after the first step
@@ -41,10 +44,12 @@
 #include <thread>
 
 #include "adapted_net.h"
+#include "ddp/comm/hierarchical.h"
 #include "ddp/common/error.h"
 #include "ddp/core/distributed_data_parallel.h"
 #include "ddp/core/fully_shard.h"
 #include "ddp/train/sharded_checkpoint.h"
+#include "forwarding_group.h"
 #include "worker_group.h"
 
 namespace fsdp_worker {
@@ -398,6 +403,66 @@ void versus_ddp(const Group& g) {
   expect_sharded(model, g, {12 * 16 + 16, 16 * 16 + 16, 16 * 5 + 5, 16 + 16});
 }
 
+// A group that counts the bytes of the floating-point all-reduces it carries (the across-hosts
+// group of the hybrid scenario: what crosses hosts).
+class CountingGroup : public ddp::testing::ForwardingGroup {
+ public:
+  using ForwardingGroup::ForwardingGroup;
+  int64_t bytes = 0;
+
+ protected:
+  WorkPtr do_all_reduce(at::Tensor& t, Op op, const Info& info) override {
+    if (t.is_floating_point()) bytes += static_cast<int64_t>(t.nbytes());
+    return ForwardingGroup::do_all_reduce(t, op, info);
+  }
+};
+
+// Hybrid sharding (HSDP) on 4 ranks as 2 hosts of 2 (ranks 0-1 and 2-3): the MLP sharded within
+// each host and replicated across them, against DDP on all 4: equal after every step; each rank's
+// shards (so its gradients and Adam's moments) half of DDP's parameters, padding aside; the bytes
+// all-reduced across hosts per step half the gradient bytes DDP all-reduces.
+void hybrid(const Group& g) {
+  expect(g->world_size() == 4, "hybrid runs on 4 ranks");
+  const ddp::comm::HostGroups groups = ddp::comm::host_groups(g, {"a", "a", "b", "b"});
+  auto across = std::make_shared<CountingGroup>(groups.across);
+  auto plain = make_mlp();
+  ddp::DistributedDataParallel ddp_model(plain.ptr(), g);
+  torch::optim::Adam ddp_opt(ddp_model->parameters(), torch::optim::AdamOptions(1e-2));
+  auto net = make_mlp();
+  ddp::FullyShardedDataParallel model(net, groups.host,
+                                      ddp::FullyShardOptions().replicate_group(across));
+  torch::optim::Adam opt(model.parameters(), torch::optim::AdamOptions(1e-2));
+  for (int step = 0; step < kSteps; ++step) {
+    const Batch batch = global_batch(step, g->world_size(), 12);
+    ddp_step(ddp_model, plain, ddp_opt, batch, g);
+    opt.zero_grad();
+    across->bytes = 0;
+    torch::nn::functional::cross_entropy(model.forward(rows_of(batch.x, g)), rows_of(batch.y, g))
+        .backward();
+    opt.step();
+    expect_states_equal(model.state_dict(), state_of(*plain),
+                        fmt::format("step {}: hybrid-sharded == DDP on 4 ranks", step));
+    int64_t ddp_bytes = 0;
+    for (int64_t b : ddp_model->reducer().last_iteration().bucket_bytes) ddp_bytes += b;
+    int64_t shard_bytes = 0;
+    for (const auto& shard : model.parameters()) shard_bytes += shard.numel() * 4;
+    expect(across->bytes == shard_bytes && std::abs(2 * across->bytes - ddp_bytes) <= 3 * 4,
+           fmt::format("step {}: {} bytes across hosts, DDP all-reduced {}: 1/2, padding aside",
+                       step, across->bytes, ddp_bytes));
+  }
+  int64_t held = 0, whole = 0, moments = 0;
+  for (const auto& shard : model.parameters()) held += shard.numel();
+  for (const auto& p : plain->parameters()) whole += p.numel();
+  for (const auto& item : opt.state()) {
+    moments += static_cast<const torch::optim::AdamParamState&>(*item.second).exp_avg().numel();
+  }
+  expect(
+      moments == held && std::abs(2 * held - whole) <= 3,
+      fmt::format("each rank holds {} of DDP's {} parameters (and as many gradients and moments)",
+                  held, whole));
+  expect_sharded(model, groups.host, {12 * 24 + 24, 24 * 16 + 16, 16 * 5 + 5});
+}
+
 // The adapted net (adapted_net.h) of width 12, adapters of rank 3, 5 classes, from one seed.
 ddp::testing::AdaptedNet make_adapted_net() {
   torch::manual_seed(13);
@@ -619,7 +684,8 @@ void checkpoints(const Group& g, const std::string& dir) {
 int run(int argc, char** argv) {
   if (argc != 3 && argc != 4) {
     std::cerr << "usage: fsdp_worker BACKEND "
-                 "sequential|custom|overlap|versus-ddp|adapters|param-groups|unused|checkpoints "
+                 "sequential|custom|overlap|versus-ddp|adapters|param-groups|hybrid|unused|"
+                 "checkpoints "
                  "[DIR]\n";
     return 64;
   }
@@ -639,6 +705,8 @@ int run(int argc, char** argv) {
       adapters(group);
     } else if (scenario == "param-groups") {
       param_groups(group);
+    } else if (scenario == "hybrid") {
+      hybrid(group);
     } else if (scenario == "unused") {
       unused(group);
     } else if (scenario == "checkpoints" && argc == 4) {

@@ -54,7 +54,8 @@ INSTANTIATE_TEST_SUITE_P(Backends, Fsdp,
                                          Case{"custom", "mpi", 2}, Case{"overlap", "gloo", 2},
                                          Case{"versus-ddp", "gloo", 2},
                                          Case{"versus-ddp", "shm", 3}, Case{"adapters", "gloo", 2},
-                                         Case{"param-groups", "gloo", 3}, Case{"unused", "gloo", 3},
+                                         Case{"param-groups", "gloo", 3}, Case{"hybrid", "gloo", 4},
+                                         Case{"hybrid", "shm", 4}, Case{"unused", "gloo", 3},
                                          Case{"unused", "shm", 2}, Case{"checkpoints", "gloo", 3}),
                          case_name);
 

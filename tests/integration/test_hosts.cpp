@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <memory>
 #include <thread>
+#include <utility>
 
 #include "built_paths.h"
 #include "elastic_log.h"
@@ -48,6 +49,18 @@ std::vector<std::string> node_launcher(const NetnsHosts& hosts, int node, int po
 // The same secret on both nodes, as across real machines (else the launcher warns).
 const std::map<std::string, std::string> kJobEnv = {{"DDP_JOB_TOKEN", "hosts-test-token"}};
 
+// A job of 2 nodes of 2 workers, node 0 with ddp_train arguments `args0` and node 1 with `args1`:
+// both launchers' results, node 1 waited for first (up to 180 s), then node 0.
+std::pair<ProcessResult, ProcessResult> run_two_nodes(const NetnsHosts& hosts, int port,
+                                                      const std::vector<std::string>& args0,
+                                                      const std::vector<std::string>& args1) {
+  Child node0(node_launcher(hosts, 0, port, args0), kJobEnv);
+  Child node1(node_launcher(hosts, 1, port, args1), kJobEnv);
+  ProcessResult r1 = node1.wait_until(Clock::now() + seconds(180));
+  ProcessResult r0 = node0.wait_until(Clock::now() + seconds(30));
+  return {std::move(r0), std::move(r1)};
+}
+
 // Network namespaces need root (CAP_SYS_ADMIN) and iproute2.
 bool can_make_hosts() {
   return ::geteuid() == 0 &&
@@ -69,10 +82,7 @@ TEST(Hosts, TwoLaunchersInTwoNamespacesTrainAsFourRanksOnOneHost) {
     args.insert(args.end(), flat.begin(), flat.end());
     return args;
   };
-  Child node0(node_launcher(hosts, 0, port, node_args(nodes)), kJobEnv);
-  Child node1(node_launcher(hosts, 1, port, node_args(node1_out)), kJobEnv);
-  const ProcessResult r1 = node1.wait_until(Clock::now() + seconds(180));
-  const ProcessResult r0 = node0.wait_until(Clock::now() + seconds(30));
+  const auto [r0, r1] = run_two_nodes(hosts, port, node_args(nodes), node_args(node1_out));
   ASSERT_EQ(r0.exit_code, 0) << r0.output;
   ASSERT_EQ(r1.exit_code, 0) << r1.output;
   EXPECT_NE(r0.output.find("[rank 0] "), std::string::npos) << r0.output;
@@ -93,6 +103,31 @@ TEST(Hosts, TwoLaunchersInTwoNamespacesTrainAsFourRanksOnOneHost) {
   // Rank 0 (node 0) writes the weights; gloo adds the same gradients in the same order whether
   // its pairs are on loopback or a veth: bitwise equal.
   expect_same_weights(nodes.file("model.pt"), one_host.file("model.pt"));
+}
+
+// Hybrid sharding on 2 hosts of 2 ranks: each host's ranks shard the MLP, the hosts replicate it
+// (each shard's gradient all-reduced across the hosts after the host's reduce-scatter); it trains
+// as DDP on 4 ranks does, to float rounding (its sums run in another order).
+TEST(Hosts, HybridShardingOnTwoHostsOfTwoTrainsAsDdpOnFour) {
+  ASSERT_TRUE(can_make_hosts()) << "needs root and iproute2 (ip netns); CI runs as root";
+  NetnsHosts hosts(2);
+  TempDir nodes, node1_out, one_host;
+  const int port = ddp::testing::free_port();
+  auto node_args = [&](const TempDir& out) {
+    auto args = mlp_args(out.path(), 1);
+    args.insert(args.end(), {"--parallel", "hsdp"});
+    return args;
+  };
+  const auto [r0, r1] = run_two_nodes(hosts, port, node_args(nodes), node_args(node1_out));
+  ASSERT_EQ(r0.exit_code, 0) << r0.output;
+  ASSERT_EQ(r1.exit_code, 0) << r1.output;
+  EXPECT_NE(r0.output.find("hybrid sharding: 2 hosts of 2 rank(s)"), std::string::npos)
+      << r0.output;
+  auto one_args = mlp_args(one_host.path(), 1);
+  one_args.insert(one_args.end(), {"--backend", "gloo"});
+  auto one = ddp::testing::run_process(launch({"--nproc", "4"}, one_args), {}, seconds(180));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  ddp::testing::expect_close_weights(nodes.file("model.pt"), one_host.file("model.pt"), 1e-5);
 }
 
 // Open MPI's rsh launcher runs `AGENT HOST COMMAND...` as it would run ssh, COMMAND being a line

@@ -320,7 +320,7 @@ TEST(Config, ParallelNamesTheModeAndTheOlderKeysAreItsAliases) {
             std::string::npos);
   EXPECT_NE(input_error_of([&] {
               set_config_value(e, "parallel", "ring", "command line");
-            }).find("expected one of ddp|zero|fsdp|local-sgd|diloco, got 'ring'"),
+            }).find("expected one of ddp|zero|fsdp|hsdp|local-sgd|diloco, got 'ring'"),
             std::string::npos);
 }
 

@@ -27,6 +27,20 @@ std::vector<std::vector<int>> ranks_by_host(const std::vector<std::string>& host
 // A pure function.
 std::string hierarchy_unusable_because(const std::vector<std::vector<int>>& by_host);
 
+// The two levels of a topology of several hosts with as many ranks on each: this rank's host's
+// ranks, and the ranks of its local rank, one per host (the group step 2 above all-reduces in).
+struct HostGroups {
+  std::shared_ptr<ProcessGroup> host;
+  std::shared_ptr<ProcessGroup> across;
+};
+
+// `group`'s HostGroups, `hosts[r]` naming rank r's host (every rank passes the same list): those
+// hierarchical() made for its all-reduce where `group` is one it returned, else new ones (a
+// collective of `group`: every rank makes every group, in one order). Throws InputError with
+// hierarchy_unusable_because's reason.
+HostGroups host_groups(const std::shared_ptr<ProcessGroup>& group,
+                       const std::vector<std::string>& hosts);
+
 // `inner` whose all_reduce goes through the three steps above; its other collectives, and its
 // subgroups, are inner's own. `hosts[r]` names rank r's host (every rank passes the same list).
 // A collective of `inner` (it makes the hosts' and the cross-host groups with new_group); throws

@@ -95,6 +95,12 @@ struct FullyShardOptions {
   // sync_module_states.
   TORCH_ARG(bool, init_sync) = true;
   TORCH_ARG(MixedPrecisionPolicy, mp_policy);
+  // Hybrid sharding (HSDP, FSDP2's 2-D device mesh): the model's group shards (the ranks of one
+  // host, say) and this one replicates (the ranks that hold the same shard: one per host). Each
+  // unit's gradient is reduce-scattered in the sharding group, then each shard's all-reduced
+  // (averaged) with the same shard on the other replicas; init_sync broadcasts its rank 0's
+  // values over it first; every rank of both groups constructs the model. Null: no replicas.
+  TORCH_ARG(std::shared_ptr<comm::ProcessGroup>, replicate_group);
 };
 
 namespace fsdp {

@@ -31,9 +31,10 @@ enum class CommHook {
 };
 // How the ranks keep the model (key parallel; the modes of src/train/parallel_mode.h): each a
 // whole replica reduced every step (ddp), with the optimizer state sharded (zero: ZeRO-1),
-// parameters, gradients and optimizer state sharded over every rank (fsdp), each rank training
-// alone between averages (local-sgd, diloco: core/diloco.h).
-enum class Parallel { kDdp, kZero, kFsdp, kLocalSgd, kDiloco };
+// parameters, gradients and optimizer state sharded over every rank (fsdp) or over the ranks of a
+// host and replicated across hosts (hsdp), each rank training alone between averages (local-sgd,
+// diloco: core/diloco.h).
+enum class Parallel { kDdp, kZero, kFsdp, kHsdp, kLocalSgd, kDiloco };
 // Mixed precision (core/autocast.h): forward and loss under autocast in 16 bits.
 enum class Amp {
   kOff,
@@ -45,7 +46,7 @@ std::string to_string(LrScaling scaling);    // none | linear
 std::string to_string(SavePrefix prefix);    // module | none
 std::string to_string(CommHook hook);        // allreduce | fp16 | bf16 | powersgd
 std::string to_string(Amp amp);              // off | bf16 | fp16
-std::string to_string(Parallel mode);        // ddp | zero | fsdp | local-sgd | diloco
+std::string to_string(Parallel mode);        // ddp | zero | fsdp | hsdp | local-sgd | diloco
 
 struct Config {
   // What to train.
@@ -196,9 +197,9 @@ void set_config_value(Config& config, const std::string& key, const std::string&
 // Throws InputError naming the file and line for syntax errors, unknown keys and bad values.
 void apply_config_file(Config& config, const std::string& path);
 
-// Whether `mode` shards the parameters.
+// Whether `mode` shards the parameters (fsdp, hsdp).
 inline bool sharded(Parallel mode) {
-  return mode == Parallel::kFsdp;
+  return mode == Parallel::kFsdp || mode == Parallel::kHsdp;
 }
 
 // The mode the keys parallel, fsdp, zero and sync name (ddp when none does). InputError naming two

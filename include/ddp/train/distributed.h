@@ -29,6 +29,9 @@ struct Distributed {
   bool joining = false;
   // --debug-collectives or TORCH_DISTRIBUTED_DEBUG=DETAIL: every group is comm::check_collectives'.
   bool check_collectives = false;
+  // Each rank's host (comm::host_key), by rank: the topology hybrid sharding follows. Empty under
+  // --elastic, whose members change.
+  std::vector<std::string> hosts;
 
   int rank() const { return group->rank(); }
   int world_size() const { return group->world_size(); }

@@ -271,9 +271,9 @@ struct FullyShardedDataParallel::State : nn::ForwardHooks {
 
 void FullyShardedDataParallel::State::add_unit(std::string name, std::vector<torch::Tensor> params,
                                                std::vector<std::string> names) {
-  units.push_back(std::make_unique<fsdp::Unit>(std::move(name), std::move(params), std::move(names),
-                                               *group, *reduce_group, pool, options.init_sync(),
-                                               options.mp_policy()));
+  units.push_back(std::make_unique<fsdp::Unit>(
+      std::move(name), std::move(params), std::move(names), *group, *reduce_group,
+      options.replicate_group().get(), pool, options.init_sync(), options.mp_policy()));
   fsdp::Unit* unit = units.back().get();
   if (!unit->trainable()) return;  // no gradient comes to a frozen unit
   // The hooks after set_data (the Unit's constructor): a change of dtype or device there would
@@ -408,6 +408,10 @@ std::vector<int32_t> FullyShardedDataParallel::State::agree_on_usage() {
   // On the units' device (NCCL's collectives take CUDA tensors only).
   auto agreed = torch::tensor(usage, torch::kInt32).to(named.front()->shard().device());
   group->all_reduce(agreed, comm::ReduceOp::kMax)->wait();
+  // Hybrid sharding: every replica's too, so that the replicas' all-reduces come in one order.
+  if (options.replicate_group()) {
+    options.replicate_group()->all_reduce(agreed, comm::ReduceOp::kMax)->wait();
+  }
   agreed = agreed.cpu();
   std::copy_n(agreed.data_ptr<int32_t>(), usage.size(), usage.begin());
   for (size_t i = 0; i < n; ++i) usage[i] = usage[i] > 0 ? last - usage[i] : 0;
@@ -688,6 +692,9 @@ FullyShardedDataParallel::FullyShardedDataParallel(
     if (unit.get() != state_->root) state_->named.push_back(unit.get());
   }
   state_->order = state_->named;
+  if (options.init_sync() && options.replicate_group()) {
+    broadcast_coalesced(*options.replicate_group(), module_->buffers());
+  }
   if (options.init_sync()) broadcast_coalesced(*state_->group, module_->buffers());
 }
 

@@ -84,9 +84,14 @@ FlatLayout plan_flat_layout(const std::vector<int64_t>& numels, int world_size) 
 }
 
 Unit::Unit(std::string name, std::vector<torch::Tensor> params, std::vector<std::string> names,
-           comm::ProcessGroup& group, comm::ProcessGroup& reduce_group, BufferPool& pool,
-           bool init_sync, const MixedPrecisionPolicy& policy)
-    : name_(std::move(name)), group_(group), reduce_group_(reduce_group), pool_(pool) {
+           comm::ProcessGroup& group, comm::ProcessGroup& reduce_group,
+           comm::ProcessGroup* replicate, BufferPool& pool, bool init_sync,
+           const MixedPrecisionPolicy& policy)
+    : name_(std::move(name)),
+      group_(group),
+      reduce_group_(reduce_group),
+      replicate_(replicate),
+      pool_(pool) {
   times_.name = name_;
   DDP_CHECK(!params.empty() && params.size() == names.size(), "a unit has named parameters");
   check_params(name_, params, names);
@@ -104,19 +109,27 @@ Unit::Unit(std::string name, std::vector<torch::Tensor> params, std::vector<std:
     names_ = std::move(frozen_names);
   } else if (!frozen.empty()) {
     frozen_ = std::make_unique<Unit>(name_, std::move(frozen), std::move(frozen_names), group_,
-                                     reduce_group_, pool_, init_sync, policy);
+                                     reduce_group_, replicate_, pool_, init_sync, policy);
   }
   std::vector<int64_t> numels;
   for (const auto& p : params_) numels.push_back(p.numel());
   layout_ = plan_flat_layout(numels, group_.world_size());
   torch::NoGradGuard no_grad;
   full_ = flatten(params_);
+  if (init_sync && replicate_ != nullptr) replicate_->broadcast(full_, 0)->wait();
   if (init_sync) group_.broadcast(full_, 0)->wait();
   shard_ = full_.narrow(0, group_.rank() * layout_.shard, layout_.shard).clone();
   shard_.set_requires_grad(params_.front().requires_grad());
   const auto param_dtype = policy.param_dtype().value_or(shard_.scalar_type());
   reduce_dtype_ = policy.reduce_dtype().value_or(param_dtype);
   if (param_dtype != full_.scalar_type()) full_ = full_.to(param_dtype);
+  make_views();
+  show_parameters(true);
+  grad_seen_.assign(params_.size(), false);
+  free();
+}
+
+void Unit::make_views() {
   for (size_t i = 0; i < params_.size(); ++i) {
     views_.push_back(
         full_.narrow(0, layout_.offsets[i], params_[i].numel()).view(params_[i].sizes()));
@@ -128,9 +141,6 @@ Unit::Unit(std::string name, std::vector<torch::Tensor> params, std::vector<std:
                     "the model's values",
                     names_[i], name_)));
   }
-  show_parameters(true);
-  grad_seen_.assign(params_.size(), false);
-  free();
 }
 
 void Unit::show_parameters(bool gathered) {
@@ -245,6 +255,10 @@ void Unit::finish_reduce() {
   times_.reduce_done = Clock::now();
   reduce_work_.reset();
   flat_grad_ = torch::Tensor();
+  if (replicate_ != nullptr) {  // hybrid sharding: the same shard's average over the replicas
+    const Label label(*replicate_, "all-reduce across replicas", name_, group_);
+    replicate_->all_reduce(reduced_, comm::ReduceOp::kAvg)->wait();
+  }
   torch::NoGradGuard no_grad;
   if (!pieces_.empty()) {  // Note [Per-parameter views of the shard]
     for (size_t i = 0; i < pieces_.size(); ++i) {

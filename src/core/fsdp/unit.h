@@ -76,12 +76,14 @@ class Unit {
   // `params` (the module's own tensors) with their names in the model; `name` says which unit in
   // errors. With `init_sync`, rank 0's values are broadcast first (a collective); `policy`'s
   // param_dtype and reduce_dtype apply. The gathers go on `group`, the reduce-scatters on
-  // `reduce_group` (Note [Units unused on some ranks] in in_order.h; the same group will do). The
-  // gathered buffer and the flat gradient come from `pool` (which outlives the unit). Throws
-  // InputError for parameters that mix dtypes or devices.
+  // `reduce_group` (Note [Units unused on some ranks] in in_order.h; the same group will do), and
+  // with `replicate` (may be null: FullyShardOptions::replicate_group) each reduced shard is then
+  // averaged over it (and init_sync broadcasts over it first). The gathered buffer and the flat
+  // gradient come from `pool` (which outlives the unit). Throws InputError for parameters that mix
+  // dtypes or devices.
   Unit(std::string name, std::vector<torch::Tensor> params, std::vector<std::string> names,
-       comm::ProcessGroup& group, comm::ProcessGroup& reduce_group, BufferPool& pool,
-       bool init_sync, const MixedPrecisionPolicy& policy = {});
+       comm::ProcessGroup& group, comm::ProcessGroup& reduce_group, comm::ProcessGroup* replicate,
+       BufferPool& pool, bool init_sync, const MixedPrecisionPolicy& policy = {});
   Unit(const Unit&) = delete;
   Unit& operator=(const Unit&) = delete;
 
@@ -169,12 +171,15 @@ class Unit {
   void wait_own_gather();
   // Points the parameters at `full_` (gathered) or at tensors without storage (not).
   void show_parameters(bool gathered);
+  // Each parameter's view of `full_` and its stand-in without storage (show_parameters' two).
+  void make_views();
 
   std::string name_;
   std::vector<torch::Tensor> params_;
   std::vector<std::string> names_;
   comm::ProcessGroup& group_;
   comm::ProcessGroup& reduce_group_;
+  comm::ProcessGroup* replicate_;  // hybrid sharding's replicas (null: none)
   BufferPool& pool_;
   FlatLayout layout_;
   torch::Tensor shard_;   // [layout_.shard], a leaf the optimizer steps
