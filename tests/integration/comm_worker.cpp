@@ -10,7 +10,12 @@
 //           sizes, bit for bit the staged all_reduce of the same values; buffers all-reduced in
 //           flight together; a buffer that outlives its group
 //       shm-buffer=NUMEL     a buffer of NUMEL float32 a rank in that group: whether it is
-//           shared memory, and closed forms (a test makes /dev/shm too small for it)
+//           shared memory, and closed forms of every op of it, all-gathers into it and
+//           reduce-scatters of it included (a test makes /dev/shm too small for it)
+//       shm-gathers          all-gathers into and reduce-scatters of that group's buffers, on
+//           it and on a subgroup of every rank: closed forms, odd sizes, four dtypes, past a slot,
+//           the shard from a plain tensor or the rank's own block, and bit for bit the staged ones;
+//           rank 0's memory in a buffer and the others' not
 //       versus-gloo          that shared-memory group and the gloo group under it: every
 //           collective of both on the same inputs, random floats included; shm's sums are the
 //           rank-order sums of every rank's input, bit for bit, and equal gloo's (exactly where the
@@ -28,6 +33,7 @@
 //       the others report how their all_reduce ended
 //   comm_worker shm die-in-buffer-all-reduce   the same, all-reducing a buffer of the group
 //       (allocate_buffer, not a numbered collective: the kill is at all_reduce #2 again)
+//   comm_worker shm die-in-buffer-all-gather   the same, all-gathering into a buffer of the group
 //   comm_worker shm buffer-mismatch   rank 0 all-reduces a buffer of the group, the others a
 //       plain tensor of its size: each rank says how its all_reduce ended
 //   comm_worker BACKEND all-reduce-until-error TIMEOUT_MS   all_reduces until one fails (a test
@@ -665,6 +671,113 @@ void check_buffers(ddp::comm::ProcessGroup& pg) {
   }
 }
 
+// ---- All-gathers into and reduce-scatters of the group's buffers: in place on shared memory ----
+
+// Blocks q = 0..w-1 of `part(q)`, one tensor of `dtype`.
+at::Tensor blocks_of(int w, at::ScalarType dtype, const std::function<at::Tensor(int)>& part) {
+  std::vector<at::Tensor> blocks;
+  for (int q = 0; q < w; ++q) blocks.push_back(part(q).to(dtype));
+  return at::cat(blocks);
+}
+
+// Shards of `n` elements gathered by `pg` into `out` (w * n elements: a buffer of pg's, or of the
+// group a subgroup pg was made from): each rank's shard (q + 1) * base, from a plain tensor and
+// from the rank's own block of the buffer; the closed form, and bit for bit the staged all-gather
+// into a plain tensor.
+void check_gather_into_buffer(ddp::comm::ProcessGroup& pg, at::Tensor out, int64_t n,
+                              const std::string& tag) {
+  const int w = pg.world_size();
+  const int r = pg.rank();
+  const auto dtype = out.scalar_type();
+  const auto base = exact_base(n, dtype);
+  const auto want = blocks_of(w, dtype, [&](int q) { return base * (q + 1); });
+  const auto mine = (base * (r + 1)).to(dtype);
+  out.fill_(-1);
+  auto plain = at::empty({w * n}, dtype);
+  pg.all_gather(out, mine)->wait();
+  pg.all_gather(plain, mine)->wait();
+  expect_equal(out, want, "all_gather into " + tag);
+  expect_equal(out, plain, "all_gather into " + tag + " equals the staged one");
+  out.fill_(-1);
+  auto own_block = out.narrow(0, r * n, n);
+  own_block.copy_(mine);
+  pg.all_gather(out, own_block)->wait();
+  expect_equal(out, want, "all_gather from its own block of " + tag);
+}
+
+// `buffer` (as check_gather_into_buffer's), w blocks of `n`, reduce-scattered by `pg` (block q of
+// rank r is (r + 1) * base + q) for every op: into a plain tensor and into this rank's own block,
+// against the closed forms and bit for bit the staged reduce-scatter of a plain copy; the other
+// blocks of the buffer stay.
+void check_scatter_of_buffer(ddp::comm::ProcessGroup& pg, at::Tensor buffer, int64_t n,
+                             const std::string& tag) {
+  const int w = pg.world_size();
+  const int r = pg.rank();
+  const auto dtype = buffer.scalar_type();
+  const auto base = exact_base(n, dtype);
+  const auto input = blocks_of(w, dtype, [&](int q) { return base * (r + 1) + q; });
+  const auto sum = (base * (w * (w + 1) / 2) + r * w).to(dtype);
+  const std::vector<std::pair<ReduceOp, at::Tensor>> cases = {
+      {ReduceOp::kSum, sum},
+      {ReduceOp::kAvg, at::isIntegralType(dtype, false) ? sum.div(w, "trunc") : sum.div(w)},
+      {ReduceOp::kMin, (base + r).to(dtype)},
+      {ReduceOp::kMax, (base * w + r).to(dtype)}};
+  for (const auto& [op, want] : cases) {
+    const std::string what = fmt::format("reduce_scatter({}) of {}", to_string(op), tag);
+    buffer.copy_(input);
+    auto out = at::empty({n}, dtype);
+    auto staged = at::empty({n}, dtype);
+    auto plain = input.clone();
+    pg.reduce_scatter(out, buffer, op)->wait();
+    pg.reduce_scatter(staged, plain, op)->wait();
+    expect_equal(out, want, what);
+    expect_equal(out, staged, what + " equals the staged one");
+    auto own_block = buffer.narrow(0, r * n, n);
+    pg.reduce_scatter(own_block, buffer, op)->wait();
+    expect_equal(own_block, want, what + " into its own block");
+    expect_equal(buffer.narrow(0, 0, r * n), input.narrow(0, 0, r * n), what + ": blocks before");
+    expect_equal(buffer.narrow(0, (r + 1) * n, (w - r - 1) * n),
+                 input.narrow(0, (r + 1) * n, (w - r - 1) * n), what + ": blocks after");
+  }
+}
+
+// Rank 0's memory in a buffer, the others' plain (an FSDP unit that found a free slot on one rank
+// only): every rank's all-gather and reduce-scatter staged, and right.
+void check_some_ranks_in_buffers(ddp::comm::ProcessGroup& owner, ddp::comm::ProcessGroup& pg) {
+  const int w = pg.world_size();
+  const int r = pg.rank();
+  constexpr int64_t n = 1001;
+  auto memory = r == 0 ? owner.allocate_buffer(w * n, at::TensorOptions(at::kFloat))
+                       : at::empty({w * n}, at::kFloat);
+  if (r != 0) owner.allocate_buffer(w * n, at::TensorOptions(at::kFloat));  // a collective
+  check_gather_into_buffer(pg, memory, n, "rank 0's buffer and plain tensors");
+  check_scatter_of_buffer(pg, memory, n, "rank 0's buffer and plain tensors");
+}
+
+// Both on the group and on a subgroup of every rank (its buffers are the group's, as FSDP's
+// reduce-scatters on its reduce group are of the buffers its group allocated), for odd sizes in
+// four dtypes and past a slot.
+void check_gathers_and_scatters(ddp::comm::ProcessGroup& pg) {
+  std::vector<int> everyone(static_cast<size_t>(pg.world_size()));
+  for (int q = 0; q < pg.world_size(); ++q) everyone[static_cast<size_t>(q)] = q;
+  auto sub = pg.new_group(everyone);
+  expect_true(sub->backend_name() == "shm", "the subgroup of every rank shares memory");
+  for (auto dtype : {at::kFloat, at::kDouble, at::kLong, at::kBFloat16}) {
+    for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{1001}, kPastASlot / pg.world_size()}) {
+      if (n > 1001 && !wide(dtype)) continue;
+      const std::string tag = fmt::format("a buffer of {} blocks of {} {}", pg.world_size(), n,
+                                          ddp::comm::dtype_name(dtype));
+      auto buffer = pg.allocate_buffer(pg.world_size() * n, at::TensorOptions(dtype));
+      check_gather_into_buffer(pg, buffer, n, tag);
+      check_scatter_of_buffer(pg, buffer, n, tag);
+      check_gather_into_buffer(*sub, buffer, n, tag + " on a subgroup");
+      check_scatter_of_buffer(*sub, buffer, n, tag + " on a subgroup");
+    }
+  }
+  check_some_ranks_in_buffers(pg, pg);
+  check_some_ranks_in_buffers(pg, *sub);
+}
+
 // A buffer of a group that is then destroyed (a subgroup of every rank, shared memory again):
 // the tensor keeps its memory mapped, readable and writable.
 void check_buffer_outlives_its_group(ddp::comm::ProcessGroup& pg) {
@@ -696,20 +809,32 @@ void check_buffer_of(ddp::comm::ProcessGroup& pg, int64_t numel) {
             << " memory" << std::endl;
   expect_true(buffer.numel() == numel && buffer.eq(0).all().item<bool>(), "zero-filled");
   check_ops_in_place(pg, buffer, fmt::format("a buffer of {} float32", numel));
+  const int64_t shard = numel / pg.world_size();
+  const std::string tag = fmt::format("a buffer of {} float32 blocks", shard);
+  auto blocks = buffer.narrow(0, 0, shard * pg.world_size());
+  check_gather_into_buffer(pg, blocks, shard, tag);
+  check_scatter_of_buffer(pg, blocks, shard, tag);
 }
 
-// The last rank dies at the second all_reduce; the others print how theirs ended.
-void die_in_all_reduce(ddp::comm::ProcessGroup& pg, bool in_buffer) {
-  auto t = in_buffer ? pg.allocate_buffer(1000, at::TensorOptions(at::kFloat)).fill_(1)
-                     : at::ones({1000}, at::kFloat);
-  pg.all_reduce(t)->wait();
+// The last rank dies at the second collective (`kind`: all-reduce, buffer-all-reduce or
+// buffer-all-gather, the last gathering 1000 floats a rank into a buffer of the group); the
+// others print how theirs ended.
+void die_in(ddp::comm::ProcessGroup& pg, const std::string& kind) {
+  const int64_t n = kind == "buffer-all-gather" ? 1000 * pg.world_size() : 1000;
+  auto t = kind == "all-reduce" ? at::ones({n}, at::kFloat)
+                                : pg.allocate_buffer(n, at::TensorOptions(at::kFloat)).fill_(1);
+  const auto collective = [&] {
+    if (kind == "buffer-all-gather") return pg.all_gather(t, at::ones({1000}, at::kFloat));
+    return pg.all_reduce(t);
+  };
+  collective()->wait();
   std::cout << "rank " << pg.rank() << ": pid " << ::getpid() << ", backend " << pg.backend_name()
             << std::endl;
   if (pg.rank() == pg.world_size() - 1) ::raise(SIGKILL);
   const auto start = std::chrono::steady_clock::now();
   try {
-    pg.all_reduce(t)->wait();
-    std::cout << "rank " << pg.rank() << ": the last all_reduce returned" << std::endl;
+    collective()->wait();
+    std::cout << "rank " << pg.rank() << ": the last collective returned" << std::endl;
   } catch (const ddp::comm::CommError& e) {
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
         std::chrono::steady_clock::now() - start);
@@ -957,6 +1082,10 @@ int run_group_scenarios(const std::string& backend, const std::vector<std::strin
       } else if (group != nullptr) {
         check_buffer_of(*group, std::stoll(argument));
       }
+    } else if (scenario == "shm-gathers") {
+      ddp::comm::ProcessGroup* group = shm_group();
+      expect_true(group != nullptr, "a shared-memory group over " + backend);
+      if (group != nullptr) check_gathers_and_scatters(*group);
     } else if (scenario == "versus-gloo") {
       expect_true(backend == "gloo", "versus-gloo runs on gloo, not " + backend);
       versus_gloo(pg.get(), shm_group());
@@ -994,6 +1123,7 @@ int run(int argc, char** argv) {
                                              "setup",
                                              "die-in-all-reduce",
                                              "die-in-buffer-all-reduce",
+                                             "die-in-buffer-all-gather",
                                              "buffer-mismatch",
                                              "all-reduce-until-error"};
     if (std::find(single.begin(), single.end(), scenario) == single.end()) {
@@ -1006,8 +1136,8 @@ int run(int argc, char** argv) {
     std::shared_ptr<ddp::comm::ProcessGroup> pg =
         ddp::comm::create_process_group(backend, launch, options, /*cuda_device=*/false);
     if (scenario == "all-reduce-until-error") all_reduce_until_error(*pg);
-    if (scenario == "die-in-all-reduce" || scenario == "die-in-buffer-all-reduce") {
-      die_in_all_reduce(*pg, scenario == "die-in-buffer-all-reduce");
+    if (scenario.rfind("die-in-", 0) == 0) {
+      die_in(*pg, scenario.substr(7));
       return 0;
     }
     if (scenario == "buffer-mismatch") {

@@ -99,7 +99,8 @@ ProcessResult run_mpirun(int np, const std::vector<std::string>& args, std::chro
 // other, and at 4 ranks the hierarchical all-reduce; each test asserts its own scenario's lines,
 // and tests/CMakeLists.txt registers the tests of these launches as one ctest test each.
 std::vector<std::string> gloo_scenarios(int world) {
-  std::vector<std::string> scenarios = {"gloo", "collectives", "shm-collectives", "versus-gloo"};
+  std::vector<std::string> scenarios = {"gloo", "collectives", "shm-collectives", "versus-gloo",
+                                        "shm-gathers"};
   if (world < 4) scenarios.push_back("shm-buffers");
   if (world == 4) scenarios.push_back("hierarchical=a,a,b,b");
   return scenarios;
@@ -397,6 +398,17 @@ TEST_P(ShmBuffers, AllReducedInPlaceMatchClosedFormsAndTheStagedAllReduce) {
 }
 INSTANTIATE_TEST_SUITE_P(Worlds, ShmBuffers, ::testing::Values(2, 3));
 
+// All-gathers into the group's buffers and reduce-scatters of them (in place: FSDP's units) on
+// the group and on a subgroup of every rank: closed forms at odd sizes and past a slot, from a
+// plain shard and from the rank's own block, into a plain tensor and into its own block, bit for
+// bit the staged ones of the same values; and where only rank 0's memory is in a buffer.
+TEST_P(GlooRanks, GathersIntoAndScattersOfTheGroupsBuffersMatchClosedFormsAndTheStagedOnes) {
+  if (!compiled("shm")) GTEST_FAIL() << "shm backend not compiled in";
+  const int world = GetParam();
+  const auto& results = gloo_launch(world);
+  for (int r = 0; r < world; ++r) expect_scenario_passes(results[r], "shm-gathers", r, world);
+}
+
 // The same checks on the world-size-1 backend (subgroups of the one rank).
 TEST(Local, CollectivesMatchClosedForms) {
   auto results = run_env_ranks(1, {"local", "collectives"}, std::chrono::seconds(120));
@@ -421,11 +433,12 @@ TEST(Gloo, RankThatNeverJoinsTimesOutTheOthers) {
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(30));
 }
 
-// A rank killed inside an all_reduce through shared memory: the others end within a second,
+// A rank killed inside a collective through shared memory: the others end within a second,
 // well before the 60 s timeout, naming it; the segments were unlinked long before. `scenario`
-// all-reduces a plain tensor or a buffer of the group (collective #2 the last), which the others
-// name as reduced in place.
-void expect_a_killed_rank_named(const std::string& scenario, int last, const std::string& call) {
+// all-reduces a plain tensor or a buffer of the group, or all-gathers into a buffer (collective
+// `numbered`, #2, the last), which the others name as done in place.
+void expect_a_killed_rank_named(const std::string& scenario, const std::string& numbered,
+                                const std::string& call) {
   const auto start = Clock::now();
   auto results = run_env_ranks(3, {"shm", scenario, "60000"}, std::chrono::seconds(60));
   EXPECT_EQ(results[2].exit_code, 128 + SIGKILL) << results[2].output;
@@ -435,9 +448,8 @@ void expect_a_killed_rank_named(const std::string& scenario, int last, const std
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(results[r].exit_code, 1) << results[r].output;
     EXPECT_NE(results[r].output.find(fmt::format(
-                  "rank {}: all_reduce(sum) #{} failed on backend shm: rank 2 (process {}) ended "
-                  "during {}",
-                  r, last, pid[1].str(), call)),
+                  "rank {}: {} failed on backend shm: rank 2 (process {}) ended during {}", r,
+                  numbered, pid[1].str(), call)),
               std::string::npos)
         << results[r].output;
   }
@@ -446,12 +458,17 @@ void expect_a_killed_rank_named(const std::string& scenario, int last, const std
 }
 
 TEST(Shm, ARankKilledInAnAllReduceIsNamedAtOnceAndLeavesNothingInDevShm) {
-  expect_a_killed_rank_named("die-in-all-reduce", 2, "all_reduce");
+  expect_a_killed_rank_named("die-in-all-reduce", "all_reduce(sum) #2", "all_reduce");
 }
 
 TEST(Shm, ARankKilledInAnAllReduceOfABufferIsNamedAtOnceAndLeavesNothingInDevShm) {
-  expect_a_killed_rank_named("die-in-buffer-all-reduce", 2,
+  expect_a_killed_rank_named("die-in-buffer-all-reduce", "all_reduce(sum) #2",
                              "all_reduce(sum, float32[1000]) in place at byte 0 of buffer 0");
+}
+
+TEST(Shm, ARankKilledInAnAllGatherIntoABufferIsNamedAtOnceAndLeavesNothingInDevShm) {
+  expect_a_killed_rank_named("die-in-buffer-all-gather", "all_gather #2",
+                             "all_gather(4000 bytes) in place at byte 0 of buffer 0");
 }
 
 // Rank 0 all-reduces a buffer of the group, rank 1 a plain tensor of its size: both fail at once,

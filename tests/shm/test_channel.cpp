@@ -66,6 +66,13 @@ struct SharedCopies {
     for (size_t r = 0; r < static_cast<size_t>(world); ++r) copies.push_back(of(r) + offset);
     return copies;
   }
+  // The Place of this rank's copy from byte `offset` on, for the all-gather and reduce-scatter
+  // in place: every rank's is found at the same byte of its copy.
+  Channel::Place place(int buffer, uint64_t offset) const {
+    return {buffer, offset, [this](int r, int /*buffer*/, uint64_t at, size_t bytes) -> const uint8_t* {
+              return at + bytes <= stride ? of(static_cast<size_t>(r)) + at : nullptr;
+            }};
+  }
   int world;
   size_t stride;
   Memory memory;
@@ -348,6 +355,122 @@ TEST_P(ShmChannel, InPlaceAllReduceOfAPartOfTheCopiesChangesOnlyThatPart) {
   }
 }
 
+// Rank r's `bytes` bytes for an all-gather: random, different on every rank.
+std::vector<uint8_t> gather_part(int rank, int world, size_t bytes) {
+  return random_inputs(DType::kUInt8, world, bytes)[static_cast<size_t>(rank)];
+}
+
+// The in-place all-gather against the staged one of the same parts (in the same channel) and
+// against every rank's part: sizes from none and odd ones to several MB, this rank's part from
+// private memory and from its own block of its copy (where FSDP2 puts it); every byte of every
+// copy is the gathered one.
+TEST_P(ShmChannel, InPlaceAllGatherIsTheStagedOneOnEveryCopy) {
+  const int world = GetParam();
+  const auto w = static_cast<size_t>(world);
+  const SharedCopies copies(world, w * kCounts.back() * 4);
+  run_ranks(world, [&](Channel& c) {
+    const auto me = static_cast<size_t>(c.rank());
+    for (size_t count : kCounts) {
+      const size_t bytes = count * 4;
+      std::vector<uint8_t> expected;
+      for (int r = 0; r < world; ++r) {
+        const auto part = gather_part(r, world, bytes);
+        expected.insert(expected.end(), part.begin(), part.end());
+      }
+      const auto mine = gather_part(c.rank(), world, bytes);
+      std::vector<uint8_t> staged(w * bytes);
+      c.all_gather(staged.data(), mine.data(), bytes);
+      for (bool from_own_block : {false, true}) {
+        uint8_t* out = copies.of(me);
+        std::memset(out, 0xEE, w * bytes);
+        if (from_own_block) std::copy(mine.begin(), mine.end(), out + me * bytes);
+        const void* in = from_own_block ? static_cast<const void*>(out + me * bytes) : mine.data();
+        const Channel::Place place = copies.place(7, 0);
+        c.all_gather(out, in, bytes, &place);
+        const std::string at = std::to_string(bytes) + " bytes, rank " + std::to_string(me) +
+                               (from_own_block ? ", from its block" : "");
+        ASSERT_EQ(first_difference(out, staged.data(), w * bytes), w * bytes) << at;
+        ASSERT_EQ(first_difference(out, expected.data(), w * bytes), w * bytes) << at;
+      }
+    }
+  }, size_t{256} << 10);
+}
+
+// Rank r's input of a reduce-scatter (`world` blocks of `count`) and every rank's block `rank`.
+struct ScatterCase {
+  size_t count;
+  Op op;
+  std::vector<std::vector<uint8_t>> inputs;    // rank r's whole input at r
+  std::vector<std::vector<uint8_t>> expected;  // rank q's output at q
+};
+
+// Every count of kCounts with every operation, the several MB only as a float32 sum and a
+// bfloat16 maximum (as reduce_cases, for ThreadSanitizer's time).
+std::vector<ScatterCase> scatter_cases(DType type, int world) {
+  const size_t size = ddp::comm::shm::dtype_size(type);
+  const auto w = static_cast<size_t>(world);
+  std::vector<ScatterCase> cases;
+  for (const ReduceCase& rc : reduce_cases(type, world)) {
+    ScatterCase sc{rc.count, rc.op, random_inputs(type, world, w * rc.count), {}};
+    const size_t block = rc.count * size;
+    for (size_t q = 0; q < w; ++q) {
+      std::vector<std::vector<uint8_t>> blocks;
+      for (const auto& in : sc.inputs) blocks.emplace_back(in.begin() + q * block, in.begin() + (q + 1) * block);
+      sc.expected.push_back(reduced(type, rc.op, blocks, rc.count));
+    }
+    cases.push_back(std::move(sc));
+  }
+  return cases;
+}
+
+// The in-place reduce-scatter against the staged one of the same inputs and the pure reduction
+// of every rank's block, in every dtype, into private memory and into this rank's own block of its
+// copy (the rest of which stays as it was).
+TEST_P(ShmChannel, InPlaceReduceScatterIsTheStagedOneAndThePureReduction) {
+  const int world = GetParam();
+  const auto w = static_cast<size_t>(world);
+  for (DType type : kDTypes) {
+    const size_t size = ddp::comm::shm::dtype_size(type);
+    const std::vector<ScatterCase> cases = scatter_cases(type, world);
+    const SharedCopies copies(world, w * kCounts.back() * size);
+    run_ranks(world, [&](Channel& c) {
+      const auto me = static_cast<size_t>(c.rank());
+      uint8_t* mine = copies.of(me);
+      for (const ScatterCase& sc : cases) {
+        const size_t block = sc.count * size;
+        const std::vector<uint8_t>& input = sc.inputs[me];
+        std::vector<uint8_t> staged(block), out(block);
+        c.reduce_scatter(staged.data(), input.data(), sc.count, type, sc.op);
+        std::copy(input.begin(), input.end(), mine);
+        const Channel::Place place = copies.place(2, 0);
+        c.reduce_scatter(out.data(), mine, sc.count, type, sc.op, &place);
+        const std::string at = what(type, sc.op, sc.count, c.rank());
+        ASSERT_EQ(first_difference(out.data(), staged.data(), block), block) << at;
+        ASSERT_EQ(first_difference(out.data(), sc.expected[me].data(), block), block) << at;
+        ASSERT_EQ(first_difference(mine, input.data(), input.size()), input.size()) << at;
+        c.reduce_scatter(mine + me * block, mine, sc.count, type, sc.op, &place);
+        ASSERT_EQ(first_difference(mine + me * block, staged.data(), block), block) << at << " own block";
+        ASSERT_EQ(first_difference(mine, input.data(), me * block), me * block) << at;
+        const size_t after = (me + 1) * block;
+        ASSERT_EQ(first_difference(mine + after, input.data() + after, input.size() - after),
+                  input.size() - after)
+            << at;
+      }
+    }, size_t{256} << 10);
+  }
+}
+
+// An output that overlaps the input's copy outside this rank's block would be written while the
+// others read it: refused before the round.
+TEST(ShmChannelInPlace, AReduceScatterIntoAnotherRanksBlockIsRefused) {
+  const SharedCopies copies(1, 64);
+  Region region(1);
+  Channel c(region.memory.get(), 0, 1, kSlot, milliseconds(1000));
+  const Channel::Place place = copies.place(0, 0);
+  EXPECT_THROW(c.reduce_scatter(copies.of(0) + 4, copies.of(0), 8, DType::kFloat32, Op::kSum, &place),
+               ddp::Error);
+}
+
 // Element j of rank r at step i of InPlaceRoundsInterleaveWithEveryOtherKind is (r + 1) (i + j):
 // over w ranks the sum is (i + j) w (w + 1) / 2, the minimum i + j, the maximum w (i + j).
 int32_t step_value(int rank, int64_t i, size_t j) {
@@ -364,12 +487,44 @@ int32_t step_reduced(Op op, int world, int64_t i, size_t j) {
   return 0;
 }
 
-// Step i of a kind: 's' a staged all-reduce, 'i' an in-place one, 'b' a broadcast, 'B' a
-// barrier; of 1 to 3000 int32 (up to three rounds of a slot) or 1 to 10000 bytes.
+// Step i of 'g' (an all-gather in place) or 'r' (a reduce-scatter in place): `count` int32 a
+// block, at a byte offset off a cache line but at 0; block q of rank r is what rank r holds at
+// step i from element q * count on (step_value), so that rank q's reduction is step_reduced's.
+::testing::AssertionResult step_of_blocks(Channel& c, const SharedCopies& copies, char kind,
+                                          int64_t i, size_t count, Op op) {
+  const auto me = static_cast<size_t>(c.rank());
+  const uint64_t offset = static_cast<uint64_t>(i % 5) * 4;
+  auto* blocks = reinterpret_cast<int32_t*>(copies.of(me) + offset);
+  const auto w = static_cast<size_t>(c.world());
+  std::vector<int32_t> out(count);
+  if (kind == 'g') {
+    for (size_t j = 0; j < count; ++j) blocks[me * count + j] = step_value(c.rank(), i, me * count + j);
+    const Channel::Place place = copies.place(1, offset);
+    c.all_gather(blocks, blocks + me * count, count * 4, &place);
+  } else {
+    for (size_t j = 0; j < w * count; ++j) blocks[j] = step_value(c.rank(), i, j);
+    const Channel::Place place = copies.place(1, offset);
+    c.reduce_scatter(out.data(), blocks, count, DType::kInt32, op, &place);
+  }
+  for (size_t j = 0; j < (kind == 'g' ? w : 1) * count; ++j) {
+    const int32_t want = kind == 'g' ? step_value(static_cast<int>(j / count), i, j)
+                                     : step_reduced(op, c.world(), i, me * count + j);
+    if ((kind == 'g' ? blocks[j] : out[j]) != want) {
+      return ::testing::AssertionFailure() << kind << " step " << i << " element " << j
+                                           << " rank " << c.rank();
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Step i of a kind: 's' a staged all-reduce, 'i' an in-place one, 'g' and 'r' an all-gather and a
+// reduce-scatter in place, 'b' a broadcast, 'B' a barrier; of 1 to 3000 int32 (up to three rounds
+// of a slot; 1 to 750 a block for 'g' and 'r') or 1 to 10000 bytes.
 ::testing::AssertionResult step(Channel& c, const SharedCopies& copies, char kind, int64_t i) {
   const auto me = static_cast<size_t>(c.rank());
   const size_t count = 1 + static_cast<size_t>(i * 997) % 3000;
   const Op op = kOps[static_cast<size_t>(i) % kOps.size()];
+  if (kind == 'g' || kind == 'r') return step_of_blocks(c, copies, kind, i, 1 + count / 4, op);
   std::vector<int32_t> staged(count);
   int32_t* data = staged.data();
   if (kind == 'i') {
@@ -406,18 +561,110 @@ int32_t step_reduced(Op op, int world, int64_t i, size_t j) {
   return ::testing::AssertionSuccess();
 }
 
-// Rounds of every kind in turn, many times over, in-place ones back to back too: they share the
+// Rounds of every kind in turn, many times over, in-place ones back to back too (the all-gather
+// and reduce-scatter in place among them): they share the
 // channel's round numbering, in which an in-place round counts but uses no slot. Each against
 // its closed form; what ThreadSanitizer should see racing if anything does.
 TEST_P(ShmChannel, InPlaceRoundsInterleaveWithEveryOtherKind) {
   const int world = GetParam();
-  const SharedCopies copies(world, 3000 * sizeof(int32_t) + 64);
-  const std::vector<std::string> orders = {"sibB", "iisb", "bisiB", "Biis"};
+  const SharedCopies copies(world, 4 * 751 * sizeof(int32_t) + 64);
+  const std::vector<std::string> orders = {"sibgB", "iisbrg", "bisiBr", "Bgrii"};
   run_ranks(world, [&](Channel& c) {
     for (int64_t i = 0; i < 160; ++i) {
       const std::string& order = orders[static_cast<size_t>(i) % orders.size()];
       for (size_t k = 0; k < order.size(); ++k) {
         ASSERT_TRUE(step(c, copies, order[k], i * 8 + static_cast<int64_t>(k)));
+      }
+    }
+  });
+}
+
+// Each rank's copy at a place of its own, as FSDP's units take whichever slot of its buffers is
+// free on each rank: rank r's in buffer r % 2 at byte 64 r. Every rank finds the others' where
+// they published them, and gathers and reduces as where all lie at one place.
+TEST(ShmChannelInPlace, EachRanksCopyMayLieInAnotherBufferAtAnotherByte) {
+  constexpr int kWorld = 4;
+  constexpr size_t kCount = 1001;
+  const SharedCopies buffers[2] = {SharedCopies(kWorld, kWorld * kCount * 4 + 256),
+                                   SharedCopies(kWorld, kWorld * kCount * 4 + 256)};
+  const Channel::Locate locate = [&](int r, int buffer, uint64_t offset, size_t) {
+    return static_cast<const uint8_t*>(buffers[buffer].of(static_cast<size_t>(r)) + offset);
+  };
+  run_ranks(kWorld, [&](Channel& c) {
+    const int me = c.rank();
+    const uint64_t offset = 64 * static_cast<uint64_t>(me);
+    const Channel::Place place{me % 2, offset, locate};
+    auto* mine = reinterpret_cast<int32_t*>(buffers[me % 2].of(static_cast<size_t>(me)) + offset);
+    for (size_t j = 0; j < kCount; ++j) mine[me * kCount + j] = step_value(me, 1, me * kCount + j);
+    c.all_gather(mine, mine + me * kCount, kCount * 4, &place);
+    for (size_t j = 0; j < kWorld * kCount; ++j) {
+      ASSERT_EQ(mine[j], step_value(static_cast<int>(j / kCount), 1, j)) << me << " " << j;
+    }
+    for (size_t j = 0; j < kWorld * kCount; ++j) mine[j] = step_value(me, 2, j);
+    std::vector<int32_t> out(kCount);
+    c.reduce_scatter(out.data(), mine, kCount, DType::kInt32, Op::kSum, &place);
+    for (size_t j = 0; j < kCount; ++j) {
+      ASSERT_EQ(out[j], step_reduced(Op::kSum, kWorld, 2, me * kCount + j)) << me << " " << j;
+    }
+  });
+}
+
+// A copy that a rank cannot find (a buffer it does not map) fails every rank, naming whose copy
+// and where, long before the timeout.
+TEST(ShmChannelInPlace, ACopyThatCannotBeFoundFailsEveryRankNamingIt) {
+  const SharedCopies copies(2, 2 * 400);
+  const Channel::Locate only_buffer_0 = [&](int r, int buffer, uint64_t offset, size_t) {
+    return buffer == 0 ? copies.of(static_cast<size_t>(r)) + offset : nullptr;
+  };
+  const auto start = std::chrono::steady_clock::now();
+  const auto errors = run_ranks_catching(2, [&](Channel& c) {
+    std::vector<uint8_t> part(400, 1);
+    const Channel::Place place{c.rank(), 0, only_buffer_0};
+    c.all_gather(copies.of(static_cast<size_t>(c.rank())), part.data(), 400, &place);
+  });
+  for (const auto& error : errors) {
+    ASSERT_TRUE(error != nullptr);
+    try {
+      std::rethrow_exception(error);
+    } catch (const ChannelError& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 0 cannot reach rank 1's memory of all_gather(400 "
+                                           "bytes) in place at byte 0 of buffer 1"),
+                std::string::npos)
+          << e.what();
+      EXPECT_EQ(e.culprit(), 1);
+    }
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+
+// Ranks 0 and 2 of 3 give the Place of their memory, rank 1 gives none (its unit found no free
+// slot): every rank goes the staged way after the first round, and all get the gathered bytes
+// and the reduction, again and again (the rounds stay in step), the in-place ones among them.
+TEST(ShmChannelInPlace, RanksWithAndWithoutAPlaceGoTheStagedWayTogether) {
+  constexpr int kWorld = 3;
+  constexpr size_t kCount = 3001;  // several rounds of a slot
+  const SharedCopies copies(kWorld, kWorld * kCount * 4);
+  run_ranks(kWorld, [&](Channel& c) {
+    const int me = c.rank();
+    const auto m = static_cast<size_t>(me);
+    std::vector<int32_t> plain(kWorld * kCount);
+    auto* mine = me == 1 ? plain.data() : reinterpret_cast<int32_t*>(copies.of(m));
+    const Channel::Place place = copies.place(0, 0);
+    const Channel::Place* placed = me == 1 ? nullptr : &place;
+    for (int64_t i = 0; i < 6; ++i) {
+      const bool all_placed = i % 3 == 2;  // rank 1 in the copies too: in place
+      int32_t* data = all_placed ? reinterpret_cast<int32_t*>(copies.of(m)) : mine;
+      const Channel::Place* where = all_placed ? &place : placed;
+      for (size_t j = 0; j < kCount; ++j) data[m * kCount + j] = step_value(me, i, m * kCount + j);
+      c.all_gather(data, data + m * kCount, kCount * 4, where);
+      for (size_t j = 0; j < kWorld * kCount; ++j) {
+        ASSERT_EQ(data[j], step_value(static_cast<int>(j / kCount), i, j)) << me << " " << i << " " << j;
+      }
+      for (size_t j = 0; j < kWorld * kCount; ++j) data[j] = step_value(me, i, j);
+      std::vector<int32_t> out(kCount);
+      c.reduce_scatter(out.data(), data, kCount, DType::kInt32, Op::kMax, where);
+      for (size_t j = 0; j < kCount; ++j) {
+        ASSERT_EQ(out[j], step_reduced(Op::kMax, kWorld, i, m * kCount + j)) << me << " " << i;
       }
     }
   });
@@ -501,6 +748,17 @@ TEST(ShmChannelFailures, ARankThatBreaksTheChannelDuringAnInPlaceAllReduceIsName
         c.all_reduce_in_place(copies.at(64).data(), 9000, DType::kFloat32, Op::kSum, 3, 64);
       },
       "all_reduce(sum, float32[9000]) in place at byte 64 of buffer 3");
+}
+
+TEST(ShmChannelFailures, ARankThatBreaksTheChannelDuringAnInPlaceAllGatherIsNamed) {
+  const SharedCopies copies(2, 2 * 4000);
+  std::vector<uint8_t> part(4000, 1);
+  expect_the_breaker_named(
+      [&](Channel& c) {
+        const Channel::Place place = copies.place(5, 0);
+        c.all_gather(copies.of(static_cast<size_t>(c.rank())), part.data(), 4000, &place);
+      },
+      "all_gather(4000 bytes) in place at byte 0 of buffer 5");
 }
 
 // Many short lives: 6 ranks (more than this machine's cores) each leave the channel as their
@@ -619,6 +877,42 @@ TEST(ShmChannelFailures, InPlaceAllReducesThatDifferFromTheOthersCallsAllFailNam
   }
 }
 
+// An all-gather whose ranks' counts differ (one of them staged), and a reduce-scatter in place of
+// another count at another byte: every rank fails at once naming both calls, and no copy changes
+// but for the parts the all-gather's ranks put in their own blocks before they met.
+TEST(ShmChannelFailures, GathersAndScattersOfOtherSizesAllFailNamingBoth) {
+  const SharedCopies copies(3, 3 * 400);
+  for (size_t r = 0; r < 3; ++r) std::memset(copies.of(r), static_cast<int>(r + 1), copies.stride);
+  expect_all_fail(3, [&](Channel& c) {
+    std::vector<uint8_t> part(400, 9), out(1200);
+    const Channel::Place place = copies.place(0, 0);
+    if (c.rank() == 1) {
+      c.all_gather(out.data(), part.data(), 399);
+    } else {
+      c.all_gather(copies.of(static_cast<size_t>(c.rank())), part.data(), part.size(), &place);
+    }
+  }, "ranks disagree: rank 1 calls all_gather(399 bytes), ranks 0 and 2 call all_gather(400 "
+     "bytes) in place at byte 0 of buffer 0", 1);
+  for (size_t r : {size_t{0}, size_t{2}}) {
+    EXPECT_EQ(std::count(copies.of(r) + r * 400, copies.of(r) + (r + 1) * 400, 9), 400) << r;
+    std::memset(copies.of(r) + r * 400, static_cast<int>(r + 1), 400);
+  }
+  expect_all_fail(3, [&](Channel& c) {
+    std::vector<float> out(100);
+    const uint64_t offset = c.rank() == 2 ? 64 : 0;
+    const Channel::Place place = copies.place(0, offset);
+    c.reduce_scatter(out.data(), copies.of(static_cast<size_t>(c.rank())) + offset,
+                     c.rank() == 2 ? 99 : 100, DType::kFloat32, Op::kSum, &place);
+  }, "ranks disagree: rank 2 calls reduce_scatter(sum, float32[99]) in place at byte 64 of "
+     "buffer 0, ranks 0 and 1 call reduce_scatter(sum, float32[100]) in place at byte 0 of "
+     "buffer 0", 2);
+  for (size_t r = 0; r < 3; ++r) {
+    EXPECT_EQ(std::count(copies.of(r), copies.of(r) + copies.stride, r + 1),
+              static_cast<ptrdiff_t>(copies.stride))
+        << r;
+  }
+}
+
 TEST(ShmChannelFailures, CallsAreDescribedAndGroupedByRank) {
   using Call = Channel::Call;
   using Kind = Channel::Kind;
@@ -657,6 +951,23 @@ TEST(ShmChannelFailures, CallsAreDescribedAndGroupedByRank) {
   Call other_buffer = in_place;
   other_buffer.root = 3;
   EXPECT_EQ(Channel::mismatch({other_buffer, in_place, in_place})->second, 0);
+  // An all-gather or reduce-scatter given a Place: where this rank's memory lies, which the
+  // ranks need not share.
+  const Call placed_gather{Kind::kAllGather, DType::kUInt8, Op::kSum, 4, 64, 128};
+  EXPECT_EQ(Channel::describe(placed_gather), "all_gather(64 bytes) in place at byte 128 of buffer 4");
+  EXPECT_EQ(Channel::describe({Kind::kReduceScatter, DType::kBFloat16, Op::kMax, 1, 5, 0}),
+            "reduce_scatter(max, bfloat16[5]) in place at byte 0 of buffer 1");
+  Call elsewhere = placed_gather;
+  elsewhere.root = 5;
+  elsewhere.offset = 0;
+  const Call staged_gather{Kind::kAllGather, DType::kUInt8, Op::kSum, -1, 64};
+  EXPECT_FALSE(Channel::mismatch({placed_gather, elsewhere, staged_gather}).has_value());
+  Call fewer = placed_gather;
+  fewer.count = 63;
+  EXPECT_EQ(Channel::mismatch({placed_gather, fewer, staged_gather})->second, 1);
+  EXPECT_EQ(Channel::describe({Kind::kAllReduceInPlace, DType::kInt8, Op::kMin,
+                               2 * Channel::kGroupUp + 3, 9, 64}),
+            "all_reduce(min, int8[9]) in place at byte 64 of buffer 3 (2 groups up)");
 }
 
 TEST(ShmSegment, IsCreatedOpenedUnlinkedAndNamesWhatFailed) {

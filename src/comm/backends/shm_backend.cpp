@@ -10,6 +10,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <random>
 
@@ -94,11 +95,46 @@ class ShmWork : public Work {
   std::string timeout_message_;
 };
 
+// Note [The buffers a group reaches]
+// A group's buffers (allocate_buffer): rank r's copy of buffer `id` is at base + r * stride, in
+// one segment that every rank maps; the tensors handed out keep it mapped. A subgroup made from
+// the group (new_group) reaches them too, each member at its rank in the group: FSDP
+// reduce-scatters on a subgroup of every rank (Note [Units unused on some ranks]) the gradients
+// it keeps in its group's buffers, and they are reduced in place there all the same. The number
+// an in-place call names a buffer by (the same number on every rank: the channel compares them) is its
+// id in the group that made it, plus Channel::kGroupUp for each group up from the caller's.
+
+struct Buffer {
+  int id;
+  std::weak_ptr<shm::Segment> segment;  // expired: every tensor of it is gone, its memory too
+  uint8_t* base;
+  size_t stride;
+  size_t bytes;
+};
+
+// A group's buffers, shared with the subgroups made from it (which may look from other threads).
+struct Buffers {
+  std::mutex mutex;
+  std::vector<Buffer> list;
+  int next_id = 0;
+};
+
+// Buffers a group reaches: member i's copy is the one of rank ranks[i] of the group that made them.
+struct Reach {
+  std::shared_ptr<Buffers> buffers;
+  std::vector<int> ranks;
+};
+
 class ShmProcessGroup : public ProcessGroup {
  public:
   // A collective of `inner`: its ranks agree whether they share a host and a segment.
-  ShmProcessGroup(std::shared_ptr<ProcessGroup> inner, const ProcessGroupOptions& options)
+  // `inherited`: the buffers of the groups this one was made from (do_new_group).
+  ShmProcessGroup(std::shared_ptr<ProcessGroup> inner, const ProcessGroupOptions& options,
+                  std::vector<Reach> inherited = {})
       : ProcessGroup(inner->rank(), inner->world_size(), options), inner_(std::move(inner)) {
+    reach_.push_back(Reach{std::make_shared<Buffers>(), {}});
+    for (int r = 0; r < world_size(); ++r) reach_.front().ranks.push_back(r);
+    reach_.insert(reach_.end(), inherited.begin(), inherited.end());
     wrap(*inner_);
     attach();
   }
@@ -136,11 +172,14 @@ class ShmProcessGroup : public ProcessGroup {
     if (!serves(tensor)) return inner_->broadcast(tensor, root);
     return post(info, [this, t = tensor, root] { channel_->broadcast(t.data_ptr(), t.nbytes(), root); });
   }
+  // An output in the group's buffers is gathered in place, an input there reduce-scattered in
+  // place, where every rank's is (Channel::Place).
   WorkPtr do_all_gather(at::Tensor& output, const at::Tensor& input,
                         const CollectiveInfo& info) override {
     if (!serves(input) || !serves(output)) return inner_->all_gather(output, input);
-    return post(info, [this, out = output, in = input] {
-      channel_->all_gather(out.data_ptr(), in.data_ptr(), in.nbytes());
+    return post(info, [this, out = output, in = input, place = in_buffers(output)] {
+      Reached reached(*this, place);
+      channel_->all_gather(out.data_ptr(), in.data_ptr(), in.nbytes(), reached.place());
     });
   }
   WorkPtr do_reduce_scatter(at::Tensor& output, const at::Tensor& input, ReduceOp op,
@@ -149,9 +188,12 @@ class ShmProcessGroup : public ProcessGroup {
     if (!serves(input) || !serves(output) || !type) {
       return inner_->reduce_scatter(output, input, op);
     }
-    return post(info, [this, out = output, in = input, type = *type, op]() mutable {
+    auto place = writable_during(output, input) ? in_buffers(input) : std::nullopt;
+    return post(info, [this, out = output, in = input, type = *type, op,
+                       place = std::move(place)]() mutable {
+      Reached reached(*this, place);
       channel_->reduce_scatter(out.data_ptr(), in.data_ptr(), static_cast<size_t>(out.numel()),
-                               type, shm_op(op));
+                               type, shm_op(op), reached.place());
       if (op == ReduceOp::kAvg) sum_to_average(out, world_size());
     });
   }
@@ -174,11 +216,19 @@ class ShmProcessGroup : public ProcessGroup {
     // (the hierarchical all-reduce's host level).
     auto sub = inner_->new_group(ranks);
     if (!sub) return nullptr;
-    return std::make_shared<ShmProcessGroup>(std::move(sub), options());
+    return std::make_shared<ShmProcessGroup>(std::move(sub), options(), reach_for(ranks));
   }
 
  private:
   bool serves(const at::Tensor& t) const { return channel_ && t.device().is_cpu(); }
+  // Whether a reduce-scatter in place of `input` may write `output` while the others read
+  // `input`: it lies apart from it, or is this rank's block of it (where FSDP2 puts it).
+  bool writable_during(const at::Tensor& output, const at::Tensor& input) const {
+    const auto* out = static_cast<const uint8_t*>(output.data_ptr());
+    const auto* in = static_cast<const uint8_t*>(input.data_ptr());
+    return out == in + static_cast<size_t>(rank()) * output.nbytes() ||
+           out + output.nbytes() <= in || out >= in + input.nbytes();
+  }
 
   // Runs `job` on the group's thread, in the order of the calls (the same on every rank).
   WorkPtr post(const CollectiveInfo& info, std::function<void()> job) {
@@ -202,27 +252,44 @@ class ShmProcessGroup : public ProcessGroup {
   void make_channel(shm::Segment& segment, size_t slot);
   void drop_channel();
 
-  // The group's buffers (allocate_buffer): rank r's copy of buffer `id` is at base + r * stride,
-  // in one segment that every rank maps; the tensors handed out keep it mapped.
-  struct Buffer {
-    int id;
-    std::weak_ptr<shm::Segment> segment;  // expired: every tensor of it is gone, its memory too
-    uint8_t* base;
-    size_t stride;
-    size_t bytes;
-  };
   // Where a tensor lies whole in one of the buffers: every rank's copy of it.
   struct Place {
-    int buffer;
+    int buffer;  // Note [The buffers a group reaches]
     uint64_t offset;
     std::vector<uint8_t*> copies;
   };
   std::optional<Place> in_buffers(const at::Tensor& t) const;
+  // The buffers a subgroup of `ranks` (sorted) reaches: this group's and those it reaches.
+  std::vector<Reach> reach_for(const std::vector<int>& ranks) const;
+  // An all-gather's or reduce-scatter's Place for the channel (null where this rank's memory is
+  // not in the buffers), which finds the other ranks' copies and keeps their buffers mapped until
+  // the collective returns.
+  class Reached {
+   public:
+    Reached(const ShmProcessGroup& group, const std::optional<Place>& mine) : group_(group) {
+      if (!mine) return;
+      place_ = shm::Channel::Place{mine->buffer, mine->offset,
+                                   [this](int rank, int buffer, uint64_t offset, size_t bytes) {
+                                     return group_.copy_of(rank, buffer, offset, bytes, held_);
+                                   }};
+    }
+    Reached(const Reached&) = delete;
+    Reached& operator=(const Reached&) = delete;
+    const shm::Channel::Place* place() const { return place_ ? &*place_ : nullptr; }
+
+   private:
+    const ShmProcessGroup& group_;
+    std::optional<shm::Channel::Place> place_;
+    std::vector<std::shared_ptr<shm::Segment>> held_;
+  };
+  // Rank `rank`'s `bytes` from byte `offset` of `buffer` (a number in_buffers gives), its segment
+  // added to `held`; nullptr where this rank does not map that buffer (any more).
+  const uint8_t* copy_of(int rank, int buffer, uint64_t offset, size_t bytes,
+                         std::vector<std::shared_ptr<shm::Segment>>& held) const;
 
   std::shared_ptr<ProcessGroup> inner_;
   std::optional<shm::Segment> segment_;
-  std::vector<Buffer> buffers_;
-  int next_buffer_ = 0;
+  std::vector<Reach> reach_;  // this group's buffers first, then its parent's, and so on up
   std::unique_ptr<shm::Channel> channel_;
   JobThread thread_;  // last: stopped first, before the channel and its memory go
 };
@@ -318,11 +385,13 @@ at::Tensor ShmProcessGroup::do_allocate_buffer(int64_t numel, const at::TensorOp
   if (!segment) return ProcessGroup::do_allocate_buffer(numel, options);
   auto mapped = std::make_shared<shm::Segment>(std::move(*segment));
   auto* base = static_cast<uint8_t*>(mapped->data());
+  Buffers& own = *reach_.front().buffers;
+  std::lock_guard<std::mutex> lock(own.mutex);
   // Forget the buffers whose memory is gone: an address of theirs may belong to another now.
-  buffers_.erase(std::remove_if(buffers_.begin(), buffers_.end(),
+  own.list.erase(std::remove_if(own.list.begin(), own.list.end(),
                                 [](const Buffer& b) { return b.segment.expired(); }),
-                 buffers_.end());
-  buffers_.push_back(Buffer{next_buffer_++, mapped, base, stride, bytes});
+                 own.list.end());
+  own.list.push_back(Buffer{own.next_id++, mapped, base, stride, bytes});
   return at::from_blob(base + static_cast<size_t>(rank()) * stride, {numel},
                        [mapped](void*) mutable { mapped.reset(); }, options);
 }
@@ -330,18 +399,49 @@ at::Tensor ShmProcessGroup::do_allocate_buffer(int64_t numel, const at::TensorOp
 std::optional<ShmProcessGroup::Place> ShmProcessGroup::in_buffers(const at::Tensor& t) const {
   if (!t.is_contiguous()) return std::nullopt;
   const auto* data = static_cast<const uint8_t*>(t.data_ptr());
-  for (const Buffer& b : buffers_) {
-    const uint8_t* mine = b.base + static_cast<size_t>(rank()) * b.stride;
-    // A live tensor inside a buffer keeps it mapped: one that lies there is of this buffer,
-    // unless the buffer has expired and its addresses were given to other memory.
-    if (data < mine || data + t.nbytes() > mine + b.bytes || b.segment.expired()) continue;
-    Place place{b.id, static_cast<uint64_t>(data - mine), {}};
-    for (int r = 0; r < world_size(); ++r) {
-      place.copies.push_back(b.base + static_cast<size_t>(r) * b.stride + place.offset);
+  for (size_t level = 0; level < reach_.size(); ++level) {
+    const Reach& reach = reach_[level];
+    std::lock_guard<std::mutex> lock(reach.buffers->mutex);
+    for (const Buffer& b : reach.buffers->list) {
+      const uint8_t* mine = b.base + static_cast<size_t>(reach.ranks[static_cast<size_t>(rank())]) * b.stride;
+      // A live tensor inside a buffer keeps it mapped: one that lies there is of this buffer,
+      // unless the buffer has expired and its addresses were given to other memory.
+      if (data < mine || data + t.nbytes() > mine + b.bytes || b.segment.expired()) continue;
+      Place place{b.id + static_cast<int>(level) * shm::Channel::kGroupUp, static_cast<uint64_t>(data - mine), {}};
+      for (int r : reach.ranks) {
+        place.copies.push_back(b.base + static_cast<size_t>(r) * b.stride + place.offset);
+      }
+      return place;
     }
-    return place;
   }
   return std::nullopt;
+}
+
+const uint8_t* ShmProcessGroup::copy_of(int rank, int buffer, uint64_t offset, size_t bytes,
+                                        std::vector<std::shared_ptr<shm::Segment>>& held) const {
+  const auto level = static_cast<size_t>(buffer / shm::Channel::kGroupUp);
+  const int id = buffer % shm::Channel::kGroupUp;
+  if (buffer < 0 || level >= reach_.size()) return nullptr;
+  const Reach& reach = reach_[level];
+  std::lock_guard<std::mutex> lock(reach.buffers->mutex);
+  for (const Buffer& b : reach.buffers->list) {
+    if (b.id != id) continue;
+    auto segment = b.segment.lock();
+    if (!segment || offset > b.bytes || bytes > b.bytes - offset) return nullptr;
+    held.push_back(std::move(segment));
+    return b.base + static_cast<size_t>(reach.ranks[static_cast<size_t>(rank)]) * b.stride + offset;
+  }
+  return nullptr;
+}
+
+std::vector<Reach> ShmProcessGroup::reach_for(const std::vector<int>& ranks) const {
+  std::vector<Reach> reaches;
+  for (const Reach& reach : reach_) {
+    Reach theirs{reach.buffers, {}};
+    for (int r : ranks) theirs.ranks.push_back(reach.ranks[static_cast<size_t>(r)]);
+    reaches.push_back(std::move(theirs));
+  }
+  return reaches;
 }
 
 }  // namespace

@@ -290,25 +290,38 @@ std::optional<Channel::Failure> Channel::look_behind(Counter counter, uint64_t r
 }
 
 std::string Channel::describe(const Call& call) {
+  static constexpr const char* kOps[] = {"sum", "min", "max"};
+  // An in-place call reads as its staged kind, then where it is.
+  const auto in_place = [&](Kind staged) {
+    Call as = call;
+    as.kind = staged;
+    as.root = -1;
+    const int up = call.root / kGroupUp;
+    return fmt::format("{} in place at byte {} of buffer {}{}", describe(as), call.offset,
+                       call.root % kGroupUp, up > 0 ? fmt::format(" ({} group{} up)", up, up > 1 ? "s" : "") : "");
+  };
   switch (call.kind) {
     case Kind::kAllReduce:
-    case Kind::kReduceScatter: {
-      static constexpr const char* kOps[] = {"sum", "min", "max"};
-      return fmt::format("{}({}, {}[{}])", call.kind == Kind::kAllReduce ? "all_reduce" : "reduce_scatter",
-                         kOps[static_cast<int>(call.op)], dtype_name(call.type), call.count);
-    }
-    case Kind::kAllReduceInPlace: {
-      static constexpr const char* kOps[] = {"sum", "min", "max"};
-      return fmt::format("all_reduce({}, {}[{}]) in place at byte {} of buffer {}",
-                         kOps[static_cast<int>(call.op)], dtype_name(call.type), call.count,
-                         call.offset, call.root);
-    }
+      return fmt::format("all_reduce({}, {}[{}])", kOps[static_cast<int>(call.op)],
+                         dtype_name(call.type), call.count);
+    case Kind::kReduceScatter:
+      if (call.root >= 0) return in_place(Kind::kReduceScatter);
+      return fmt::format("reduce_scatter({}, {}[{}])", kOps[static_cast<int>(call.op)],
+                         dtype_name(call.type), call.count);
+    case Kind::kAllReduceInPlace: return in_place(Kind::kAllReduce);
     case Kind::kBroadcast: return fmt::format("broadcast(root {}, {} bytes)", call.root, call.count);
-    case Kind::kAllGather: return fmt::format("all_gather({} bytes)", call.count);
+    case Kind::kAllGather:
+      if (call.root >= 0) return in_place(Kind::kAllGather);
+      return fmt::format("all_gather({} bytes)", call.count);
     case Kind::kAllToAll: return fmt::format("all_to_all({} bytes)", call.count);
     case Kind::kBarrier: return "barrier()";
   }
   return "an unknown collective";
+}
+
+bool Channel::Call::agrees_with(const Call& o) const {
+  if (kind != Kind::kAllGather && kind != Kind::kReduceScatter) return *this == o;
+  return kind == o.kind && type == o.type && op == o.op && count == o.count;
 }
 
 std::optional<std::pair<std::string, int>> Channel::mismatch(const std::vector<Call>& calls) {
@@ -316,7 +329,7 @@ std::optional<std::pair<std::string, int>> Channel::mismatch(const std::vector<C
   std::vector<std::pair<Call, std::vector<int>>> groups;
   for (int r = 0; r < static_cast<int>(calls.size()); ++r) {
     auto same = std::find_if(groups.begin(), groups.end(),
-                             [&](const auto& g) { return g.first == calls[static_cast<size_t>(r)]; });
+                             [&](const auto& g) { return g.first.agrees_with(calls[static_cast<size_t>(r)]); });
     if (same == groups.end()) {
       groups.push_back({calls[static_cast<size_t>(r)], {r}});
     } else {
@@ -427,8 +440,104 @@ void Channel::all_reduce_in_place(uint8_t* const* copies, size_t count, DType ty
     reduce(type, op, copies[0] + begin * size, inputs.data(), world_, n);
     for (int r = 1; r < world_; ++r) std::memcpy(copies[r] + begin * size, copies[0] + begin * size, n * size);
   }
+  leave_copies(round, call);
+}
+
+void Channel::leave_copies(uint64_t round, const Call& call) {
   publish(kReduced, round);
   wait_all(kReduced, round, call);
+}
+
+std::optional<std::vector<const uint8_t*>> Channel::copies_of(uint64_t round, const Call& call,
+                                                              const uint8_t* mine, size_t bytes,
+                                                              const Locate& locate) {
+  const int set = static_cast<int>(round % 2);
+  // Published with the arrivals (the calls' set is rewritten only after the next round's barrier).
+  for (int r = 0; r < world_; ++r) {
+    if (control(r).calls[set].root.load(std::memory_order_relaxed) < 0) return std::nullopt;
+  }
+  std::vector<const uint8_t*> copies(static_cast<size_t>(world_), mine);
+  for (int r = 0; r < world_; ++r) {
+    if (r == rank_) continue;
+    Call where = call;
+    where.root = control(r).calls[set].root.load(std::memory_order_relaxed);
+    where.offset = control(r).calls[set].offset.load(std::memory_order_relaxed);
+    copies[static_cast<size_t>(r)] = locate(r, where.root, where.offset, bytes);
+    if (copies[static_cast<size_t>(r)] == nullptr) {
+      fail(fmt::format("rank {} cannot reach rank {}'s memory of {}", rank_, r, describe(where)), r,
+           false);
+    }
+  }
+  return copies;
+}
+
+void Channel::all_gather(void* out, const void* in, size_t bytes, const Place* place) {
+  auto* o = static_cast<uint8_t*>(out);
+  const auto* i = static_cast<const uint8_t*>(in);
+  const Call call{Kind::kAllGather, DType::kUInt8, Op::kSum, place ? place->buffer : -1, bytes,
+                  place ? place->offset : 0};
+  uint8_t* own_block = o + static_cast<size_t>(rank_) * bytes;
+  // This rank's part in its own block, published with its arrival.
+  if (place != nullptr && i != own_block) std::memmove(own_block, i, bytes);
+  const uint64_t round = begin_round(call);
+  arrive(round, call);  // every rank says where its output lies, if anywhere
+  const size_t whole = static_cast<size_t>(world_) * bytes;
+  if (const auto outputs = place ? copies_of(round, call, o, whole, place->locate) : std::nullopt) {
+    for (int r = 0; r < world_; ++r) {
+      const size_t at = static_cast<size_t>(r) * bytes;
+      if (r != rank_) std::memcpy(o + at, (*outputs)[static_cast<size_t>(r)] + at, bytes);
+    }
+    leave_copies(round, call);
+    return;
+  }
+  all_gather_staged(o, place ? own_block : i, bytes, call);
+}
+
+void Channel::reduce_scatter(void* out, const void* in, size_t count, DType type, Op op,
+                             const Place* place) {
+  const size_t block = count * dtype_size(type);
+  auto* o = static_cast<uint8_t*>(out);
+  const auto* i = static_cast<const uint8_t*>(in);
+  const uint8_t* own_block = i + static_cast<size_t>(rank_) * block;
+  // Written while the others read `in`: only this rank's block of it, which they do not.
+  DDP_CHECK(!place || o == own_block || o + block <= i || o >= i + static_cast<size_t>(world_) * block,
+            "reduce_scatter in place: the output overlaps the input outside this rank's block");
+  const Call call{Kind::kReduceScatter, type, op, place ? place->buffer : -1, count,
+                  place ? place->offset : 0};
+  const uint64_t round = begin_round(call);
+  arrive(round, call);  // every rank says where its input lies, if anywhere
+  const size_t whole = static_cast<size_t>(world_) * block;
+  if (const auto ins = place ? copies_of(round, call, i, whole, place->locate) : std::nullopt) {
+    reduce_scatter_copies(o, *ins, count, call);
+    leave_copies(round, call);
+    return;
+  }
+  reduce_scatter_staged(o, i, count, call);
+}
+
+void Channel::reduce_scatter_copies(void* out, const std::vector<const uint8_t*>& ins,
+                                    size_t count, const Call& call) const {
+  const size_t size = dtype_size(call.type);
+  const size_t block = count * size;
+  std::vector<const void*> inputs(static_cast<size_t>(world_));
+  for (size_t r = 0; r < inputs.size(); ++r) inputs[r] = ins[r] + static_cast<size_t>(rank_) * block;
+  if (out != inputs[static_cast<size_t>(rank_)] || rank_ == 0) {
+    reduce(call.type, call.op, out, inputs.data(), world_, count);  // `out` may be inputs[0] only
+    return;
+  }
+  // Into this rank's own block, which is inputs[rank]: a part at a time through scratch memory.
+  constexpr size_t kScratchBytes = 16 << 10;
+  const size_t per = std::max<size_t>(1, kScratchBytes / size);
+  std::vector<uint8_t> scratch(per * size);
+  std::vector<const void*> part(inputs.size());
+  for (size_t begin = 0; begin < count; begin += per) {
+    const size_t n = std::min(per, count - begin);
+    for (size_t r = 0; r < inputs.size(); ++r) {
+      part[r] = static_cast<const uint8_t*>(inputs[r]) + begin * size;
+    }
+    reduce(call.type, call.op, scratch.data(), part.data(), world_, n);
+    std::memcpy(static_cast<uint8_t*>(out) + begin * size, scratch.data(), n * size);
+  }
 }
 
 void Channel::broadcast(void* data, size_t bytes, int root) {
@@ -445,18 +554,15 @@ void Channel::broadcast(void* data, size_t bytes, int root) {
   }
 }
 
-void Channel::all_gather(void* out, const void* in, size_t bytes) {
-  auto* o = static_cast<uint8_t*>(out);
-  const auto* i = static_cast<const uint8_t*>(in);
-  const Call call{Kind::kAllGather, DType::kUInt8, Op::kSum, -1, bytes};
+void Channel::all_gather_staged(uint8_t* out, const uint8_t* in, size_t bytes, const Call& call) {
   for (size_t done = 0; done < bytes; done += slot_bytes_) {
     const size_t n = std::min(slot_bytes_, bytes - done);
     const uint64_t round = begin_round(call);
     const int set = static_cast<int>(round % 2);
-    std::memcpy(buffer(set, rank_), i + done, n);
+    std::memcpy(buffer(set, rank_), in + done, n);
     arrive(round, call);
-    // From the slots, this rank's too: `in` may be a part of `out` (an in-place all-gather).
-    for (int r = 0; r < world_; ++r) std::memcpy(o + r * bytes + done, buffer(set, r), n);
+    // From the slots, this rank's too: `in` may be a part of `out`.
+    for (int r = 0; r < world_; ++r) std::memcpy(out + r * bytes + done, buffer(set, r), n);
   }
 }
 
@@ -478,27 +584,25 @@ void Channel::all_to_all(void* out, const void* in, size_t block_bytes) {
   }
 }
 
-void Channel::reduce_scatter(void* out, const void* in, size_t count, DType type, Op op) {
-  const size_t size = dtype_size(type);
+void Channel::reduce_scatter_staged(uint8_t* out, const uint8_t* in, size_t count,
+                                    const Call& call) {
+  const size_t size = dtype_size(call.type);
   const size_t block = count * size;
-  auto* o = static_cast<uint8_t*>(out);
-  const auto* i = static_cast<const uint8_t*>(in);
   const size_t per_round = slot_bytes_ / static_cast<size_t>(world_) / size;
   std::vector<const void*> inputs(static_cast<size_t>(world_));
-  const Call call{Kind::kReduceScatter, type, op, -1, count};
   for (size_t done = 0; done < count; done += per_round) {
     const size_t n = std::min(per_round, count - done);
     const uint64_t round = begin_round(call);
     const int set = static_cast<int>(round % 2);
     uint8_t* slot = buffer(set, rank_);
     for (int q = 0; q < world_; ++q) {
-      std::memcpy(slot + q * n * size, i + q * block + done * size, n * size);
+      std::memcpy(slot + q * n * size, in + q * block + done * size, n * size);
     }
     arrive(round, call);
     for (int r = 0; r < world_; ++r) {
       inputs[static_cast<size_t>(r)] = buffer(set, r) + static_cast<size_t>(rank_) * n * size;
     }
-    reduce(type, op, o + done * size, inputs.data(), world_, n);
+    reduce(call.type, call.op, out + done * size, inputs.data(), world_, n);
   }
 }
 

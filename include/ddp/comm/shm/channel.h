@@ -18,7 +18,17 @@
 // same place of one region each rank maps: the group's buffers, shm_backend.cpp) needs no slot:
 // after the round's barrier each rank combines its slice of every copy, in rank order, writes the
 // result into every copy, publishes reduced = k and waits for every rank's. Each byte is read
-// once and written once per rank it belongs to: a memcpy's traffic, the floor.
+// once and written once per rank it belongs to: a memcpy's traffic, the floor. An all-gather
+// into such memory is one round too: each rank writes its part into its own output's block before
+// the barrier and then copies the others' blocks from their outputs; a reduce-scatter of such
+// inputs combines block `rank` of every rank's input, in rank order, into this rank's output.
+// Their ranks' copies need not lie at one place: each rank publishes where its own lies (a
+// buffer and a byte in it: a Place) with its call, and the others find it there (Locate). Both
+// then publish reduced = k and wait for every rank's, so that no rank writes its copy again while
+// another still reads it. Neither goes through a slot, whatever the size. Every all-gather and
+// reduce-scatter begins with that round; where a rank gave no Place (its memory is ordinary,
+// while another's lies in a buffer: FSDP's units take a slot of the group's buffers where one is
+// free on their rank), it only says so, and the staged rounds follow on every rank.
 //
 // A rank writes set k % 2 in round k only after round k - 1's barrier, which every rank passes
 // only once it has finished round k - 2, the last to use that set: two sets are enough, and a
@@ -51,6 +61,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -103,20 +114,41 @@ class Channel {
   // byte `offset` in it: checked as the call). Afterwards every copy holds the reduction.
   void all_reduce_in_place(uint8_t* const* copies, size_t count, DType type, Op op, int buffer,
                            uint64_t offset);
+  // Where another rank's copy lies in this process: rank `rank`'s `bytes` from byte `offset` of
+  // `buffer` (what that rank published), or nullptr where this process cannot address them. It
+  // keeps what it returns addressable until the collective returns.
+  using Locate = std::function<const uint8_t*(int rank, int buffer, uint64_t offset, size_t bytes)>;
+  // Where this rank's memory of an all-gather's output or a reduce-scatter's input lies, for the
+  // others to read it in place: byte `offset` of `buffer` (each rank's may lie elsewhere), and how
+  // to find the others'.
+  struct Place {
+    int buffer;
+    uint64_t offset;
+    Locate locate;
+  };
   // `bytes` of root's data to every rank.
   void broadcast(void* data, size_t bytes, int root);
-  // Rank r's `bytes` of `in` at out + r * bytes.
-  void all_gather(void* out, const void* in, size_t bytes);
+  // Rank r's `bytes` of `in` at out + r * bytes. `in` may be this rank's block of `out`. Where
+  // every rank gives the Place of its `out`, in place (Note [Rounds of the shared-memory
+  // channel]); otherwise staged, after a first round in which the ranks say where theirs lie.
+  void all_gather(void* out, const void* in, size_t bytes, const Place* place = nullptr);
   // `in` holds world blocks of `count` elements; `out` (count elements) receives the reduction
-  // of block `rank` over the ranks.
-  void reduce_scatter(void* out, const void* in, size_t count, DType type, Op op);
+  // of block `rank` over the ranks, in rank order. Where every rank gives the Place of its `in`,
+  // in place; `out` may then be this rank's block of `in` but must not overlap the rest of it.
+  void reduce_scatter(void* out, const void* in, size_t count, DType type, Op op,
+                      const Place* place = nullptr);
   // `in` and `out` hold world blocks of `block_bytes`: block q of `in` goes to rank q, block q of
   // `out` came from rank q.
   void all_to_all(void* out, const void* in, size_t block_bytes);
   void barrier();
 
+  // A Place's `buffer`: a number every rank gives the same buffer; kGroupUp for each
+  // group up from the caller's that made it (a subgroup reaching its parent's buffers, in
+  // comm/backends/shm_backend.cpp), so that different groups' buffers never share a number.
+  static constexpr int kGroupUp = 1 << 20;
   // One rank's call, as the others see it. `count`: elements for the reductions, bytes for the
-  // others. kAllReduceInPlace: `root` is the buffer, `offset` the byte in it.
+  // others. kAllReduceInPlace, and an all-gather or reduce-scatter given a Place: `root` is the
+  // buffer, `offset` the byte in it (-1 and 0 without a Place).
   enum class Kind : uint32_t {
     kAllReduce = 1, kBroadcast, kAllGather, kReduceScatter, kAllToAll, kBarrier, kAllReduceInPlace
   };
@@ -131,6 +163,9 @@ class Channel {
       return kind == o.kind && type == o.type && op == o.op && root == o.root &&
              count == o.count && offset == o.offset;
     }
+    // The same collective: equal, but for where each rank's memory of an all-gather or
+    // reduce-scatter lies.
+    bool agrees_with(const Call& o) const;
   };
   // "all_reduce(sum, float32[3])", "broadcast(root 0, 40 bytes)", ... A pure function.
   static std::string describe(const Call& call);
@@ -179,6 +214,21 @@ class Channel {
   // Writes this rank's call for the round, publishes its arrival, waits for every rank's, and
   // throws ChannelError (every rank does) where their calls differ.
   void arrive(uint64_t round, const Call& call);
+  // The end of an in-place round: this rank is done with the others' copies; returns once every
+  // rank is, so that its own copy may be written again.
+  void leave_copies(uint64_t round, const Call& call);
+  // Every rank's copy in round `round` (this rank's is `mine`), `bytes` of each, where each
+  // published it, found by `locate`: nullopt where some rank gave no Place; breaks the channel
+  // naming the first that cannot be found.
+  std::optional<std::vector<const uint8_t*>> copies_of(uint64_t round, const Call& call,
+                                                       const uint8_t* mine, size_t bytes,
+                                                       const Locate& locate);
+  // The staged all-gather and reduce-scatter, in rounds of a slot.
+  void all_gather_staged(uint8_t* out, const uint8_t* in, size_t bytes, const Call& call);
+  void reduce_scatter_staged(uint8_t* out, const uint8_t* in, size_t count, const Call& call);
+  // The reduce-scatter of inputs every rank can address (`ins`, one per rank).
+  void reduce_scatter_copies(void* out, const std::vector<const uint8_t*>& ins, size_t count,
+                             const Call& call) const;
 
   Header* header_;
   uint8_t* base_;
