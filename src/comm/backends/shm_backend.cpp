@@ -10,12 +10,12 @@
 #include <atomic>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <random>
 
 #include "backends/backends.h"
 #include "ddp/comm/host_collectives.h"
+#include "ddp/comm/shm/buffers.h"
 #include "ddp/comm/shm/channel.h"
 #include "ddp/comm/shm/segment.h"
 #include "ddp/common/log.h"
@@ -95,46 +95,15 @@ class ShmWork : public Work {
   std::string timeout_message_;
 };
 
-// Note [The buffers a group reaches]
-// A group's buffers (allocate_buffer): rank r's copy of buffer `id` is at base + r * stride, in
-// one segment that every rank maps; the tensors handed out keep it mapped. A subgroup made from
-// the group (new_group) reaches them too, each member at its rank in the group: FSDP
-// reduce-scatters on a subgroup of every rank (Note [Units unused on some ranks]) the gradients
-// it keeps in its group's buffers, and they are reduced in place there all the same. The number
-// an in-place call names a buffer by (the same number on every rank: the channel compares them) is its
-// id in the group that made it, plus Channel::kGroupUp for each group up from the caller's.
-
-struct Buffer {
-  int id;
-  std::weak_ptr<shm::Segment> segment;  // expired: every tensor of it is gone, its memory too
-  uint8_t* base;
-  size_t stride;
-  size_t bytes;
-};
-
-// A group's buffers, shared with the subgroups made from it (which may look from other threads).
-struct Buffers {
-  std::mutex mutex;
-  std::vector<Buffer> list;
-  int next_id = 0;
-};
-
-// Buffers a group reaches: member i's copy is the one of rank ranks[i] of the group that made them.
-struct Reach {
-  std::shared_ptr<Buffers> buffers;
-  std::vector<int> ranks;
-};
-
 class ShmProcessGroup : public ProcessGroup {
  public:
   // A collective of `inner`: its ranks agree whether they share a host and a segment.
-  // `inherited`: the buffers of the groups this one was made from (do_new_group).
+  // `buffers`: those of the groups this one was made from too (do_new_group).
   ShmProcessGroup(std::shared_ptr<ProcessGroup> inner, const ProcessGroupOptions& options,
-                  std::vector<Reach> inherited = {})
-      : ProcessGroup(inner->rank(), inner->world_size(), options), inner_(std::move(inner)) {
-    reach_.push_back(Reach{std::make_shared<Buffers>(), {}});
-    for (int r = 0; r < world_size(); ++r) reach_.front().ranks.push_back(r);
-    reach_.insert(reach_.end(), inherited.begin(), inherited.end());
+                  std::optional<shm::GroupBuffers> buffers = std::nullopt)
+      : ProcessGroup(inner->rank(), inner->world_size(), options),
+        inner_(std::move(inner)),
+        buffers_(buffers ? std::move(*buffers) : shm::GroupBuffers(rank(), world_size())) {
     wrap(*inner_);
     attach();
   }
@@ -216,7 +185,8 @@ class ShmProcessGroup : public ProcessGroup {
     // (the hierarchical all-reduce's host level).
     auto sub = inner_->new_group(ranks);
     if (!sub) return nullptr;
-    return std::make_shared<ShmProcessGroup>(std::move(sub), options(), reach_for(ranks));
+    return std::make_shared<ShmProcessGroup>(std::move(sub), options(),
+                                             buffers_.subgroup(ranks, sub->rank()));
   }
 
  private:
@@ -252,15 +222,12 @@ class ShmProcessGroup : public ProcessGroup {
   void make_channel(shm::Segment& segment, size_t slot);
   void drop_channel();
 
-  // Where a tensor lies whole in one of the buffers: every rank's copy of it.
-  struct Place {
-    int buffer;  // Note [The buffers a group reaches]
-    uint64_t offset;
-    std::vector<uint8_t*> copies;
-  };
-  std::optional<Place> in_buffers(const at::Tensor& t) const;
-  // The buffers a subgroup of `ranks` (sorted) reaches: this group's and those it reaches.
-  std::vector<Reach> reach_for(const std::vector<int>& ranks) const;
+  using Place = shm::GroupBuffers::Place;
+  // Where a contiguous tensor lies whole in the buffers the group reaches.
+  std::optional<Place> in_buffers(const at::Tensor& t) const {
+    if (!t.is_contiguous()) return std::nullopt;
+    return buffers_.find(t.data_ptr(), t.nbytes());
+  }
   // An all-gather's or reduce-scatter's Place for the channel (null where this rank's memory is
   // not in the buffers), which finds the other ranks' copies and keeps their buffers mapped until
   // the collective returns.
@@ -270,7 +237,8 @@ class ShmProcessGroup : public ProcessGroup {
       if (!mine) return;
       place_ = shm::Channel::Place{mine->buffer, mine->offset,
                                    [this](int rank, int buffer, uint64_t offset, size_t bytes) {
-                                     return group_.copy_of(rank, buffer, offset, bytes, held_);
+                                     return group_.buffers_.copy_of(rank, buffer, offset, bytes,
+                                                                    held_);
                                    }};
     }
     Reached(const Reached&) = delete;
@@ -282,14 +250,10 @@ class ShmProcessGroup : public ProcessGroup {
     std::optional<shm::Channel::Place> place_;
     std::vector<std::shared_ptr<shm::Segment>> held_;
   };
-  // Rank `rank`'s `bytes` from byte `offset` of `buffer` (a number in_buffers gives), its segment
-  // added to `held`; nullptr where this rank does not map that buffer (any more).
-  const uint8_t* copy_of(int rank, int buffer, uint64_t offset, size_t bytes,
-                         std::vector<std::shared_ptr<shm::Segment>>& held) const;
 
   std::shared_ptr<ProcessGroup> inner_;
   std::optional<shm::Segment> segment_;
-  std::vector<Reach> reach_;  // this group's buffers first, then its parent's, and so on up
+  shm::GroupBuffers buffers_;  // Note [The buffers a group reaches]
   std::unique_ptr<shm::Channel> channel_;
   JobThread thread_;  // last: stopped first, before the channel and its memory go
 };
@@ -385,63 +349,9 @@ at::Tensor ShmProcessGroup::do_allocate_buffer(int64_t numel, const at::TensorOp
   if (!segment) return ProcessGroup::do_allocate_buffer(numel, options);
   auto mapped = std::make_shared<shm::Segment>(std::move(*segment));
   auto* base = static_cast<uint8_t*>(mapped->data());
-  Buffers& own = *reach_.front().buffers;
-  std::lock_guard<std::mutex> lock(own.mutex);
-  // Forget the buffers whose memory is gone: an address of theirs may belong to another now.
-  own.list.erase(std::remove_if(own.list.begin(), own.list.end(),
-                                [](const Buffer& b) { return b.segment.expired(); }),
-                 own.list.end());
-  own.list.push_back(Buffer{own.next_id++, mapped, base, stride, bytes});
+  buffers_.add(mapped, stride, bytes);
   return at::from_blob(base + static_cast<size_t>(rank()) * stride, {numel},
                        [mapped](void*) mutable { mapped.reset(); }, options);
-}
-
-std::optional<ShmProcessGroup::Place> ShmProcessGroup::in_buffers(const at::Tensor& t) const {
-  if (!t.is_contiguous()) return std::nullopt;
-  const auto* data = static_cast<const uint8_t*>(t.data_ptr());
-  for (size_t level = 0; level < reach_.size(); ++level) {
-    const Reach& reach = reach_[level];
-    std::lock_guard<std::mutex> lock(reach.buffers->mutex);
-    for (const Buffer& b : reach.buffers->list) {
-      const uint8_t* mine = b.base + static_cast<size_t>(reach.ranks[static_cast<size_t>(rank())]) * b.stride;
-      // A live tensor inside a buffer keeps it mapped: one that lies there is of this buffer,
-      // unless the buffer has expired and its addresses were given to other memory.
-      if (data < mine || data + t.nbytes() > mine + b.bytes || b.segment.expired()) continue;
-      Place place{b.id + static_cast<int>(level) * shm::Channel::kGroupUp, static_cast<uint64_t>(data - mine), {}};
-      for (int r : reach.ranks) {
-        place.copies.push_back(b.base + static_cast<size_t>(r) * b.stride + place.offset);
-      }
-      return place;
-    }
-  }
-  return std::nullopt;
-}
-
-const uint8_t* ShmProcessGroup::copy_of(int rank, int buffer, uint64_t offset, size_t bytes,
-                                        std::vector<std::shared_ptr<shm::Segment>>& held) const {
-  const auto level = static_cast<size_t>(buffer / shm::Channel::kGroupUp);
-  const int id = buffer % shm::Channel::kGroupUp;
-  if (buffer < 0 || level >= reach_.size()) return nullptr;
-  const Reach& reach = reach_[level];
-  std::lock_guard<std::mutex> lock(reach.buffers->mutex);
-  for (const Buffer& b : reach.buffers->list) {
-    if (b.id != id) continue;
-    auto segment = b.segment.lock();
-    if (!segment || offset > b.bytes || bytes > b.bytes - offset) return nullptr;
-    held.push_back(std::move(segment));
-    return b.base + static_cast<size_t>(reach.ranks[static_cast<size_t>(rank)]) * b.stride + offset;
-  }
-  return nullptr;
-}
-
-std::vector<Reach> ShmProcessGroup::reach_for(const std::vector<int>& ranks) const {
-  std::vector<Reach> reaches;
-  for (const Reach& reach : reach_) {
-    Reach theirs{reach.buffers, {}};
-    for (int r : ranks) theirs.ranks.push_back(reach.ranks[static_cast<size_t>(r)]);
-    reaches.push_back(std::move(theirs));
-  }
-  return reaches;
 }
 
 }  // namespace
