@@ -6,7 +6,9 @@
 // the same bytes on rank 0 alone (this machine's memory bandwidth, for the shm backend), and the
 // slowest rank's when every rank runs that memcpy at once (memcpy-all: they share the memory bus).
 // --buffers all-reduces buffers the group allocated (ProcessGroup::allocate_buffer), as DDP's
-// buckets are: on shm, in place.
+// buckets are: on shm, in place. --op all-gather or reduce-scatter times that collective instead
+// (bytes: the gathered tensor's, the reduce-scatter's input; busbw = algbw (n - 1) / n), with
+// --buffers the gathered tensor or the scattered input in the group's buffer, as FSDP's units'.
 // TORCH_DISTRIBUTED_DEBUG=DETAIL checks each all-reduce across the ranks first
 // (ddp/comm/diagnostics/collective_check.h), as in ddp_train.
 #include <ATen/ATen.h>
@@ -16,6 +18,7 @@
 #include <chrono>
 #include <cstring>
 #include <cxxopts.hpp>
+#include <functional>
 #include <vector>
 #include <iostream>
 
@@ -30,15 +33,31 @@ struct Row {
   double seconds;
 };
 
-double time_all_reduce(ddp::comm::ProcessGroup& pg, at::Tensor& t, int warmup, int iters) {
-  for (int i = 0; i < warmup; ++i) pg.all_reduce(t)->wait();
+// The collective `op` of `bytes` (all-reduce, all-gather, reduce-scatter), its whole tensor in
+// the group's buffers or not: the collective to time.
+std::function<ddp::comm::WorkPtr()> collective(ddp::comm::ProcessGroup& pg, const std::string& op,
+                                               int64_t bytes, const at::TensorOptions& options,
+                                               bool buffers) {
+  const int64_t count = bytes / 4;
+  auto whole = buffers ? pg.allocate_buffer(count, options).fill_(1) : at::ones({count}, options);
+  auto part = at::ones({count / pg.world_size()}, options);
+  if (op == "all-gather") return [&pg, whole, part]() mutable { return pg.all_gather(whole, part); };
+  if (op == "reduce-scatter") {
+    return [&pg, whole, part]() mutable { return pg.reduce_scatter(part, whole); };
+  }
+  return [&pg, whole]() mutable { return pg.all_reduce(whole); };
+}
+
+double time_collective(ddp::comm::ProcessGroup& pg, const std::function<ddp::comm::WorkPtr()>& run,
+                       const at::Device& device, int warmup, int iters) {
+  for (int i = 0; i < warmup; ++i) run()->wait();
   pg.barrier()->wait();
   const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < iters; ++i) pg.all_reduce(t)->wait();
+  for (int i = 0; i < iters; ++i) run()->wait();
   const double local =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters;
   // The slowest rank's time is the collective's time.
-  auto slowest = at::full({1}, local, at::kDouble).to(t.device());
+  auto slowest = at::full({1}, local, at::kDouble).to(device);
   pg.all_reduce(slowest, ddp::comm::ReduceOp::kMax)->wait();
   return slowest.cpu().item<double>();
 }
@@ -67,18 +86,18 @@ double time_memcpy_on_every_rank(ddp::comm::ProcessGroup& pg, int64_t bytes, int
   return slowest.cpu().item<double>();
 }
 
-// One row: the all-reduce of `bytes` (of a buffer the group allocated with `buffers`), and the
+// One row: the collective of `bytes` (in a buffer the group allocated with `buffers`), and the
 // memcpys beside it.
 void measure(ddp::comm::ProcessGroup& pg, int64_t bytes, const at::Device& device, bool buffers,
              const cxxopts::ParseResult& args) {
   const int iters = args["iters"].as<int>();
   const int64_t count = bytes / 4;
-  const auto options = at::TensorOptions(at::kFloat).device(device);
-  auto t = buffers ? pg.allocate_buffer(count, options).fill_(1) : at::ones({count}, options);
-  const double seconds = time_all_reduce(pg, t, args["warmup"].as<int>(), iters);
+  const std::string op = args["op"].as<std::string>();
+  const auto run = collective(pg, op, bytes, at::TensorOptions(at::kFloat).device(device), buffers);
+  const double seconds = time_collective(pg, run, device, args["warmup"].as<int>(), iters);
   const double algbw = static_cast<double>(bytes) / seconds / 1e9;
   const int n = pg.world_size();
-  const double busbw = algbw * 2.0 * (n - 1) / n;
+  const double busbw = algbw * (op == "all-reduce" ? 2.0 : 1.0) * (n - 1) / n;
   const double together = time_memcpy_on_every_rank(pg, bytes, iters, device);
   if (pg.rank() == 0) {
     const double copy = time_memcpy(bytes, iters);
@@ -101,12 +120,18 @@ int main(int argc, char** argv) {
       "device", "cpu or cuda", cxxopts::value<std::string>()->default_value("cpu"))(
       "threads", "intra-op threads", cxxopts::value<int>()->default_value("1"))(
       "buffers", "all-reduce buffers the group allocates (ProcessGroup::allocate_buffer), as DDP's "
-      "buckets are")("h,help", "print this help");
+      "buckets are")("op", "all-reduce, all-gather or reduce-scatter",
+                     cxxopts::value<std::string>()->default_value("all-reduce"))(
+      "h,help", "print this help");
   try {
     auto args = options.parse(argc, argv);
     if (args.count("help") != 0U) {
       std::cout << options.help();
       return 0;
+    }
+    const std::string op = args["op"].as<std::string>();
+    if (op != "all-reduce" && op != "all-gather" && op != "reduce-scatter") {
+      throw ddp::InputError("--op " + op + ": expected all-reduce, all-gather or reduce-scatter");
     }
     at::set_num_threads(args["threads"].as<int>());
     const auto launch = ddp::comm::detect_launch(ddp::comm::current_env());
@@ -126,8 +151,9 @@ int main(int argc, char** argv) {
     const int n = pg->world_size();
     if (pg->rank() == 0) {
       std::cout << fmt::format(
-          "# ddp_bench_allreduce: backend {}, {} ranks, float32 sum, {} iterations{}{}\n",
-          pg->backend_name(), n, args["iters"].as<int>(), detail ? ", DETAIL" : "",
+          "# ddp_bench_allreduce: {}, backend {}, {} ranks, float32 sum, {} iterations{}{}\n",
+          args["op"].as<std::string>(), pg->backend_name(), n, args["iters"].as<int>(),
+          detail ? ", DETAIL" : "",
           args["buffers"].as<bool>() ? ", the group's buffers" : "");
       std::cout << fmt::format("{:>12} {:>12} {:>12} {:>10} {:>10} {:>12} {:>12}\n", "bytes",
                                "elements", "time(us)", "algbw", "busbw", "memcpy(us)", "memcpy-all");

@@ -7,9 +7,11 @@ at once (memcpy-all: the ranks share the memory bus, so that is the floor's unit
 process alone (ddp_bench_allreduce's memcpy columns).
 
 Each round runs the jobs (the order rotates); per size, the medians of the rounds, and each time
-as a multiple of memcpy-all's, taken within its round.
+as a multiple of memcpy-all's, taken within its round. --op all-gather or reduce-scatter times
+that collective of the same bytes instead (the gathered tensor's, the scattered input's), the
+buffers then holding the gathered tensor or the scattered input, as FSDP's units do.
 
-  bench/shm_allreduce.py --rounds 5 [--world 2]
+  bench/shm_allreduce.py --rounds 5 [--world 2] [--op all-gather]
 """
 import argparse
 import collections
@@ -38,7 +40,8 @@ def table(text):
 
 def run(job, args):
     backend, extra = JOBS[job]
-    cmd = [args.binary, "--backend", backend, "--iters", str(args.iters), *SIZES, *extra]
+    cmd = [args.binary, "--backend", backend, "--iters", str(args.iters), "--op", args.op, *SIZES,
+           *extra]
     if backend == "mpi":
         mpirun = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "self,vader",
                   "-np", str(args.world)]
@@ -53,6 +56,7 @@ def main():
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--op", default="all-reduce", choices=["all-reduce", "all-gather", "reduce-scatter"])
     args = p.parse_args()
     jobs = list(JOBS)
     times = collections.defaultdict(list)    # (job, bytes) -> us
@@ -65,7 +69,7 @@ def main():
                 ratios[(job, size)].append(t / together)
                 copies[size].append((copy, together))
         print(f"round {r} done", file=sys.stderr)
-    print(f"{args.world} ranks, float32 sum, {args.rounds} rounds of {args.iters} all-reduces\n")
+    print(f"{args.world} ranks, float32, {args.rounds} rounds of {args.iters} calls of {args.op}\n")
     print("| bytes | memcpy alone (us) | memcpy-all (us) | "
           + " | ".join(f"{j} (us) | {j}/memcpy-all" for j in jobs) + " |")
     print("|---|---|---|" + "---|---|" * len(jobs))
