@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <future>
 #include <mutex>
@@ -21,12 +22,14 @@ class JobThread {
   JobThread(const JobThread&) = delete;
   JobThread& operator=(const JobThread&) = delete;
 
-  // The job's future: ready once it ran, holding what it threw.
+  // The job's future: ready once it ran, holding what it threw, and once the job itself is gone
+  // with what it captured. A collective's tensors are released when its wait() returns: memory
+  // they held (a slot of FSDP's pool) is free again for whatever the caller does next.
   std::shared_future<void> post(std::function<void()> job) {
-    std::packaged_task<void()> task(std::move(job));
-    auto done = task.get_future().share();
+    Job entry{std::move(job), {}};
+    auto done = entry.done.get_future().share();
     std::lock_guard<std::mutex> lock(mutex_);
-    jobs_.push_back(std::move(task));
+    jobs_.push_back(std::move(entry));
     wake_.notify_all();
     return done;
   }
@@ -57,19 +60,35 @@ class JobThread {
     for (;;) {
       wake_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
       if (jobs_.empty()) break;  // stopping, nothing left
-      std::packaged_task<void()> job = std::move(jobs_.front());
+      Job job = std::move(jobs_.front());
       jobs_.pop_front();
       lock.unlock();
-      job();  // an exception goes to the job's future
+      std::exception_ptr error;
+      try {
+        job.run();
+      } catch (...) {
+        error = std::current_exception();  // to the job's future
+      }
+      job.run = nullptr;
+      if (error) {
+        job.done.set_exception(error);
+      } else {
+        job.done.set_value();
+      }
       lock.lock();
     }
     ended_ = true;
     wake_.notify_all();
   }
 
+  struct Job {
+    std::function<void()> run;
+    std::promise<void> done;
+  };
+
   std::mutex mutex_;
   std::condition_variable wake_;  // a job posted or stop asked (run); the thread ended (stop)
-  std::deque<std::packaged_task<void()>> jobs_;
+  std::deque<Job> jobs_;
   bool stop_ = false;
   bool ended_ = false;
   std::thread thread_;  // last: started once the rest is set

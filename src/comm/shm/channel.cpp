@@ -478,14 +478,14 @@ void Channel::all_gather(void* out, const void* in, size_t bytes, const Place* p
                   place ? place->offset : 0};
   uint8_t* own_block = o + static_cast<size_t>(rank_) * bytes;
   // This rank's part in its own block, published with its arrival.
-  if (place != nullptr && i != own_block) std::memmove(own_block, i, bytes);
+  if (place != nullptr && i != own_block && bytes > 0) std::memmove(own_block, i, bytes);
   const uint64_t round = begin_round(call);
   arrive(round, call);  // every rank says where its output lies, if anywhere
   const size_t whole = static_cast<size_t>(world_) * bytes;
   if (const auto outputs = place ? copies_of(round, call, o, whole, place->locate) : std::nullopt) {
     for (int r = 0; r < world_; ++r) {
       const size_t at = static_cast<size_t>(r) * bytes;
-      if (r != rank_) std::memcpy(o + at, (*outputs)[static_cast<size_t>(r)] + at, bytes);
+      if (r != rank_ && bytes > 0) std::memcpy(o + at, (*outputs)[static_cast<size_t>(r)] + at, bytes);
     }
     leave_copies(round, call);
     return;
@@ -517,6 +517,7 @@ void Channel::reduce_scatter(void* out, const void* in, size_t count, DType type
 
 void Channel::reduce_scatter_copies(void* out, const std::vector<const uint8_t*>& ins,
                                     size_t count, const Call& call) const {
+  if (count == 0) return;  // `out` may be null then
   const size_t size = dtype_size(call.type);
   const size_t block = count * size;
   std::vector<const void*> inputs(static_cast<size_t>(world_));
