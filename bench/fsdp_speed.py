@@ -20,6 +20,8 @@ import statistics
 import subprocess
 import tempfile
 
+from fsdp_memory import workload_args  # the wide MLP's options, as that bench runs it
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -27,8 +29,7 @@ def samples_per_s(args, build, fsdp):
     """One run's samples/s (metrics.jsonl's last epoch)."""
     with tempfile.TemporaryDirectory() as out:
         cmd = [os.path.join(build, "launcher"), "--nproc", str(args.world),
-               os.path.join(build, "ddp_train"), "--model", "wide-mlp", "--width", str(args.width),
-               "--depth", str(args.depth), "--optimizer", "adam", "--lr", "0.0001",
+               os.path.join(build, "ddp_train"), *workload_args(args, "wide-mlp", args.width),
                "--dataset", "fashion-mnist", "--epochs", "1", "--batch-size", "16",
                "--train-subset", str(args.samples_per_rank * args.world), "--test-subset", "16",
                "--threads", "1", "--backend", args.backend, "--progress", "off", "--device", "cpu",

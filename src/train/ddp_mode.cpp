@@ -191,7 +191,11 @@ void DdpMode::load(const Checkpoint& c, const std::string& path,
 }
 
 void DdpMode::load_optimizer_state(const Checkpoint& c, const std::string& path) {
-  load_optimizer(optimizer(), zero_state_of(c, path, /*zero=*/false, run_.dist.rank()), path,
+  load_whole_optimizer(c, path, /*zero=*/false);
+}
+
+void DdpMode::load_whole_optimizer(const Checkpoint& c, const std::string& path, bool zero) {
+  load_optimizer(optimizer(), zero_state_of(c, path, zero, run_.dist.rank()), path,
                  run_.dist.device);
   // A sharded run's checkpoint keeps the element-wise state apart.
   restore_optimizer_tensors(optimizer(), run_.workload.module->parameters(), c.optimizer_tensors,

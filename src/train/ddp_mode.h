@@ -53,6 +53,9 @@ class DdpMode : public ParallelMode {
   // Into `c` (rank 0's is written): the optimizer's state. Every rank calls it.
   virtual void fill_optimizer(Checkpoint& c);
   virtual void load_optimizer_state(const Checkpoint& c, const std::string& path);
+  // This rank's optimizer state from `c` whole (`zero`: its own shard of a ZeRO checkpoint), and
+  // the element-wise tensors a sharded run keeps apart.
+  void load_whole_optimizer(const Checkpoint& c, const std::string& path, bool zero);
 
   DistributedDataParallel<> model_{nullptr};
   std::unique_ptr<torch::optim::Optimizer> optimizer_;  // null under zero

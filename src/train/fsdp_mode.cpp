@@ -41,12 +41,6 @@ void FsdpMode::build(bool /*init_sync: rank 0's weights are always broadcast*/) 
   optimizer_ = make_optimizer(run_.config, model_->parameters());
 }
 
-OptimizerFactory FsdpMode::factory() const {
-  return [this](const std::vector<torch::Tensor>& params) {
-    return make_optimizer(run_.config, params);
-  };
-}
-
 std::unique_ptr<Accumulation> FsdpMode::accumulate(bool last) {
   model_->set_requires_gradient_sync(last);
   return nullptr;
@@ -107,7 +101,7 @@ std::string FsdpMode::save_gathered(Checkpoint c, CheckpointPosition at) {
   PtFileWriter* model = nullptr;
   if (main) {
     try {
-      state = state_->deferred_state(kModulePrefix, optimizer_.get(), factory());
+      state = state_->deferred_state(kModulePrefix, optimizer_.get(), optimizer_factory());
       c.model = state.model;
       c.optimizer_state = byte_tensor(std::move(state.optimizer_state));
       c.optimizer_tensors = state.optimizer_tensors;
@@ -139,7 +133,7 @@ std::string FsdpMode::save_sharded(Checkpoint c, CheckpointPosition at) {
   if (!writer_) writer_ = std::make_unique<ShardedCheckpointWriter>(run_.config, run_.dist);
   const std::string dir = writer_->begin(at);  // the previous one settled first
   const bool async = run_.config.checkpoint_async;
-  state_->fill_rank_file(c, *optimizer_, factory(), /*copy=*/async);
+  state_->fill_rank_file(c, *optimizer_, optimizer_factory(), /*copy=*/async);
   writer_->write(std::move(c), async);
   if (async) {
     log::info("checkpoint {}: {} (each rank writing its file in the background)", describe(at),
@@ -166,12 +160,12 @@ void FsdpMode::finish_saving() {
 void FsdpMode::load(const Checkpoint& c, const std::string& path,
                     const std::vector<Checkpoint>* shard_files) {
   if (shard_files != nullptr)
-    return state_->load_shards(*shard_files, *optimizer_, factory(), path);
+    return state_->load_shards(*shard_files, *optimizer_, optimizer_factory(), path);
   if (c.shard_rank >= 0) refuse_sharded_checkpoint(path, /*directory=*/false);
   state_->load_state_dict(c.model, path);  // this rank's shards of it
   // This rank's part of the per-parameter state.
   state_->load_unsharded_optimizer_state(*optimizer_, zero_state_of(c, path, false, 0),
-                                         c.optimizer_tensors, factory(), path);
+                                         c.optimizer_tensors, optimizer_factory(), path);
 }
 
 }  // namespace ddp::train

@@ -71,7 +71,6 @@ class FsdpMode : public ParallelMode {
  private:
   std::string save_gathered(Checkpoint c, CheckpointPosition at);
   std::string save_sharded(Checkpoint c, CheckpointPosition at);
-  OptimizerFactory factory() const;  // make_optimizer with the run's config
   // Rank 0's buffers (BatchNorm's statistics) to every rank (a collective).
   void broadcast_buffers();
 

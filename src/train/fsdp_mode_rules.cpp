@@ -13,14 +13,9 @@
 namespace ddp::train {
 namespace {
 
-// Whether the FSDP keys ask for a mixed precision policy.
-bool mixed_precision(const Config& config) {
-  return config.fsdp_param_dtype != "float32" || config.fsdp_reduce_dtype != "param-dtype";
-}
-
 // The FSDP keys without a sharded mode.
 void check_fsdp_keys_need_it(const Config& config) {
-  if (mixed_precision(config))
+  if (fsdp_mixed_precision(config))
     throw InputError("keys 'fsdp-param-dtype' and 'fsdp-reduce-dtype' need fsdp");
   if (config.checkpoint_sharded) throw InputError("key 'checkpoint-sharded' needs fsdp");
   if (!config.reshard_after_forward) throw InputError("key 'reshard-after-forward' needs fsdp");
@@ -41,7 +36,7 @@ void FsdpMode::check_options(const Config& config, const ModeNaming& naming) {
       {config.uneven, "uneven (a rank out of batches would leave the others' gathers alone)"},
       {config.elastic, "elastic"},
       {config.comm_hook != CommHook::kAllReduce, "comm-hook (FSDP reduce-scatters gradients)"},
-      {config.amp != Amp::kOff && mixed_precision(config),
+      {config.amp != Amp::kOff && fsdp_mixed_precision(config),
        "amp together with fsdp-param-dtype or fsdp-reduce-dtype (autocast or the policy: one)"},
       {config.sync_bn, "sync-bn"},
       {mode == Parallel::kFsdp && config.hierarchical == "true",

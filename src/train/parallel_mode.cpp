@@ -4,6 +4,7 @@
 
 #include "ddp/common/error.h"
 #include "ddp/common/log.h"
+#include "ddp/train/run_options.h"
 
 namespace ddp::train {
 
@@ -15,6 +16,12 @@ void ParallelMode::optimizer_step(amp::GradScaler* scaler) {
   // Skipped on every rank after an inf or NaN, with the scale halved (PyTorch's rule).
   if (!scaler->step(optimizer())) log::debug("the optimizer step skipped (inf or NaN)");
   scaler->update();
+}
+
+OptimizerFactory ParallelMode::optimizer_factory() const {
+  return [this](const std::vector<torch::Tensor>& params) {
+    return make_optimizer(run_.config, params);
+  };
 }
 
 namespace {

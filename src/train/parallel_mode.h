@@ -121,6 +121,9 @@ class ParallelMode {
   // Scales the gradients so that their global 2-norm is at most `max_norm`.
   virtual void clip_gradients(double max_norm) = 0;
   virtual void step_optimizer() { optimizer().step(); }
+  // make_optimizer with the run's config, for what builds optimizers over other tensors (ZeRO's
+  // shards, a resharded or sharded checkpoint's).
+  OptimizerFactory optimizer_factory() const;
 
   ModeContext run_;
 };

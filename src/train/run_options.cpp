@@ -14,7 +14,7 @@ FullyShardOptions fsdp_options(const Config& config) {
     return name == "bfloat16" ? torch::kBFloat16 : torch::kFloat32;
   };
   MixedPrecisionPolicy policy;
-  if (config.fsdp_param_dtype != "float32" || config.fsdp_reduce_dtype != "param-dtype") {
+  if (fsdp_mixed_precision(config)) {
     policy.param_dtype(dtype(config.fsdp_param_dtype));
     if (config.fsdp_reduce_dtype != "param-dtype") {
       policy.reduce_dtype(dtype(config.fsdp_reduce_dtype));

@@ -12,8 +12,7 @@ namespace ddp::train {
 void ZeroMode::build(bool init_sync) {
   wrap(init_sync);
   zero_ = std::make_unique<ZeroRedundancyOptimizer>(
-      run_.workload.module->parameters(), run_.dist.group,
-      [this](std::vector<torch::Tensor> shard) { return make_optimizer(run_.config, shard); });
+      run_.workload.module->parameters(), run_.dist.group, optimizer_factory());
 }
 
 void ZeroMode::fill_optimizer(Checkpoint& c) {
@@ -29,17 +28,11 @@ void ZeroMode::load_optimizer_state(const Checkpoint& c, const std::string& path
   const Distributed& dist = run_.dist;
   if (static_cast<int64_t>(c.optimizer_shards.size()) == dist.world_size() ||
       c.optimizer_shards.empty()) {
-    load_optimizer(optimizer(), zero_state_of(c, path, /*zero=*/true, dist.rank()), path,
-                   dist.device);
-    restore_optimizer_tensors(optimizer(), run_.workload.module->parameters(), c.optimizer_tensors,
-                              path, dist.device);
+    load_whole_optimizer(c, path, /*zero=*/true);
     return;
   }
-  const OptimizerFactory make = [this](const std::vector<torch::Tensor>& params) {
-    return make_optimizer(run_.config, params);
-  };
   const int saved_world = load_resharded_zero_state(
-      c, path, make, *zero_, run_.workload.module->parameters(), dist.rank(), dist.device);
+      c, path, optimizer_factory(), *zero_, run_.workload.module->parameters(), dist.rank(), dist.device);
   if (dist.is_main()) {
     log::info("{}: the optimizer state of {} ranks' shards resharded over {} ranks", path,
               saved_world, dist.world_size());

@@ -271,21 +271,21 @@ struct ReduceCase {
   std::vector<uint8_t> expected;             // their pure reduction
 };
 
-// Every count of kCounts with every operation, but the several MB (many blocks a slice) only as
-// a float32 sum and a bfloat16 maximum: each of them takes about as long under ThreadSanitizer as
-// all the smaller counts together.
+// The operations of the in-place tests for `count` elements of `type`: every one, but for the
+// several MB (many blocks a slice) only a float32 sum and a bfloat16 maximum: each of them takes
+// about as long under ThreadSanitizer as all the smaller counts together.
+std::vector<Op> ops_for(DType type, size_t count) {
+  if (count != kCounts.back()) return kOps;
+  if (type == DType::kFloat32) return {Op::kSum};
+  if (type == DType::kBFloat16) return {Op::kMax};
+  return {};
+}
+
+// Every count of kCounts with the operations ops_for gives.
 std::vector<ReduceCase> reduce_cases(DType type, int world) {
-  const size_t many = kCounts.back();
-  const auto several_mb = [&](Op op) {
-    return (type == DType::kFloat32 && op == Op::kSum) ||
-           (type == DType::kBFloat16 && op == Op::kMax);
-  };
   std::vector<ReduceCase> cases;
   for (size_t count : kCounts) {
-    std::vector<Op> ops;
-    for (Op op : kOps) {
-      if (count != many || several_mb(op)) ops.push_back(op);
-    }
+    const std::vector<Op> ops = ops_for(type, count);
     if (ops.empty()) continue;
     const auto inputs = random_inputs(type, world, count);
     for (Op op : ops) cases.push_back({count, op, inputs, reduced(type, op, inputs, count)});
@@ -404,21 +404,25 @@ struct ScatterCase {
   std::vector<std::vector<uint8_t>> expected;  // rank q's output at q
 };
 
-// Every count of kCounts with every operation, the several MB only as a float32 sum and a
-// bfloat16 maximum (as reduce_cases, for ThreadSanitizer's time).
+// Every count of kCounts with the operations ops_for gives (one input for all of a count's).
 std::vector<ScatterCase> scatter_cases(DType type, int world) {
   const size_t size = ddp::comm::shm::dtype_size(type);
   const auto w = static_cast<size_t>(world);
   std::vector<ScatterCase> cases;
-  for (const ReduceCase& rc : reduce_cases(type, world)) {
-    ScatterCase sc{rc.count, rc.op, random_inputs(type, world, w * rc.count), {}};
-    const size_t block = rc.count * size;
-    for (size_t q = 0; q < w; ++q) {
-      std::vector<std::vector<uint8_t>> blocks;
-      for (const auto& in : sc.inputs) blocks.emplace_back(in.begin() + q * block, in.begin() + (q + 1) * block);
-      sc.expected.push_back(reduced(type, rc.op, blocks, rc.count));
+  for (size_t count : kCounts) {
+    const std::vector<Op> ops = ops_for(type, count);
+    if (ops.empty()) continue;
+    const auto inputs = random_inputs(type, world, w * count);
+    const size_t block = count * size;
+    for (Op op : ops) {
+      ScatterCase sc{count, op, inputs, {}};
+      for (size_t q = 0; q < w; ++q) {
+        std::vector<std::vector<uint8_t>> blocks;
+        for (const auto& in : inputs) blocks.emplace_back(in.begin() + q * block, in.begin() + (q + 1) * block);
+        sc.expected.push_back(reduced(type, op, blocks, count));
+      }
+      cases.push_back(std::move(sc));
     }
-    cases.push_back(std::move(sc));
   }
   return cases;
 }

@@ -202,6 +202,11 @@ inline bool sharded(Parallel mode) {
   return mode == Parallel::kFsdp || mode == Parallel::kHsdp;
 }
 
+// Whether the FSDP keys ask for a mixed precision policy.
+inline bool fsdp_mixed_precision(const Config& config) {
+  return config.fsdp_param_dtype != "float32" || config.fsdp_reduce_dtype != "param-dtype";
+}
+
 // The mode the keys parallel, fsdp, zero and sync name (ddp when none does). InputError naming two
 // of them when they name different modes ("key 'fsdp': cannot be combined with parallel zero ...").
 Parallel parallel_mode(const Config& config);
