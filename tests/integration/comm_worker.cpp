@@ -931,7 +931,6 @@ class FaultAtCollective : public ddp::comm::ProcessGroup {
 
 int shm_set_up_fault(const std::shared_ptr<ddp::comm::ProcessGroup>& gloo, int rank, int k,
                      const std::string& mode) {
-  std::cout << "rank " << gloo->rank() << ": pid " << ::getpid() << std::endl;
   auto faulty = std::make_shared<FaultAtCollective>(gloo, rank, k, mode);
 #ifndef DDP_HAVE_GLOO  // the shm backend is built over gloo only (a wheel without gloo's headers)
   std::cout << "rank " << gloo->rank() << ": no shm backend in this build (no gloo)" << std::endl;
@@ -1019,6 +1018,9 @@ int shm_set_up_faults(const std::string& backend, const std::string& dir,
     const pid_t child = ::fork();
     if (child == 0) {
       ::setenv("MASTER_PORT", port.c_str(), 1);
+      // Before the gloo group: a rank whose group's creation fails (the other died at once at
+      // its first collective) has said which process it was all the same.
+      std::cout << "rank " << rank << ": pid " << ::getpid() << std::endl;
       ddp::comm::ProcessGroupOptions options;
       options.timeout = std::chrono::seconds(20);
       options.rendezvous_timeout = std::chrono::seconds(30);
