@@ -3,14 +3,17 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <memory>
 
 namespace ddp::testing {
 
-std::vector<ProcessResult> run_env_ranks(int world, const std::vector<std::string>& argv,
-                                         std::chrono::seconds limit,
-                                         const std::map<std::string, std::string>& extra) {
-  const int port = free_port();
+namespace {
+
+std::vector<ProcessResult> run_env_ranks_on(int port, int world,
+                                            const std::vector<std::string>& argv,
+                                            std::chrono::steady_clock::time_point deadline,
+                                            const std::map<std::string, std::string>& extra) {
   std::vector<std::unique_ptr<Child>> children;
   for (int r = 0; r < world; ++r) {
     std::map<std::string, std::string> env = {
@@ -20,10 +23,32 @@ std::vector<ProcessResult> run_env_ranks(int world, const std::vector<std::strin
     for (const auto& [k, v] : extra) env[k] = v;
     children.push_back(std::make_unique<Child>(argv, env));
   }
-  const auto deadline = std::chrono::steady_clock::now() + limit;
   std::vector<ProcessResult> results;
-  for (auto& child : children) results.push_back(child->wait_until(deadline));
+  for (auto& child : children) {
+    results.push_back(child->wait_until(deadline));
+    if (results.size() == 1 && port_was_taken(results[0])) return results;  // the rest: killed
+  }
   return results;
+}
+
+}  // namespace
+
+bool port_was_taken(const ProcessResult& rank0) {
+  return rank0.exit_code != 0 && rank0.output.find("is already in use") != std::string::npos;
+}
+
+// A port free when chosen can still be bound by a process outside the tests before rank 0 binds
+// it; such a job never started, and runs again on another port (twice at most).
+std::vector<ProcessResult> run_env_ranks(int world, const std::vector<std::string>& argv,
+                                         std::chrono::seconds limit,
+                                         const std::map<std::string, std::string>& extra) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  for (int attempt = 1;; ++attempt) {
+    const int port = free_port();
+    auto results = run_env_ranks_on(port, world, argv, deadline, extra);
+    if (!port_was_taken(results[0]) || attempt == 3) return results;
+    std::fprintf(stderr, "[test] MASTER_PORT %d was taken before rank 0 bound it: again\n", port);
+  }
 }
 
 std::vector<std::string> mpirun_argv(int np) {

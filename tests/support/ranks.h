@@ -13,9 +13,13 @@ namespace ddp::testing {
 
 // `world` processes of `argv` with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 // MASTER_ADDR=127.0.0.1 and a free MASTER_PORT (plus `extra`); waits for all until `limit`.
+// A job whose rank 0 found its port taken runs again on another.
 std::vector<ProcessResult> run_env_ranks(int world, const std::vector<std::string>& argv,
                                          std::chrono::seconds limit,
                                          const std::map<std::string, std::string>& extra = {});
+
+// Whether rank 0 exited because its MASTER_PORT was taken (the job never started).
+bool port_was_taken(const ProcessResult& rank0);
 
 // A reference run of PyTorch (Debian's python3-torch): tests/python/`script` OUT_DIR as `world`
 // gloo ranks with the env contract, writing into `out_dir`. Returns whether every rank exited 0

@@ -4,7 +4,9 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -145,10 +147,27 @@ bool bindable(int port) {
 
 }  // namespace
 
+// Whether this process now holds `port` against every other test process: an flock on a file
+// named after it, held until this process exits (the kernel drops it then, however it ends). The
+// same process never gets a port twice either (a second open file's lock conflicts with the
+// first), so no job of a test meets an earlier job's TIME_WAIT.
+bool reserve(int port) {
+  const char* dir = "/tmp/ddp-test-ports";
+  ::mkdir(dir, 01777);
+  ::chmod(dir, 01777);  // mkdir's mode passes through the umask
+  const std::string path = std::string(dir) + "/" + std::to_string(port);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  if (fd < 0) return true;  // an unwritable /tmp: chance alone keeps tests apart, as before
+  if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return true;  // fd stays open: the lock with it
+  ::close(fd);
+  return false;
+}
+
 // Below the ephemeral range: a port the kernel handed out there could be taken, between this
 // check and the rank's bind, by any connection another test opens meanwhile (gloo's ranks open
 // many), which made a rank's store fail with "MASTER_PORT ... is already in use". Tests choose
-// at random among 10000 ports, each process from its own seed.
+// at random among 10000 ports, each process from its own seed, and reserve what they chose:
+// two tests that ctest runs at once drew the same port often enough to fail a CI run in twenty.
 int free_port() {
   static std::minstd_rand next(static_cast<unsigned>(::getpid()) ^
                                static_cast<unsigned>(std::time(nullptr)));
@@ -156,7 +175,7 @@ int free_port() {
   const int low = std::max(1024, high - 10000);
   for (int attempt = 0; attempt < 1000; ++attempt) {
     const int port = low + static_cast<int>(next() % static_cast<unsigned>(high - low));
-    if (bindable(port)) return port;
+    if (reserve(port) && bindable(port)) return port;
   }
   throw std::runtime_error("free_port: no free port below the ephemeral range");
 }
