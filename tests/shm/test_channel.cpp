@@ -487,6 +487,7 @@ int32_t step_reduced(Op op, int world, int64_t i, size_t j) {
     case Op::kSum: return static_cast<int32_t>(m * w * (w + 1) / 2);
     case Op::kMin: return static_cast<int32_t>(m);
     case Op::kMax: return static_cast<int32_t>(m * w);
+    case Op::kAvg: break;  // of floating types only
   }
   return 0;
 }

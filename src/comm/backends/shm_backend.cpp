@@ -46,14 +46,27 @@ std::optional<shm::DType> shm_dtype(at::ScalarType type) {
   }
 }
 
-shm::Op shm_op(ReduceOp op) {
+// The channel divides a floating average as it reduces each block, while the block is in the
+// cache (each element once over the ranks, not on every rank); an integer average is a sum the
+// caller divides (sum_to_average).
+bool channel_averages(shm::DType type) {
+  return type == shm::DType::kFloat32 || type == shm::DType::kFloat64 ||
+         type == shm::DType::kFloat16 || type == shm::DType::kBFloat16;
+}
+
+shm::Op shm_op(ReduceOp op, shm::DType type) {
   switch (op) {
     case ReduceOp::kMin: return shm::Op::kMin;
     case ReduceOp::kMax: return shm::Op::kMax;
-    case ReduceOp::kSum:
-    case ReduceOp::kAvg: return shm::Op::kSum;
+    case ReduceOp::kSum: return shm::Op::kSum;
+    case ReduceOp::kAvg: return channel_averages(type) ? shm::Op::kAvg : shm::Op::kSum;
   }
   return shm::Op::kSum;
+}
+
+// The division of an average the channel left to its caller.
+void finish_average(at::Tensor& t, ReduceOp op, shm::DType type, int world_size) {
+  if (op == ReduceOp::kAvg && !channel_averages(type)) sum_to_average(t, world_size);
 }
 
 // A name no other group on this host has: this process, a count, and randomness against a
@@ -128,13 +141,13 @@ class ShmProcessGroup : public ProcessGroup {
     if (auto place = in_buffers(tensor)) {
       return post(info, [this, t = tensor, type = *type, op, place = std::move(*place)]() mutable {
         channel_->all_reduce_in_place(place.copies.data(), static_cast<size_t>(t.numel()), type,
-                                      shm_op(op), place.buffer, place.offset);
-        if (op == ReduceOp::kAvg) sum_to_average(t, world_size());
+                                      shm_op(op, type), place.buffer, place.offset);
+        finish_average(t, op, type, world_size());
       });
     }
     return post(info, [this, t = tensor, type = *type, op]() mutable {
-      channel_->all_reduce(t.data_ptr(), static_cast<size_t>(t.numel()), type, shm_op(op));
-      if (op == ReduceOp::kAvg) sum_to_average(t, world_size());
+      channel_->all_reduce(t.data_ptr(), static_cast<size_t>(t.numel()), type, shm_op(op, type));
+      finish_average(t, op, type, world_size());
     });
   }
   WorkPtr do_broadcast(at::Tensor& tensor, int root, const CollectiveInfo& info) override {
@@ -162,8 +175,8 @@ class ShmProcessGroup : public ProcessGroup {
                        place = std::move(place)]() mutable {
       Reached reached(*this, place);
       channel_->reduce_scatter(out.data_ptr(), in.data_ptr(), static_cast<size_t>(out.numel()),
-                               type, shm_op(op), reached.place());
-      if (op == ReduceOp::kAvg) sum_to_average(out, world_size());
+                               type, shm_op(op, type), reached.place());
+      finish_average(out, op, type, world_size());
     });
   }
   WorkPtr do_all_to_all(at::Tensor& output, const at::Tensor& input,

@@ -290,7 +290,7 @@ std::optional<Channel::Failure> Channel::look_behind(Counter counter, uint64_t r
 }
 
 std::string Channel::describe(const Call& call) {
-  static constexpr const char* kOps[] = {"sum", "min", "max"};
+  static constexpr const char* kOps[] = {"sum", "min", "max", "avg"};
   // An in-place call reads as its staged kind, then where it is.
   const auto in_place = [&](Kind staged) {
     Call as = call;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 
 #include "ddp/common/error.h"
 
@@ -29,6 +30,7 @@ T combine(Op op, T a, T b) {
     case Op::kSum: return static_cast<T>(a + b);
     case Op::kMin: return std::min(a, b);
     case Op::kMax: return std::max(a, b);
+    case Op::kAvg: break;  // reduce() sums first
   }
   return a;
 }
@@ -46,6 +48,7 @@ void combine_into(Op op, T* out, const T* a, const T* b, size_t count) {
     case Op::kMax:
       for (size_t i = 0; i < count; ++i) out[i] = std::max(a[i], b[i]);
       break;
+    case Op::kAvg: break;  // reduce() sums first
   }
 }
 
@@ -105,6 +108,34 @@ void reduce_16bit(Op op, void* out, const void* const* inputs, int n, size_t cou
   }
 }
 
+// data[i] /= n as LibTorch's div_ computes it: in the type (float, double), or, for 16-bit
+// floats, widened to float32, divided, rounded (its opmath).
+template <class T>
+void divide_plain(void* data, int n, size_t count) {
+  T* d = static_cast<T*>(data);
+  const T by = static_cast<T>(n);
+  for (size_t i = 0; i < count; ++i) d[i] = d[i] / by;
+}
+
+template <float (*Widen)(uint16_t), uint16_t (*Narrow)(float)>
+void divide_16bit(void* data, int n, size_t count) {
+  auto* d = static_cast<uint16_t*>(data);
+  const float by = static_cast<float>(n);
+  for (size_t i = 0; i < count; ++i) d[i] = Narrow(Widen(d[i]) / by);
+}
+
+void divide(DType type, void* data, int n, size_t count) {
+  switch (type) {
+    case DType::kFloat32: return divide_plain<float>(data, n, count);
+    case DType::kFloat64: return divide_plain<double>(data, n, count);
+    case DType::kFloat16: return divide_16bit<half_to_float, float_to_half>(data, n, count);
+    case DType::kBFloat16:
+      return divide_16bit<bfloat16_to_float, float_to_bfloat16>(data, n, count);
+    default:
+      DDP_CHECK(false, std::string("an average of ") + dtype_name(type) + " is the caller's");
+  }
+}
+
 }  // namespace
 
 size_t dtype_size(DType type) {
@@ -142,6 +173,10 @@ const char* dtype_name(DType type) {
 void reduce(DType type, Op op, void* out, const void* const* inputs, int n, size_t count) {
   DDP_CHECK(n >= 1, "a reduction needs at least one input");
   if (count == 0) return;
+  if (op == Op::kAvg) {
+    reduce(type, Op::kSum, out, inputs, n, count);
+    return divide(type, out, n, count);
+  }
   switch (type) {
     case DType::kFloat32: return reduce_plain<float>(op, out, inputs, n, count);
     case DType::kFloat64: return reduce_plain<double>(op, out, inputs, n, count);

@@ -16,14 +16,20 @@
 namespace ddp::comm::shm {
 
 enum class DType { kFloat32, kFloat64, kFloat16, kBFloat16, kInt8, kUInt8, kInt16, kInt32, kInt64, kBool };
-enum class Op { kSum, kMin, kMax };  // an average is a sum divided afterwards, by the caller
+// kAvg: the sum, then divided by the number of inputs as LibTorch's div_ rounds it (a float
+// division; 16-bit floats: the sum rounded, widened, divided in float32, rounded again), so that
+// it is the bits of a sum followed by tensor.div_(n). Floating types only: an integer average
+// is the caller's (LibTorch truncates, on the signed sum).
+enum class Op { kSum, kMin, kMax, kAvg };
 
 size_t dtype_size(DType type);
 const char* dtype_name(DType type);  // PyTorch's: "float32", "bfloat16", "bool", ...
 
 // out[i] = inputs[0][i] op inputs[1][i] op ... op inputs[n-1][i], for i < count, in that order.
 // Integers wrap as in two's complement (as LibTorch's sums do); bool: sum and max are or, min is
-// and. `out` may be one of the inputs only where it is inputs[0]. A pure function.
+// and. `out` may be one of the inputs only where it is inputs[0]. A pure function. The division
+// of kAvg follows each call's sum while it is still in the cache: the channel reduces a block at
+// a time, so that each element is divided once, by the rank that reduced it.
 void reduce(DType type, Op op, void* out, const void* const* inputs, int n, size_t count);
 
 // 16-bit floats as LibTorch rounds them (to nearest, ties to even).
