@@ -11,6 +11,8 @@
 #   scripts/test-trixie.sh --prepare   only makes the root and installs the packages into it (CI
 #                                      does this while Debian 12 builds)
 #   scripts/test-trixie.sh --full      every test, as Debian 12 runs them
+#   scripts/test-trixie.sh --run CMD   CMD (bash) in the clone there, after the packages, nothing
+#                                      else: a benchmark against PyTorch 2.6 (bench/compare_fsdp.py)
 #
 # The sanitizer and fuzzing stages, which Debian 12 runs, are off here by default:
 # DDP_TRIXIE_SANITIZE=1 and DDP_TRIXIE_FUZZ_SECONDS=N turn them on (the root then gets clang, which
@@ -32,6 +34,12 @@ debian_root_clone "$chroot_dir" "$root"
 sanitize="${DDP_TRIXIE_SANITIZE:-0}" fuzz_seconds="${DDP_TRIXIE_FUZZ_SECONDS:-0}"
 install_clang=0
 [[ "$sanitize" == 0 && "$fuzz_seconds" == 0 ]] || install_clang=1
+if [[ "${1:-}" == --run ]]; then
+  [ $# -eq 2 ] || { echo "test-trixie: --run takes one command" >&2; exit 2; }
+  debian_root_run "$chroot_dir" "cd /work/ddp && DDP_INSTALL_NPM=0 DDP_INSTALL_CLANG=0 \
+    scripts/install-deps.sh && $2"
+  exit 0
+fi
 if [[ "${1:-}" == --prepare ]]; then
   debian_root_run "$chroot_dir" "cd /work/ddp && DDP_INSTALL_NPM=0 DDP_INSTALL_CLANG=$install_clang \
     scripts/install-deps.sh"
