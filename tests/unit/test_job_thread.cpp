@@ -1,10 +1,14 @@
 // The thread a group runs its collectives on (src/comm/job_thread.h): jobs in the order posted,
-// what one throws in its future, and what a job captured released by the time its future is
-// ready (a collective's tensors, whose memory the caller takes again next).
+// what one throws in its future, what a job captured released by the time its future is ready
+// (a collective's tensors, whose memory the caller takes again next), and a waiter that runs its
+// job itself where it is next, never out of order nor beside another.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <memory>
 #include <stdexcept>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -44,6 +48,51 @@ TEST(JobThread, WhatAJobCapturedIsReleasedWhenItsFutureIsReady) {
     });
     done.wait();
     ASSERT_TRUE(watch.expired()) << "job " << i << "'s capture outlived its future's readiness";
+  }
+}
+
+// Jobs that each check that none runs beside them and that they come in order, posted by one
+// thread and waited for by another (run_if_next, then the future), as ShmWork does: each runs
+// once, in order, alone, on the group's thread or on the waiter's. The waiter asks at once, so
+// that it is almost always first: the group's thread takes microseconds to wake.
+TEST(JobThread, AWaiterRunsItsJobItselfWhereItIsNextAndNeverOutOfOrder) {
+  JobThread thread;
+  std::atomic<int> running{0};
+  std::vector<int> ran;
+  std::vector<std::thread::id> by;
+  constexpr int kJobs = 2000;
+  std::vector<JobThread::Ticket> tickets;
+  for (int i = 0; i < kJobs; ++i) {
+    tickets.push_back(thread.post_ticket([&, i] {
+      EXPECT_EQ(running.fetch_add(1), 0) << "job " << i << " ran beside another";
+      ran.push_back(i);
+      by.push_back(std::this_thread::get_id());
+      running.fetch_sub(1);
+    }));
+    if (i % 3 == 0) continue;  // some left for the thread, or for a later waiter
+    const bool ran_here = thread.run_if_next(tickets.back().number);
+    tickets.back().done.get();
+    if (ran_here) {
+      EXPECT_EQ(by.back(), std::this_thread::get_id());
+    }
+  }
+  for (auto& t : tickets) {
+    EXPECT_FALSE(thread.run_if_next(t.number)) << "job " << t.number << " ran twice";
+    t.done.get();
+  }
+  ASSERT_EQ(ran.size(), static_cast<size_t>(kJobs));
+  for (int i = 0; i < kJobs; ++i) EXPECT_EQ(ran[static_cast<size_t>(i)], i);
+  const auto here = std::count(by.begin(), by.end(), std::this_thread::get_id());
+  EXPECT_GT(here, 0) << "no job ran on its waiter";
+  EXPECT_LT(here, kJobs) << "no job ran on the group's thread";
+}
+
+TEST(JobThread, AJobRunByItsWaiterGivesWhatItThrew) {
+  JobThread thread;
+  for (int i = 0; i < 100; ++i) {
+    auto ticket = thread.post_ticket([] { throw std::runtime_error("thrown"); });
+    thread.run_if_next(ticket.number);
+    EXPECT_THROW(ticket.done.get(), std::runtime_error);
   }
 }
 

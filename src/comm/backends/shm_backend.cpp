@@ -83,14 +83,22 @@ struct SegmentName {
   ~SegmentName() { shm::Segment::remove(name); }
 };
 
-// A collective run by the group's thread: wait() and is_completed() read its future.
+// A collective posted to the group's thread: wait() runs it on the caller's own thread where the
+// group's has not started it and it is next (JobThread::run_if_next: DDP's step waits for its
+// last bucket as soon as it is launched), then reads its future, as is_completed() does.
 class ShmWork : public Work {
  public:
-  ShmWork(std::shared_future<void> done, CollectiveInfo info, std::string timeout_message)
-      : done_(std::move(done)), info_(std::move(info)), timeout_message_(std::move(timeout_message)) {}
+  ShmWork(const std::shared_ptr<JobThread>& thread, JobThread::Ticket ticket, CollectiveInfo info,
+          std::string timeout_message)
+      : thread_(thread),
+        done_(std::move(ticket.done)),
+        number_(ticket.number),
+        info_(std::move(info)),
+        timeout_message_(std::move(timeout_message)) {}
   // A timeout reads as every backend's (the group's timeout_message), with the ranks that did
   // not come; any other failure names its rank.
   void wait() override {
+    if (auto thread = thread_.lock()) thread->run_if_next(number_);  // the group may be gone
     try {
       done_.get();
     } catch (const shm::ChannelError& e) {
@@ -103,7 +111,9 @@ class ShmWork : public Work {
   }
 
  private:
+  std::weak_ptr<JobThread> thread_;
   std::shared_future<void> done_;
+  uint64_t number_;
   CollectiveInfo info_;
   std::string timeout_message_;
 };
@@ -128,9 +138,9 @@ class ShmProcessGroup : public ProcessGroup {
     // again: the others' last collectives still complete.
     if (channel_) {
       channel_->abort();
-      thread_.post([this] { channel_.reset(); });  // after the collectives still queued
+      thread_->post([this] { channel_.reset(); });  // after the collectives still queued
     }
-    thread_.stop(std::chrono::milliseconds::max());
+    thread_->stop(std::chrono::milliseconds::max());
   }
   std::string backend_name() const override { return channel_ ? "shm" : inner_->backend_name(); }
 
@@ -215,7 +225,8 @@ class ShmProcessGroup : public ProcessGroup {
 
   // Runs `job` on the group's thread, in the order of the calls (the same on every rank).
   WorkPtr post(const CollectiveInfo& info, std::function<void()> job) {
-    return std::make_shared<ShmWork>(thread_.post(std::move(job)), info, timeout_message(info));
+    return std::make_shared<ShmWork>(thread_, thread_->post_ticket(std::move(job)), info,
+                                     timeout_message(info));
   }
 
   // Every rank on one host: the segment of the channel (set_up_segment). Where any step fails
@@ -268,7 +279,9 @@ class ShmProcessGroup : public ProcessGroup {
   std::optional<shm::Segment> segment_;
   shm::GroupBuffers buffers_;  // Note [The buffers a group reaches]
   std::unique_ptr<shm::Channel> channel_;
-  JobThread thread_;  // last: stopped first, before the channel and its memory go
+  // Last: stopped first, before the channel and its memory go. Shared with the works, whose
+  // wait() may run their collective (a work may outlive its group: it then only waits).
+  std::shared_ptr<JobThread> thread_ = std::make_shared<JobThread>();
 };
 
 void ShmProcessGroup::attach() {
@@ -335,7 +348,7 @@ std::optional<shm::Segment> ShmProcessGroup::set_up_segment(
 // Made and unmade on the group's thread: Note [A rank's life is a robust mutex].
 void ShmProcessGroup::make_channel(shm::Segment& segment, size_t slot) {
   thread_
-      .post([&] {
+      ->post([&] {
         channel_ = std::make_unique<shm::Channel>(segment.data(), rank(), world_size(), slot,
                                                   options().timeout);
       })
@@ -343,7 +356,7 @@ void ShmProcessGroup::make_channel(shm::Segment& segment, size_t slot) {
 }
 
 void ShmProcessGroup::drop_channel() {
-  if (channel_) thread_.post([this] { channel_.reset(); }).get();
+  if (channel_) thread_->post([this] { channel_.reset(); }).get();
 }
 
 at::Tensor ShmProcessGroup::do_allocate_buffer(int64_t numel, const at::TensorOptions& options) {
