@@ -9,6 +9,8 @@
 // buckets are: on shm, in place. --op all-gather or reduce-scatter times that collective instead
 // (bytes: the gathered tensor's, the reduce-scatter's input; busbw = algbw (n - 1) / n), with
 // --buffers the gathered tensor or the scattered input in the group's buffer, as FSDP's units'.
+// --average: the all-reduce or reduce-scatter averages (ReduceOp::kAvg, DDP's default hook's)
+// instead of summing.
 // TORCH_DISTRIBUTED_DEBUG=DETAIL checks each all-reduce across the ranks first
 // (ddp/comm/diagnostics/collective_check.h), as in ddp_train.
 #include <ATen/ATen.h>
@@ -37,15 +39,15 @@ struct Row {
 // the group's buffers or not: the collective to time.
 std::function<ddp::comm::WorkPtr()> collective(ddp::comm::ProcessGroup& pg, const std::string& op,
                                                int64_t bytes, const at::TensorOptions& options,
-                                               bool buffers) {
+                                               bool buffers, ddp::comm::ReduceOp reduce) {
   const int64_t count = bytes / 4;
   auto whole = buffers ? pg.allocate_buffer(count, options).fill_(1) : at::ones({count}, options);
   auto part = at::ones({count / pg.world_size()}, options);
   if (op == "all-gather") return [&pg, whole, part]() mutable { return pg.all_gather(whole, part); };
   if (op == "reduce-scatter") {
-    return [&pg, whole, part]() mutable { return pg.reduce_scatter(part, whole); };
+    return [&pg, whole, part, reduce]() mutable { return pg.reduce_scatter(part, whole, reduce); };
   }
-  return [&pg, whole]() mutable { return pg.all_reduce(whole); };
+  return [&pg, whole, reduce]() mutable { return pg.all_reduce(whole, reduce); };
 }
 
 double time_collective(ddp::comm::ProcessGroup& pg, const std::function<ddp::comm::WorkPtr()>& run,
@@ -93,7 +95,10 @@ void measure(ddp::comm::ProcessGroup& pg, int64_t bytes, const at::Device& devic
   const int iters = args["iters"].as<int>();
   const int64_t count = bytes / 4;
   const std::string op = args["op"].as<std::string>();
-  const auto run = collective(pg, op, bytes, at::TensorOptions(at::kFloat).device(device), buffers);
+  const auto reduce =
+      args["average"].as<bool>() ? ddp::comm::ReduceOp::kAvg : ddp::comm::ReduceOp::kSum;
+  const auto run =
+      collective(pg, op, bytes, at::TensorOptions(at::kFloat).device(device), buffers, reduce);
   const double seconds = time_collective(pg, run, device, args["warmup"].as<int>(), iters);
   const double algbw = static_cast<double>(bytes) / seconds / 1e9;
   const int n = pg.world_size();
@@ -122,6 +127,7 @@ int main(int argc, char** argv) {
       "buffers", "all-reduce buffers the group allocates (ProcessGroup::allocate_buffer), as DDP's "
       "buckets are")("op", "all-reduce, all-gather or reduce-scatter",
                      cxxopts::value<std::string>()->default_value("all-reduce"))(
+      "average", "average (DDP's default hook's op) instead of summing")(
       "h,help", "print this help");
   try {
     auto args = options.parse(argc, argv);
@@ -151,8 +157,9 @@ int main(int argc, char** argv) {
     const int n = pg->world_size();
     if (pg->rank() == 0) {
       std::cout << fmt::format(
-          "# ddp_bench_allreduce: {}, backend {}, {} ranks, float32 sum, {} iterations{}{}\n",
-          args["op"].as<std::string>(), pg->backend_name(), n, args["iters"].as<int>(),
+          "# ddp_bench_allreduce: {}, backend {}, {} ranks, float32 {}, {} iterations{}{}\n",
+          args["op"].as<std::string>(), pg->backend_name(), n,
+          args["average"].as<bool>() ? "average" : "sum", args["iters"].as<int>(),
           detail ? ", DETAIL" : "",
           args["buffers"].as<bool>() ? ", the group's buffers" : "");
       std::cout << fmt::format("{:>12} {:>12} {:>12} {:>10} {:>10} {:>12} {:>12}\n", "bytes",

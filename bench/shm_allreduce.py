@@ -11,7 +11,12 @@ as a multiple of memcpy-all's, taken within its round. --op all-gather or reduce
 that collective of the same bytes instead (the gathered tensor's, the scattered input's), the
 buffers then holding the gathered tensor or the scattered input, as FSDP's units do.
 
+--average averages instead (ReduceOp::kAvg, DDP's buckets' op); --jobs picks among the jobs;
+--against BINARY adds shm-buffers run by another build's ddp_bench_allreduce ("against"), in
+the same rounds, for a change's effect (it must know the options given).
+
   bench/shm_allreduce.py --rounds 5 [--world 2] [--op all-gather]
+  bench/shm_allreduce.py --rounds 7 --jobs shm-buffers --against OLD/build/ddp_bench_allreduce
 """
 import argparse
 import collections
@@ -39,9 +44,10 @@ def table(text):
 
 
 def run(job, args):
-    backend, extra = JOBS[job]
-    cmd = [args.binary, "--backend", backend, "--iters", str(args.iters), "--op", args.op, *SIZES,
-           *extra]
+    backend, extra = JOBS[job] if job != "against" else JOBS["shm-buffers"]
+    binary = args.against if job == "against" else args.binary
+    cmd = [binary, "--backend", backend, "--iters", str(args.iters), "--op", args.op, *SIZES,
+           *extra, *(["--average"] if args.average else [])]
     if backend == "mpi":
         mpirun = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "self,vader",
                   "-np", str(args.world)]
@@ -57,8 +63,11 @@ def main():
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--op", default="all-reduce", choices=["all-reduce", "all-gather", "reduce-scatter"])
+    p.add_argument("--average", action="store_true")
+    p.add_argument("--jobs", nargs="+", choices=list(JOBS), default=list(JOBS))
+    p.add_argument("--against", help="another build's ddp_bench_allreduce: its shm-buffers too")
     args = p.parse_args()
-    jobs = list(JOBS)
+    jobs = args.jobs + (["against"] if args.against else [])
     times = collections.defaultdict(list)    # (job, bytes) -> us
     ratios = collections.defaultdict(list)   # (job, bytes) -> time / memcpy-all of its run
     copies = collections.defaultdict(list)   # bytes -> (memcpy us, memcpy-all us)
@@ -69,7 +78,8 @@ def main():
                 ratios[(job, size)].append(t / together)
                 copies[size].append((copy, together))
         print(f"round {r} done", file=sys.stderr)
-    print(f"{args.world} ranks, float32, {args.rounds} rounds of {args.iters} calls of {args.op}\n")
+    print(f"{args.world} ranks, float32 {'average' if args.average else 'sum'}, {args.rounds} rounds "
+          f"of {args.iters} calls of {args.op}\n")
     print("| bytes | memcpy alone (us) | memcpy-all (us) | "
           + " | ".join(f"{j} (us) | {j}/memcpy-all" for j in jobs) + " |")
     print("|---|---|---|" + "---|---|" * len(jobs))
