@@ -102,22 +102,36 @@ def watched(procs, device):
                 gpu[pid] = max(gpu.get(pid, 0), mb)
         time.sleep(0.05)
     outputs = [p.communicate()[0] for p in procs]
-    for p, out in zip(procs, outputs):
-        if p.returncode != 0:
-            raise SystemExit(f"{' '.join(p.args)}: exit {p.returncode}\n{out}")
+    failed = [(p, out) for p, out in zip(procs, outputs) if p.returncode != 0]
+    for p, out in failed:
+        print(f"{' '.join(p.args)}: exit {p.returncode}\n{out}", file=sys.stderr)
+    if failed:
+        return None
     return outputs, max(host.values(), default=0), max(gpu.values(), default=None)
+
+
+def watched_again(start, device):
+    """watched() of the processes start() makes, a second time where a rank failed (PyTorch's gloo
+    aborts now and then as a job ends: "terminate called without an active exception"); said."""
+    for attempt in (1, 2):
+        result = watched(start(), device)
+        if result is not None:
+            return result
+        print(f"a rank failed (attempt {attempt})", file=sys.stderr, flush=True)
+    raise SystemExit("a rank failed twice")
 
 
 def run_ours(args, model, world, extra):
     with tempfile.TemporaryDirectory() as out:
-        proc = subprocess.Popen(ours_cmd(args, model, world, extra, out), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
-        _, host, gpu = watched([proc], args.device)
+        _, host, gpu = watched_again(
+            lambda: [subprocess.Popen(ours_cmd(args, model, world, extra, out),
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)],
+            args.device)
         with open(os.path.join(out, "metrics.jsonl")) as f:
             return json.loads(f.readlines()[-1])["samples_per_s"], host, gpu
 
 
-def run_python(args, model, world, fsdp, seen_workarounds):
+def python_ranks(args, model, world, fsdp):
     port = free_port()
     procs = []
     for rank in range(world):
@@ -126,7 +140,11 @@ def run_python(args, model, world, fsdp, seen_workarounds):
                    USE_LIBUV="0")  # Debian's PyTorch 2.6 has no libuv store
         procs.append(subprocess.Popen(python_cmd(args, model, world, fsdp), env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outputs, host, gpu = watched(procs, args.device)
+    return procs
+
+
+def run_python(args, model, world, fsdp, seen_workarounds):
+    outputs, host, gpu = watched_again(lambda: python_ranks(args, model, world, fsdp), args.device)
     for line in outputs[0].splitlines():
         if line.startswith("workaround:") and (fsdp, line) not in seen_workarounds:
             seen_workarounds.add((fsdp, line))

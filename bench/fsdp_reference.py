@@ -127,6 +127,7 @@ def main():
             print(json.dumps({"epoch": epoch + 1, "samples_per_s": len(sampler) * world /
                               seconds.item(), "epoch_seconds": seconds.item(),
                               "last_loss": loss.item()}), flush=True)
+    dist.barrier()  # no rank tears gloo down while another still uses it
     dist.destroy_process_group()
 
 

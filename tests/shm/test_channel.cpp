@@ -956,6 +956,12 @@ TEST(ShmChannelFailures, CallsAreDescribedAndGroupedByRank) {
   Call other_buffer = in_place;
   other_buffer.root = 3;
   EXPECT_EQ(Channel::mismatch({other_buffer, in_place, in_place})->second, 0);
+  // An average (the channel divides it) is not a sum.
+  Call averaged = in_place;
+  averaged.op = Op::kAvg;
+  EXPECT_EQ(Channel::mismatch({in_place, averaged})->first,
+            "rank 1 calls all_reduce(avg, float32[1000]) in place at byte 4100 of buffer 2, rank 0 "
+            "calls all_reduce(sum, float32[1000]) in place at byte 4100 of buffer 2");
   // An all-gather or reduce-scatter given a Place: where this rank's memory lies, which the
   // ranks need not share.
   const Call placed_gather{Kind::kAllGather, DType::kUInt8, Op::kSum, 4, 64, 128};
