@@ -168,7 +168,10 @@ def case(args, model, world, fsdp, extra, seen):
 
     def median(runs, k):
         figures = [run[k] for run in runs if run[k] is not None]
-        return f"{statistics.median(figures):.0f}" if figures else "-"
+        if not figures:
+            return "-"
+        value = statistics.median(figures)
+        return f"{value:.1f}" if value < 100 else f"{value:.0f}"
 
     return (f"| {model} | {world} | {fsdp} / ddp_train --fsdp {' '.join(extra)} "
             f"| {median(ours, 0)} | {median(theirs, 0)} | {statistics.median(ratios):.2f} "

@@ -12,6 +12,9 @@ each with --timeline gives the breakdown of a step (rank 0's means): forward, ba
 computation, the wait for the all-reduces at backward's end, the optimizer, the rest (loading
 the batch, zeroing gradients); and each bucket's all-reduce from launch to completion.
 
+--config runs another workload the same way (ResNet-18: configs/fashion_mnist_resnet18_cpu.yaml,
+with --extra --train-subset 512 --batch-size 32 for a shorter epoch).
+
   bench/on_host.py --rounds 3 [--extra --gradient-as-bucket-view]
 """
 import argparse
@@ -28,8 +31,7 @@ ROOT = os.path.dirname(HERE)
 
 
 def command(args, out, timeline=None):
-    cmd = [os.path.join(args.build, "ddp_train"), "--config",
-           os.path.join(ROOT, "configs", "fashion_mnist_mlp.yaml"), "--epochs", "1", "--threads",
+    cmd = [os.path.join(args.build, "ddp_train"), "--config", args.config, "--epochs", "1", "--threads",
            "1", "--eval-every", "0", "--log-level", "warn", "--output-dir", out, *args.extra]
     return cmd + (["--timeline", timeline] if timeline else [])
 
@@ -91,6 +93,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--config", default=os.path.join(ROOT, "configs", "fashion_mnist_mlp.yaml"))
     p.add_argument("--extra", nargs=argparse.REMAINDER, default=[],
                    help="ddp_train options for every run (after the others)")
     p.add_argument("--settings", nargs="*",

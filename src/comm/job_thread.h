@@ -52,13 +52,7 @@ class JobThread {
   bool run_if_next(uint64_t number) {
     std::unique_lock<std::mutex> lock(mutex_);
     if (running_ || jobs_.empty() || jobs_.front().number != number) return false;
-    Job job = std::move(jobs_.front());
-    jobs_.pop_front();
-    running_ = true;
-    lock.unlock();
-    execute(job);
-    lock.lock();
-    running_ = false;
+    run_front(lock);
     wake_.notify_all();  // the thread, for the jobs behind it
     return true;
   }
@@ -96,16 +90,21 @@ class JobThread {
     for (;;) {
       wake_.wait(lock, [&] { return !running_ && (stop_ || !jobs_.empty()); });
       if (jobs_.empty()) break;  // stopping, nothing left
-      Job job = std::move(jobs_.front());
-      jobs_.pop_front();
-      running_ = true;
-      lock.unlock();
-      execute(job);
-      lock.lock();
-      running_ = false;
+      run_front(lock);
     }
     ended_ = true;
     wake_.notify_all();
+  }
+
+  // The first job, run with `lock` (held) released meanwhile, and no other beside it.
+  void run_front(std::unique_lock<std::mutex>& lock) {
+    Job job = std::move(jobs_.front());
+    jobs_.pop_front();
+    running_ = true;
+    lock.unlock();
+    execute(job);
+    lock.lock();
+    running_ = false;
   }
 
   static void execute(Job& job) {
