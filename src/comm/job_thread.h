@@ -1,8 +1,9 @@
 #pragma once
 // A thread that runs jobs one at a time in the order they were posted: what a group needs to run
 // its collectives away from the caller while keeping their order (every rank issues a group's
-// collectives in the same order). The hierarchical group's steps and the mpi backend's blocking
-// calls run on one each.
+// collectives in the same order). A waiter may run the next job itself (run_if_next), never
+// beside another. The hierarchical group's steps and the mpi backend's blocking calls run on one
+// each; the shm backend's collectives too, or on their waiters.
 
 #include <chrono>
 #include <cstdint>

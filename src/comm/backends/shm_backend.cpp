@@ -223,7 +223,8 @@ class ShmProcessGroup : public ProcessGroup {
            out + output.nbytes() <= in || out >= in + input.nbytes();
   }
 
-  // Runs `job` on the group's thread, in the order of the calls (the same on every rank).
+  // Runs `job` on the group's thread (or on its waiter's: ShmWork), in the order of the calls
+  // (the same on every rank).
   WorkPtr post(const CollectiveInfo& info, std::function<void()> job) {
     return std::make_shared<ShmWork>(thread_, thread_->post_ticket(std::move(job)), info,
                                      timeout_message(info));
