@@ -93,6 +93,10 @@ def watched(procs, device):
     largest rank, peak GPU MB of the largest rank or None)."""
     host, gpu = {}, {}
     while any(p.poll() is None for p in procs):
+        if any(p.poll() not in (None, 0) for p in procs):  # the others would wait for it
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
         for pid in rank_pids([p.pid for p in procs]):
             kb = proc_kb(pid, "smaps_rollup", "Pss:")
             if kb is not None:
@@ -182,7 +186,7 @@ def case(args, model, world, fsdp, extra, seen):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
-    p.add_argument("--python", default="python3", help="the python3 with PyTorch")
+    p.add_argument("--python", default="/usr/bin/python3", help="the python3 with PyTorch")
     p.add_argument("--models", nargs="+", choices=["mlp", "wide-mlp"], default=["mlp", "wide-mlp"])
     p.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
     p.add_argument("--fsdp", nargs="+", choices=["FSDP2", "FSDP1"], default=["FSDP2", "FSDP1"])
