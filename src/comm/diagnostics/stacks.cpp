@@ -43,6 +43,13 @@ bool is_system_path(const std::string& path) {
   return false;
 }
 
+bool standard_library_symbol(const std::string& function) {
+  for (const char* prefix : {"std::", "__gnu_cxx::", "void std::", "bool std::"}) {
+    if (function.rfind(prefix, 0) == 0) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 std::string executable_path() {
@@ -60,8 +67,14 @@ std::optional<Frame> innermost_own_frame(const ThreadStack& thread, const std::s
     const bool own_source = !f.file.empty() && !is_system_path(f.file);
     if (own_source && (f.object == executable || !is_system_path(f.object))) return f;
   }
+  // Without debug info: the first symbol of the executable's that is not the standard library's
+  // (a template of it instantiated in the program, as std::future's wait is where the compiler
+  // did not inline it, is the library's code, not the program's).
   for (const Frame& f : thread.frames) {
-    if (!executable.empty() && f.object == executable && !f.function.empty()) return f;
+    if (!executable.empty() && f.object == executable && !f.function.empty() &&
+        !standard_library_symbol(f.function)) {
+      return f;
+    }
   }
   return std::nullopt;
 }

@@ -56,7 +56,8 @@ std::string format(const std::vector<ThreadStack>& threads);
 // frame with a source path outside /usr/, /opt/, /lib/ (where system and third-party headers
 // live: the standard library's, LibTorch's; a relative one, as -ffile-prefix-map writes, counts)
 // whose code is in `executable` or in a library outside those directories; else the first frame
-// whose code is in `executable` (a build without debug info still has its symbols). Pure.
+// whose code is in `executable` (a build without debug info still has its symbols), the standard
+// library's templates instantiated there passed over. Pure.
 std::optional<Frame> innermost_own_frame(const ThreadStack& thread, const std::string& executable);
 
 // The path of the running executable (/proc/self/exe), "" when unreadable.
