@@ -26,9 +26,12 @@ std::vector<ProcessResult> run_env_ranks_on(int port, int world,
   std::vector<ProcessResult> results;
   for (auto& child : children) {
     results.push_back(child->wait_until(deadline));
-    if (results.size() == 1 && port_was_taken(results[0])) return results;  // the rest: killed
+    // Rank 0 could not bind: the others would wait for it until the deadline.
+    if (results.size() == 1 && port_was_taken(results[0])) {
+      for (std::size_t r = 1; r < children.size(); ++r) children[r]->kill_group();
+    }
   }
-  return results;
+  return results;  // one per rank, always
 }
 
 }  // namespace

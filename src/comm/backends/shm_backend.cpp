@@ -49,24 +49,19 @@ std::optional<shm::DType> shm_dtype(at::ScalarType type) {
 // The channel divides a floating average as it reduces each block, while the block is in the
 // cache (each element once over the ranks, not on every rank); an integer average is a sum the
 // caller divides (sum_to_average).
-bool channel_averages(shm::DType type) {
-  return type == shm::DType::kFloat32 || type == shm::DType::kFloat64 ||
-         type == shm::DType::kFloat16 || type == shm::DType::kBFloat16;
-}
-
 shm::Op shm_op(ReduceOp op, shm::DType type) {
   switch (op) {
     case ReduceOp::kMin: return shm::Op::kMin;
     case ReduceOp::kMax: return shm::Op::kMax;
     case ReduceOp::kSum: return shm::Op::kSum;
-    case ReduceOp::kAvg: return channel_averages(type) ? shm::Op::kAvg : shm::Op::kSum;
+    case ReduceOp::kAvg: return shm::averages(type) ? shm::Op::kAvg : shm::Op::kSum;
   }
   return shm::Op::kSum;
 }
 
 // The division of an average the channel left to its caller.
 void finish_average(at::Tensor& t, ReduceOp op, shm::DType type, int world_size) {
-  if (op == ReduceOp::kAvg && !channel_averages(type)) sum_to_average(t, world_size);
+  if (op == ReduceOp::kAvg && !shm::averages(type)) sum_to_average(t, world_size);
 }
 
 // A name no other group on this host has: this process, a count, and randomness against a

@@ -124,7 +124,6 @@ void reduce_16bit(Op op, void* out, const void* const* inputs, int n, size_t cou
   constexpr size_t kBlock = 1024;
   float acc[kBlock];
   const Op combined = op == Op::kAvg ? Op::kSum : op;
-  const float by = static_cast<float>(n);
   auto* o = static_cast<uint16_t*>(out);
   for (size_t begin = 0; begin < count; begin += kBlock) {
     const size_t len = std::min(kBlock, count - begin);
@@ -135,6 +134,7 @@ void reduce_16bit(Op op, void* out, const void* const* inputs, int n, size_t cou
       for (size_t i = 0; i < len; ++i) acc[i] = combine(combined, acc[i], Widen(in[i]));
     }
     if (op == Op::kAvg) {  // the sum rounded, then divided as LibTorch's opmath does, rounded again
+      const auto by = static_cast<float>(n);
       for (size_t i = 0; i < len; ++i) o[begin + i] = Narrow(Widen(Narrow(acc[i])) / by);
     } else {
       for (size_t i = 0; i < len; ++i) o[begin + i] = Narrow(acc[i]);
@@ -176,12 +176,15 @@ const char* dtype_name(DType type) {
   return "?";
 }
 
+bool averages(DType type) {
+  return type == DType::kFloat32 || type == DType::kFloat64 || type == DType::kFloat16 ||
+         type == DType::kBFloat16;
+}
+
 void reduce(DType type, Op op, void* out, const void* const* inputs, int n, size_t count) {
   DDP_CHECK(n >= 1, "a reduction needs at least one input");
   if (count == 0) return;
-  const bool floating = type == DType::kFloat32 || type == DType::kFloat64 ||
-                        type == DType::kFloat16 || type == DType::kBFloat16;
-  DDP_CHECK(op != Op::kAvg || floating,
+  DDP_CHECK(op != Op::kAvg || averages(type),
             std::string("an average of ") + dtype_name(type) + " is the caller's");
   switch (type) {
     case DType::kFloat32: return reduce_plain<float>(op, out, inputs, n, count);

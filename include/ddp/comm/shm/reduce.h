@@ -24,6 +24,7 @@ enum class Op { kSum, kMin, kMax, kAvg };
 
 size_t dtype_size(DType type);
 const char* dtype_name(DType type);  // PyTorch's: "float32", "bfloat16", "bool", ...
+bool averages(DType type);           // kAvg is defined for it: the floating types
 
 // out[i] = inputs[0][i] op inputs[1][i] op ... op inputs[n-1][i], for i < count, in that order.
 // Integers wrap as in two's complement (as LibTorch's sums do); bool: sum and max are or, min is
