@@ -10,7 +10,10 @@ shared memory) and under our launcher with --backend gloo (gloo over loopback TC
 Interleaved rounds (the order rotates); each ratio is taken within its round. A last run of
 each with --timeline gives the breakdown of a step (rank 0's means): forward, backward's
 computation, the wait for the all-reduces at backward's end, the optimizer, the rest (loading
-the batch, zeroing gradients); and each bucket's all-reduce from launch to completion.
+the batch, zeroing gradients); and each bucket's all-reduce from launch to completion. The wait is
+split where the last rank launched the step's last bucket: before that, rank 0 waited for a rank
+whose step ran slower (the ranks' own speeds differ from step to step, which two independent
+processes do not pay for); after it, the collective itself.
 
 --config runs another workload the same way (ResNet-18: configs/fashion_mnist_resnet18_cpu.yaml,
 with --extra --train-subset 512 --batch-size 32 for a shorter epoch).
@@ -85,8 +88,33 @@ def breakdown(trace_path, metrics):
              "backward (waiting for all-reduces)": wait,
              "optimizer": total["optimizer step"] / steps}
     parts["rest (batch, zero_grad, ...)"] = period - sum(parts.values())
+    parts.update(split_wait(events))  # two rows within the wait's
     reduces = [buckets[lane] / steps for lane in sorted(buckets)]
     return period, parts, reduces
+
+
+def split_wait(events):
+    """Rank 0's wait at backward's end, split at the moment the last rank launched each step's
+    last bucket: before it, the other ranks were still computing (their step ran slower than rank
+    0's); after it, the collective itself, handed over and completed."""
+    last = collections.defaultdict(dict)  # step -> rank -> that step's last all-reduce
+    for e in events:
+        if e.get("ph") == "X" and e["name"] == "all-reduce":
+            step, rank = e.get("args", {}).get("step"), e["pid"]
+            if step is not None and e["ts"] > last[step].get(rank, {"ts": -1})["ts"]:
+                last[step][rank] = e
+    late, after = [], []
+    for by_rank in last.values():
+        if 0 not in by_rank or len(by_rank) < 2:
+            continue
+        everyone = max(e["ts"] for e in by_rank.values())
+        mine = by_rank[0]
+        late.append(max(0.0, everyone - mine["ts"]) / 1e3)
+        after.append(max(0.0, mine["ts"] + mine["dur"] - everyone) / 1e3)
+    if not late:
+        return {}
+    return {"  of it: the other rank still computing": statistics.mean(late),
+            "  of it: the last bucket once every rank launched it": statistics.mean(after)}
 
 
 def main():
