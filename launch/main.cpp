@@ -41,7 +41,8 @@ int main(int argc, char** argv) {
   try {
     const auto env = current_env();
     const auto options = ddp::launch::parse_launch_args(
-        std::vector<std::string>(argv + 1, argv + argc), env, gpus_present());
+        std::vector<std::string>(argv + 1, argv + argc), env, gpus_present(),
+        static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN)));
     if (options.help) {
       fmt::print("{}", ddp::launch::launch_help());
       return 0;

@@ -15,10 +15,12 @@
 #include <cxxopts.hpp>
 #include <functional>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include "ddp/common/bool_words.h"
 #include "ddp/common/error.h"
+#include "scheduler_env.h"
 
 namespace ddp::launch {
 namespace {
@@ -66,6 +68,7 @@ struct Parsed {
   LaunchOptions options;
   std::string nproc = "1";
   bool nproc_given = false;
+  std::set<std::string> given;  // the options set, by their first names
 };
 
 // --nnodes N, or MIN:MAX (torchrun's elastic syntax).
@@ -85,7 +88,13 @@ void parse_nnodes(Parsed& p, const std::string& v) {
 
 // The setters too long for a line of the table.
 void set_nproc(Parsed& p, const std::string& v) {
-  if (v != "auto") parse_int(v, 1, 1 << 16);
+  if (v != "auto" && v != "cpu" && v != "gpu") {
+    try {
+      parse_int(v, 1, 1 << 16);
+    } catch (const BadValue&) {
+      throw BadValue{"a positive integer, auto, cpu or gpu"};
+    }
+  }
   p.nproc = v;
   p.nproc_given = true;
 }
@@ -93,6 +102,28 @@ void set_nproc(Parsed& p, const std::string& v) {
 void set_master_addr(Parsed& p, const std::string& v) {
   if (v.empty()) throw BadValue{"a host name or address"};
   p.options.master_addr = v;
+}
+
+// torchrun's --rdzv-endpoint HOST[:PORT]: node 0's address, and the port where given. An IPv6
+// address with a port is written in brackets ([::1]:29500).
+void set_rdzv_endpoint(Parsed& p, const std::string& v) {
+  std::string host = v;
+  std::string port;
+  if (!v.empty() && v.front() == '[') {
+    const size_t close = v.find(']');
+    if (close == std::string::npos) throw BadValue{"HOST[:PORT]"};
+    host = v.substr(1, close - 1);
+    if (close + 1 < v.size()) {
+      if (v[close + 1] != ':') throw BadValue{"HOST[:PORT]"};
+      port = v.substr(close + 2);
+    }
+  } else if (const size_t colon = v.find(':');
+             colon != std::string::npos && v.find(':', colon + 1) == std::string::npos) {
+    host = v.substr(0, colon);
+    port = v.substr(colon + 1);
+  }
+  set_master_addr(p, host);
+  if (!port.empty() || v.back() == ':') p.options.master_port = parse_int(port, 1, 65535);
 }
 
 void set_local_ranks_filter(Parsed& p, const std::string& v) {
@@ -116,7 +147,9 @@ struct Option {
 
 const std::vector<Option>& options() {
   static const std::vector<Option> table = {
-      {"nproc", "nproc-per-node", "N|auto", "processes on this node (auto: one per GPU, else 1)",
+      {"nproc", "nproc-per-node", "N|auto|cpu|gpu",
+       "processes on this node (auto: one per GPU, else 1; cpu: one per online core, one thread "
+       "each; gpu: one per GPU)",
        set_nproc},
       {"nnodes", "", "N|MIN:MAX",
        "nodes in the job (one launcher each); MIN:MAX: elastic (a failed worker is restarted "
@@ -125,6 +158,8 @@ const std::vector<Option>& options() {
       {"node-rank", "", "N", "this node's rank, 0 .. nnodes-1",
        [](Parsed& p, const std::string& v) { p.options.node_rank = parse_int(v, 0, 1 << 16); }},
       {"master-addr", "", "HOST", "address of node 0 (default 127.0.0.1)", set_master_addr},
+      {"rdzv-endpoint", "", "HOST[:PORT]", "torchrun's spelling of --master-addr and --master-port",
+       set_rdzv_endpoint},
       {"master-port", "", "PORT",
        "port of the rendezvous on node 0 (default: a free one on one "
        "host, 29500 across nodes)",
@@ -152,7 +187,8 @@ const std::vector<Option>& options() {
        [](Parsed& p, bool v) { p.options.tee = v; }},
       {"local-ranks-filter", "", "LIST", "local ranks whose output the console shows (e.g. 0)",
        set_local_ranks_filter},
-      {"run-id", "", "ID", "job id, passed to the workers as TORCHELASTIC_RUN_ID (default none)",
+      {"run-id", "rdzv-id", "ID",
+       "job id, passed to the workers as TORCHELASTIC_RUN_ID (default none)",
        [](Parsed& p, const std::string& v) { p.options.run_id = v; }},
       {"devices", "", "LIST", "GPUs to use, one per local rank (sets CUDA_VISIBLE_DEVICES)",
        [](Parsed& p, const std::string& v) { p.options.devices = split_list(v); }},
@@ -161,7 +197,9 @@ const std::vector<Option>& options() {
   return table;
 }
 
-const Option* find_option(const std::string& name) {
+const Option* find_option(const std::string& spelt) {
+  std::string name = spelt;
+  std::replace(name.begin(), name.end(), '_', '-');
   for (const auto& o : options()) {
     if (o.name == name || (!o.alias.empty() && o.alias == name)) return &o;
   }
@@ -169,6 +207,7 @@ const Option* find_option(const std::string& name) {
 }
 
 void apply(Parsed& p, const Option& o, const std::string& value, const std::string& origin) {
+  p.given.insert(o.name);
   if (o.is_flag()) {
     o.set_flag(p, parse_bool(value, origin));
     return;
@@ -180,20 +219,27 @@ void apply(Parsed& p, const Option& o, const std::string& value, const std::stri
   }
 }
 
-// DDP_LAUNCH_<OPTION>: the option's name in upper case with '_' for '-'.
-void apply_env(Parsed& p, const std::map<std::string, std::string>& env) {
-  const std::string env_prefix = "DDP_LAUNCH_";
+// <prefix><OPTION>: the option's name in upper case with '_' for '-'. An unknown name is an
+// error under our own prefix; torchrun's PET_ variables also carry its options we do not have
+// (PET_RDZV_BACKEND, PET_RDZV_CONF, ...), which are left alone and named at start.
+void apply_env(Parsed& p, const std::map<std::string, std::string>& env, const std::string& prefix,
+               bool ours) {
   for (const auto& [key, value] : env) {
-    if (key.rfind(env_prefix, 0) != 0) continue;
-    std::string name = key.substr(env_prefix.size());
+    if (key.rfind(prefix, 0) != 0) continue;
+    std::string name = key.substr(prefix.size());
     std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) {
       return c == '_' ? '-' : static_cast<char>(std::tolower(c));
     });
     const Option* o = find_option(name);
-    if (o == nullptr) {
+    if (o == nullptr && ours) {
       throw InputError(fmt::format("{}: no launcher option --{} (see launcher --help)", key, name));
     }
+    if (o == nullptr) {
+      p.options.ignored_env.push_back(key);
+      continue;
+    }
     apply(p, *o, value, key);
+    p.options.read_from.push_back(key);
   }
 }
 
@@ -209,13 +255,16 @@ struct CommandLine {
 // never the launcher's, even when they look like its options. Finding the cut needs each
 // option's arity, so an unknown option or a missing value ends the options too, with an error
 // in our words that the caller raises after the options before it (the first bad word on the
-// line is the one reported).
+// line is the one reported). An option's name spelt with '_' is rewritten with '-' for cxxopts.
 CommandLine split_command_line(const std::vector<std::string>& args) {
   CommandLine line;
+  std::vector<std::string> words = args;
   size_t i = 0;
   for (; i < args.size() && args[i] != "--" && args[i].rfind("--", 0) == 0; ++i) {
     const std::string& arg = args[i];
     const size_t eq = arg.find('=');
+    const auto name_end = eq == std::string::npos ? arg.end() : arg.begin() + static_cast<long>(eq);
+    std::replace(words[i].begin() + 2, words[i].begin() + (name_end - arg.begin()), '_', '-');
     const std::string name = arg.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
     const Option* o = find_option(name);
     if (o == nullptr) {
@@ -236,7 +285,7 @@ CommandLine split_command_line(const std::vector<std::string>& args) {
       break;
     }
   }
-  line.options.assign(args.begin(), args.begin() + static_cast<std::ptrdiff_t>(i));
+  line.options.assign(words.begin(), words.begin() + static_cast<std::ptrdiff_t>(i));
   if (i < args.size() && args[i] == "--") ++i;
   line.program.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
   return line;
@@ -288,16 +337,54 @@ void apply_command_line(Parsed& p, const std::vector<std::string>& words) {
   }
 }
 
-// Checks that need several options, and resolves --nproc auto.
-LaunchOptions finish(Parsed p, const std::map<std::string, std::string>& env, int gpus_present) {
+// --nproc auto, gpu, cpu or a number. cpu counts the online cores as torchrun does
+// (os.cpu_count()), whatever this process's affinity or a container's CPU limit: each worker then
+// gets OMP_NUM_THREADS=1 (worker_env).
+int resolve_nproc(const Parsed& p, const std::map<std::string, std::string>& env,
+                  int gpus_present, int host_cores) {
+  auto visible = env.find("CUDA_VISIBLE_DEVICES");
+  const int gpus = auto_nproc(visible == env.end() ? nullptr : visible->second.c_str(),
+                              gpus_present);
+  if (p.nproc == "auto") return gpus;
+  if (p.nproc == "cpu") return std::max(host_cores, 1);
+  if (p.nproc == "gpu") {
+    if (gpus_present == 0 || (visible != env.end() && visible->second.empty())) {
+      throw InputError("--nproc gpu: no GPU is visible on this node");
+    }
+    return gpus;
+  }
+  return std::stoi(p.nproc);
+}
+
+// Where no option set them: the job's shape from the scheduler's own variables.
+void apply_scheduler_shape(Parsed& p, const std::map<std::string, std::string>& env) {
+  const bool shape_given =
+      p.given.count("nproc") != 0 || p.given.count("nnodes") != 0 || p.given.count("node-rank") != 0;
+  const SchedulerShape shape =
+      read_scheduler_shape(env, shape_given, p.given.count("node-rank") != 0);
+  LaunchOptions& o = p.options;
+  if (shape.nnodes) o.nnodes = *shape.nnodes;
+  if (shape.node_rank) o.node_rank = *shape.node_rank;
+  if (shape.nproc) p.nproc = std::to_string(*shape.nproc);
+  o.given_local_rank = shape.local_rank.value_or(-1);
+  o.given_local_world_size = shape.local_world_size.value_or(-1);
+  const bool endpoint = p.given.count("rdzv-endpoint") != 0;
+  if (shape.master_addr && !endpoint && p.given.count("master-addr") == 0) {
+    o.master_addr = *shape.master_addr;
+  }
+  if (shape.master_port && !endpoint && p.given.count("master-port") == 0) {
+    o.master_port = *shape.master_port;
+  }
+  if (!shape.contract.empty()) o.read_from.push_back(shape.contract);
+}
+
+// Checks that need several options, and resolves --nproc.
+LaunchOptions finish(Parsed p, const std::map<std::string, std::string>& env, int gpus_present,
+                     int host_cores) {
   LaunchOptions& o = p.options;
   if (o.help) return o;
-  if (p.nproc == "auto") {
-    auto visible = env.find("CUDA_VISIBLE_DEVICES");
-    o.nproc = auto_nproc(visible == env.end() ? nullptr : visible->second.c_str(), gpus_present);
-  } else {
-    o.nproc = std::stoi(p.nproc);
-  }
+  apply_scheduler_shape(p, env);
+  o.nproc = resolve_nproc(p, env, gpus_present, host_cores);
   if (!o.devices.empty()) {
     if (!p.nproc_given) o.nproc = static_cast<int>(o.devices.size());
     if (static_cast<int>(o.devices.size()) != o.nproc) {
@@ -337,14 +424,17 @@ int auto_nproc(const char* cuda_visible_devices, int gpus_present) {
 }
 
 LaunchOptions parse_launch_args(const std::vector<std::string>& args,
-                                const std::map<std::string, std::string>& env, int gpus_present) {
+                                const std::map<std::string, std::string>& env, int gpus_present,
+                                int host_cores) {
   Parsed p;
-  apply_env(p, env);  // first, so that the command line wins
+  // Lowest first, each over the one before: torchrun's variables, ours, the command line.
+  apply_env(p, env, "PET_", false);
+  apply_env(p, env, "DDP_LAUNCH_", true);
   CommandLine line = split_command_line(args);
   apply_command_line(p, line.options);
   if (!line.error.empty()) throw InputError(line.error);
   p.options.program = std::move(line.program);
-  return finish(std::move(p), env, gpus_present);
+  return finish(std::move(p), env, gpus_present, host_cores);
 }
 
 std::string launch_help() {
@@ -354,7 +444,11 @@ std::string launch_help() {
       "WORLD_SIZE,\n"
       "LOCAL_RANK, MASTER_ADDR, MASTER_PORT, ...), shows their output prefixed with their rank,\n"
       "stops them all when one fails, and restarts the group up to --max-restarts times.\n"
-      "Every option can also be set as DDP_LAUNCH_<OPTION> (e.g. DDP_LAUNCH_NPROC=4).\n"
+      "Every option can also be set as DDP_LAUNCH_<OPTION> (e.g. DDP_LAUNCH_NPROC=4) or as\n"
+      "torchrun's PET_<OPTION> (e.g. PET_NPROC_PER_NODE=4); the command line wins, then\n"
+      "DDP_LAUNCH_, then PET_. Where none sets --nproc, --nnodes or --node-rank, a scheduler's\n"
+      "RANK and WORLD_SIZE mean one process here (rank RANK of WORLD_SIZE), and NODE_RANK this\n"
+      "node's rank.\n"
       "A flag alone means true; --tee false and --tee=false turn it off (true|false, 1|0, "
       "yes|no,\n"
       "on|off, in any case); a program named like one of these words that follows a flag goes\n"
@@ -371,11 +465,12 @@ std::string launch_help() {
 std::map<std::string, std::string> worker_env(const LaunchOptions& o, int local_rank,
                                               int master_port, int restart_count,
                                               const std::map<std::string, std::string>& inherited) {
+  const int local_world = o.given_local_world_size > 0 ? o.given_local_world_size : o.nproc;
   std::map<std::string, std::string> env = {
       {"RANK", std::to_string(o.node_rank * o.nproc + local_rank)},
-      {"LOCAL_RANK", std::to_string(local_rank)},
+      {"LOCAL_RANK", std::to_string(o.given_local_rank >= 0 ? o.given_local_rank : local_rank)},
       {"GROUP_RANK", std::to_string(o.node_rank)},
-      {"LOCAL_WORLD_SIZE", std::to_string(o.nproc)},
+      {"LOCAL_WORLD_SIZE", std::to_string(local_world)},
       {"WORLD_SIZE", std::to_string(o.nnodes * o.nproc)},
       {"MASTER_ADDR", o.master_addr},
       {"MASTER_PORT", std::to_string(master_port)},
@@ -387,7 +482,7 @@ std::map<std::string, std::string> worker_env(const LaunchOptions& o, int local_
   if (!o.flight_dir.empty()) env["DDP_FLIGHT_DIR"] = o.flight_dir;
   // As torchrun (torch/distributed/run.py): several processes sharing the cores each get one
   // thread unless told otherwise.
-  if (o.nproc > 1 && inherited.count("OMP_NUM_THREADS") == 0) env["OMP_NUM_THREADS"] = "1";
+  if (local_world > 1 && inherited.count("OMP_NUM_THREADS") == 0) env["OMP_NUM_THREADS"] = "1";
   // Python workers' rank 0 serves the store of init_process_group("env://"); PyTorch 2.4+ serves it
   // with libuv by default, which Debian's PyTorch 2.6 is built without ("use_libuv was requested
   // but PyTorch was build without libuv support"). The classic server is in every build and

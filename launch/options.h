@@ -1,6 +1,7 @@
 #pragma once
-// The launcher's decisions, as pure functions: its options (command line over DDP_LAUNCH_* env
-// variables), each worker's environment (torchrun's contract), how a worker's end is described.
+// The launcher's decisions, as pure functions: its options (the command line over DDP_LAUNCH_*
+// variables over torchrun's PET_* over a scheduler's RANK/WORLD_SIZE or NODE_RANK), each worker's
+// environment (torchrun's contract), how a worker's end is described.
 
 #include <map>
 #include <optional>
@@ -10,7 +11,7 @@
 namespace ddp::launch {
 
 struct LaunchOptions {
-  int nproc = 1;  // processes on this node (--nproc auto is resolved by parse_launch_args)
+  int nproc = 1;  // processes on this node (auto, cpu, gpu are resolved by parse_launch_args)
   int nnodes = 1;
   // --nnodes MIN:MAX (torchrun's syntax): elastic. Node 0's launcher serves the job's store
   // itself; each launcher restarts a failed worker alone (counted against --max-restarts) and the
@@ -32,6 +33,15 @@ struct LaunchOptions {
   std::vector<std::string> devices;  // GPUs, one per local rank (CUDA_VISIBLE_DEVICES)
   std::vector<std::string> program;  // the program and its arguments
   bool help = false;
+  // Where a scheduler runs one launcher a process (scheduler_env.h): the LOCAL_RANK and
+  // LOCAL_WORLD_SIZE it gave, passed on to the worker; -1: the launcher's own.
+  int given_local_rank = -1;
+  int given_local_world_size = -1;
+  // What set the job's shape besides the command line, for the first line the launcher prints
+  // (empty: the command line and the defaults); torchrun's PET_ variables that name no launcher
+  // option, left alone.
+  std::vector<std::string> read_from;
+  std::vector<std::string> ignored_env;
   // Not options: set by supervise() when the job starts.
   std::string job_token;   // the rendezvous store's secret (DDP_JOB_TOKEN); "": none
   std::string flight_dir;  // where workers leave a copy of their flight records (DDP_FLIGHT_DIR)
@@ -42,13 +52,17 @@ struct LaunchOptions {
 int auto_nproc(const char* cuda_visible_devices, int gpus_present);
 
 // Parses `args` (argv without the program name): launcher options up to the first argument that is
-// not one (or `--`), read by cxxopts, then the program and its arguments. A flag (--tee) alone
-// means true and takes the next word as its value only when that is a bool word ("--tee false",
-// ddp/common/bool_words.h); otherwise the next word is the next option or the program. `env`
-// supplies DDP_LAUNCH_<OPTION> values under the command line. `gpus_present` is for --nproc auto.
-// Throws InputError naming the option or variable.
+// not one (or `--`), read by cxxopts, then the program and its arguments. An option may be spelt
+// with '_' for '-' (--nproc_per_node, as torchrun takes it). A flag (--tee) alone means true and
+// takes the next word as its value only when that is a bool word ("--tee false",
+// ddp/common/bool_words.h); otherwise the next word is the next option or the program. Under the
+// command line, from `env`: DDP_LAUNCH_<OPTION>, then torchrun's PET_<OPTION> (upper case, '_'
+// for '-'; a PET_ variable naming no option here is left alone), then a scheduler's variables
+// (scheduler_env.h). `gpus_present` and `host_cores` are for --nproc auto, gpu and cpu. Throws
+// InputError naming the option or variable.
 LaunchOptions parse_launch_args(const std::vector<std::string>& args,
-                                const std::map<std::string, std::string>& env, int gpus_present);
+                                const std::map<std::string, std::string>& env, int gpus_present,
+                                int host_cores = 1);
 
 // The --help text.
 std::string launch_help();

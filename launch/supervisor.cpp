@@ -150,6 +150,12 @@ class Supervisor {
             fmt::format("--log-dir {}: cannot create it: {}", o_.log_dir, ec.message()));
       }
     }
+    if (!o_.read_from.empty()) {
+      note(fmt::format("the job's shape read from: {}", fmt::join(o_.read_from, ", ")));
+    }
+    if (!o_.ignored_env.empty()) {
+      note(fmt::format("not launcher options, left alone: {}", fmt::join(o_.ignored_env, ", ")));
+    }
     if (o_.node_rank > 0) check_resolvable(o_.master_addr);
     if (o_.job_token.empty()) {
       note(

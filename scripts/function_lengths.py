@@ -14,6 +14,7 @@ import sys
 # Qualified name -> why it may be long.
 TABLES = {
     "ddp::train::make_keys": "the table of every config key: name, help, setter, getter",
+    "ddp::launch::options": "the table of every launcher option: name, alias, hint, help, setter",
 }
 
 

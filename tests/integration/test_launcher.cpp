@@ -302,7 +302,7 @@ void expect_launch_error(const std::vector<std::string>& args, const std::string
 TEST(Launcher, BadInputIsOneLineAndExitCode2) {
   expect_launch_error({"--bogus", "x"}, "unknown option '--bogus' (see launcher --help)");
   expect_launch_error({"--nproc", "0", DDP_TRAIN_BIN},
-                      "--nproc: expected a positive integer, got '0'");
+                      "--nproc: expected a positive integer, auto, cpu or gpu, got '0'");
   expect_launch_error({"--nnodes", "2", "--node-rank", "2", DDP_TRAIN_BIN},
                       "--node-rank 2 is not below --nnodes 2 (node ranks are 0 .. 1)");
   expect_launch_error({"--nproc", "2"},

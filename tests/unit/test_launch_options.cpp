@@ -111,11 +111,11 @@ TEST(LaunchOptions, OptionsApplyInOrderAndTheFirstBadOneIsReported) {
   EXPECT_TRUE(parse({"--tee=false", "--tee", "prog"}).tee);
   EXPECT_EQ(parse({"--run-id", "a", "--run-id", "b", "prog"}).run_id, "b");
   EXPECT_EQ(error_of({"--nproc-per-node=x", "prog"}),
-            "--nproc-per-node: expected a positive integer, got 'x'");
+            "--nproc-per-node: expected a positive integer, auto, cpu or gpu, got 'x'");
   EXPECT_EQ(error_of({"--nproc", "0", "--bogus", "prog"}),
-            "--nproc: expected a positive integer, got '0'");
+            "--nproc: expected a positive integer, auto, cpu or gpu, got '0'");
   EXPECT_EQ(error_of({"--nproc", "0", "--log-dir"}),
-            "--nproc: expected a positive integer, got '0'");
+            "--nproc: expected a positive integer, auto, cpu or gpu, got '0'");
   EXPECT_EQ(error_of({"--bogus", "--nproc", "0", "prog"}),
             "unknown option '--bogus' (see launcher --help)");
   EXPECT_EQ(error_of({"--nproc", "2", "--log-dir"}), "--log-dir: expected DIR after it");
@@ -135,6 +135,103 @@ TEST(LaunchOptions, EnvVariablesSetOptionsAndTheCommandLineWins) {
             "DDP_LAUNCH_NNODES: expected a positive integer, got 'x'");
 }
 
+// Kubeflow's PyTorchJob sets torchrun's PET_* variables beside MASTER_ADDR, MASTER_PORT,
+// WORLD_SIZE (every process of the job) and RANK (the pod's index): PET_* describe the job.
+TEST(LaunchOptions, TorchrunsPetVariablesSetOptionsUnderOursAndTheCommandLine) {
+  const Env pod = {{"PET_NNODES", "2"},           {"PET_NPROC_PER_NODE", "2"},
+                   {"PET_NODE_RANK", "1"},        {"PET_MASTER_ADDR", "job-master-0"},
+                   {"PET_MASTER_PORT", "23456"},  {"MASTER_ADDR", "job-master-0"},
+                   {"MASTER_PORT", "23456"},      {"WORLD_SIZE", "4"},
+                   {"RANK", "1"},                 {"PET_RDZV_CONF", "join_timeout=60"}};
+  auto o = parse({"prog"}, pod);
+  EXPECT_EQ(o.nnodes, 2);
+  EXPECT_EQ(o.nproc, 2);
+  EXPECT_EQ(o.node_rank, 1);
+  EXPECT_EQ(o.master_addr, "job-master-0");
+  EXPECT_EQ(o.master_port, 23456);
+  EXPECT_EQ(o.given_local_rank, -1);  // RANK and WORLD_SIZE were not read
+  EXPECT_EQ(o.ignored_env, std::vector<std::string>{"PET_RDZV_CONF"});
+  EXPECT_EQ(o.read_from, (std::vector<std::string>{"PET_MASTER_ADDR", "PET_MASTER_PORT",
+                                                   "PET_NNODES", "PET_NODE_RANK",
+                                                   "PET_NPROC_PER_NODE"}));
+  const auto env = ddp::launch::worker_env(o, 1, 23456, 0, {});
+  EXPECT_EQ(env.at("RANK"), "3");
+  EXPECT_EQ(env.at("WORLD_SIZE"), "4");
+  // Which wins: the command line, then DDP_LAUNCH_*, then PET_*.
+  Env both = pod;
+  both["DDP_LAUNCH_NPROC"] = "3";
+  EXPECT_EQ(parse({"prog"}, both).nproc, 3);
+  EXPECT_EQ(parse({"--nproc_per_node=1", "prog"}, both).nproc, 1);
+  EXPECT_EQ(error_of({"prog"}, {{"PET_NNODES", "two"}}),
+            "PET_NNODES: expected a positive integer, got 'two'");
+  // Elastic, as the operator sets it with an elasticPolicy.
+  o = parse({"prog"}, {{"PET_NNODES", "1:3"}, {"PET_RDZV_ENDPOINT", "job-worker-0:29400"},
+                       {"PET_RDZV_ID", "j1"}, {"PET_MAX_RESTARTS", "2"}});
+  EXPECT_TRUE(o.elastic);
+  EXPECT_EQ(o.min_nnodes, 1);
+  EXPECT_EQ(o.nnodes, 3);
+  EXPECT_EQ(o.master_addr, "job-worker-0");
+  EXPECT_EQ(o.master_port, 29400);
+  EXPECT_EQ(o.run_id, "j1");
+  EXPECT_EQ(o.max_restarts, 2);
+  EXPECT_EQ(parse({"--rdzv-endpoint", "[::1]:5", "prog"}).master_addr, "::1");
+  EXPECT_EQ(parse({"--rdzv-endpoint", "[::1]:5", "prog"}).master_port, 5);
+  EXPECT_EQ(parse({"--rdzv-endpoint", "fe80::1", "prog"}).master_addr, "fe80::1");
+  EXPECT_EQ(parse({"--rdzv_endpoint", "h", "prog"}).master_port, 0);
+  EXPECT_EQ(error_of({"--rdzv-endpoint", "h:x", "prog"}),
+            "--rdzv-endpoint: expected a port number (1-65535), got 'h:x'");
+}
+
+// One process a pod or worker: Volcano, Kubeflow v1 without nprocPerNode, Ray Train.
+TEST(LaunchOptions, PerPodRankAndWorldSizeMeanOneProcessWhereNoOptionSaysOtherwise) {
+  // Ray Train's second worker on its first host.
+  const Env ray = {{"RANK", "1"},       {"WORLD_SIZE", "4"},       {"LOCAL_RANK", "1"},
+                   {"NODE_RANK", "0"},  {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "10.0.0.5"},
+                   {"MASTER_PORT", "29501"}};
+  auto o = parse({"prog"}, ray);
+  EXPECT_EQ(o.nproc, 1);
+  EXPECT_EQ(o.nnodes, 4);
+  EXPECT_EQ(o.node_rank, 1);
+  EXPECT_EQ(o.master_addr, "10.0.0.5");
+  EXPECT_EQ(o.master_port, 29501);
+  ASSERT_EQ(o.read_from.size(), 1u);
+  EXPECT_EQ(o.read_from[0], "RANK 1 and WORLD_SIZE 4: one process in this pod or worker, rank 1 of 4");
+  const auto env = ddp::launch::worker_env(o, 0, 29501, 0, {});
+  EXPECT_EQ(env.at("RANK"), "1");
+  EXPECT_EQ(env.at("WORLD_SIZE"), "4");
+  EXPECT_EQ(env.at("LOCAL_RANK"), "1");  // Ray's, as it gave it
+  EXPECT_EQ(env.at("LOCAL_WORLD_SIZE"), "2");
+  EXPECT_EQ(env.at("OMP_NUM_THREADS"), "1");  // two ranks share the host
+  // Volcano: RANK and WORLD_SIZE alone.
+  o = parse({"prog"}, {{"RANK", "2"}, {"WORLD_SIZE", "3"}, {"MASTER_ADDR", "m"}});
+  EXPECT_EQ(ddp::launch::worker_env(o, 0, 29500, 0, {}).at("LOCAL_RANK"), "0");
+  EXPECT_EQ(ddp::launch::worker_env(o, 0, 29500, 0, {}).at("LOCAL_WORLD_SIZE"), "1");
+  // An option that shapes the job wins over them: RANK and WORLD_SIZE are then not read (the
+  // node's rank and the master come from NODE_RANK, MASTER_ADDR and MASTER_PORT).
+  o = parse({"--nproc", "2", "prog"}, ray);
+  EXPECT_EQ(o.nnodes, 1);
+  EXPECT_EQ(o.nproc, 2);
+  EXPECT_EQ(o.given_local_rank, -1);
+  EXPECT_EQ(o.read_from, std::vector<std::string>{"NODE_RANK 0: this node's rank"});
+  EXPECT_EQ(error_of({"prog"}, {{"RANK", "4"}, {"WORLD_SIZE", "4"}}),
+            "RANK: expected an integer from 0 to 3, got '4'");
+  // NODE_RANK alone: this node's rank.
+  o = parse({"--nnodes", "2", "--nproc", "2", "prog"}, {{"NODE_RANK", "1"}, {"MASTER_ADDR", "m"}});
+  EXPECT_EQ(o.node_rank, 1);
+  EXPECT_EQ(o.master_addr, "m");
+  EXPECT_EQ(parse({"--nnodes", "2", "--node-rank", "0", "prog"}, {{"NODE_RANK", "1"}}).node_rank,
+            0);
+}
+
+TEST(LaunchOptions, NprocCpuCountsTheCoresAndGpuNeedsOne) {
+  EXPECT_EQ(parse_launch_args({"--nproc-per-node", "cpu", "prog"}, {}, 0, 6).nproc, 6);
+  EXPECT_EQ(parse_launch_args({"prog"}, {{"PET_NPROC_PER_NODE", "cpu"}}, 2, 6).nproc, 6);
+  EXPECT_EQ(parse_launch_args({"--nproc", "gpu", "prog"}, {}, 4, 6).nproc, 4);
+  EXPECT_EQ(error_of({"--nproc", "gpu", "prog"}), "--nproc gpu: no GPU is visible on this node");
+  EXPECT_EQ(error_of({"--nproc", "many", "prog"}),
+            "--nproc: expected a positive integer, auto, cpu or gpu, got 'many'");
+}
+
 TEST(LaunchOptions, NprocAutoCountsTheVisibleGpus) {
   EXPECT_EQ(parse({"--nproc", "auto", "prog"}, {}, 0).nproc, 1);
   EXPECT_EQ(parse({"--nproc", "auto", "prog"}, {}, 8).nproc, 8);
@@ -152,7 +249,7 @@ TEST(LaunchOptions, DevicesGiveOneGpuPerLocalRank) {
 }
 
 TEST(LaunchOptions, BadInputNamesTheOption) {
-  EXPECT_EQ(error_of({"--nproc", "0", "prog"}), "--nproc: expected a positive integer, got '0'");
+  EXPECT_EQ(error_of({"--nproc", "0", "prog"}), "--nproc: expected a positive integer, auto, cpu or gpu, got '0'");
   EXPECT_EQ(error_of({"--bogus", "prog"}), "unknown option '--bogus' (see launcher --help)");
   EXPECT_EQ(error_of({"--nnodes", "2", "--node-rank", "2", "prog"}),
             "--node-rank 2 is not below --nnodes 2 (node ranks are 0 .. 1)");
