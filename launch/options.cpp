@@ -178,6 +178,10 @@ const std::vector<Option>& options() {
        "elastic, several nodes: a node not heard from for this long is out of the group, its "
        "workers with it, until it is back (default 15)",
        [](Parsed& p, const std::string& v) { p.options.node_timeout = parse_seconds(v, true); }},
+      {"rdzv-timeout", "", "SECONDS",
+       "how long a node other than node 0 waits for --master-addr to resolve, as a pod's DNS "
+       "name does once the pod is ready (default 600, torchrun's join timeout)",
+       [](Parsed& p, const std::string& v) { p.options.rdzv_timeout = parse_seconds(v, true); }},
       {"grace-period", "", "SECONDS",
        "between SIGTERM and SIGKILL when stopping workers (default 5)",
        [](Parsed& p, const std::string& v) { p.options.grace_period = parse_seconds(v, false); }},
@@ -358,8 +362,8 @@ int resolve_nproc(const Parsed& p, const std::map<std::string, std::string>& env
 
 // Where no option set them: the job's shape from the scheduler's own variables.
 void apply_scheduler_shape(Parsed& p, const std::map<std::string, std::string>& env) {
-  const bool shape_given =
-      p.given.count("nproc") != 0 || p.given.count("nnodes") != 0 || p.given.count("node-rank") != 0;
+  const auto given = [&](const char* name) { return p.given.count(name) != 0; };
+  const bool shape_given = given("nproc") || given("nnodes") || given("node-rank");
   const SchedulerShape shape =
       read_scheduler_shape(env, shape_given, p.given.count("node-rank") != 0);
   LaunchOptions& o = p.options;

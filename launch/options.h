@@ -26,6 +26,7 @@ struct LaunchOptions {
   int max_restarts = 0;
   double monitor_interval = 0.1;        // seconds between checks of the workers
   double grace_period = 5.0;            // seconds between SIGTERM and SIGKILL
+  double rdzv_timeout = 600.0;  // seconds node 0's name may take to resolve (torchrun's join)
   std::string log_dir;                  // a rank<N>.log per worker
   bool tee = false;                     // with log_dir: the console too
   std::vector<int> local_ranks_filter;  // the local ranks shown on the console; empty: all

@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <thread>
 #include <variant>
 
 #include "arbiter_service.h"
@@ -81,12 +82,8 @@ void check_port_free(int port) {
   }
 }
 
-void check_resolvable(const std::string& host) {
-  const net::Resolved found = net::resolve_tcp(host, 0);
-  if (!found.addresses) {
-    throw InputError(fmt::format("--master-addr {}: cannot be resolved: {}", host, found.error));
-  }
-}
+// How often a name that does not resolve yet is said again.
+constexpr auto kResolveNoteEvery = std::chrono::seconds(5);
 
 // 128 random bits as hex, from the kernel.
 std::string random_token() {
@@ -156,7 +153,7 @@ class Supervisor {
     if (!o_.ignored_env.empty()) {
       note(fmt::format("not launcher options, left alone: {}", fmt::join(o_.ignored_env, ", ")));
     }
-    if (o_.node_rank > 0) check_resolvable(o_.master_addr);
+    if (o_.node_rank > 0 && !wait_resolvable(o_.master_addr)) return 128 + stop_signal();
     if (o_.job_token.empty()) {
       note(
           "no DDP_JOB_TOKEN in the environment: on several nodes the rendezvous store then "
@@ -415,8 +412,7 @@ class Supervisor {
   // While node 0 cannot be reached for the node timeout, the arbiter has dropped this node: its
   // workers are stopped, and started again to join the group once node 0 can be reached.
   int run_elastic_node() {
-    port_ = o_.master_port != 0 ? o_.master_port : 29500;
-    check_resolvable(o_.master_addr);
+    port_ = o_.master_port != 0 ? o_.master_port : 29500;  // its name resolved in run()
     NodeLink link(o_.master_addr, port_, o_.job_token, o_.node_rank, node_timeout(), note);
     note(fmt::format("elastic: node {} of {}:{}: registering {} worker(s) with node 0 at {}:{}",
                      o_.node_rank, o_.min_nnodes, o_.nnodes, o_.nproc, o_.master_addr, port_));
@@ -527,6 +523,39 @@ class Supervisor {
   Clock::duration node_timeout() const {
     return std::chrono::duration_cast<Clock::duration>(
         std::chrono::duration<double>(o_.node_timeout));
+  }
+
+  // Node 0's name, as a pod's DNS name, resolves only once that pod is ready (a Service publishes
+  // ready pods): looked up again until --rdzv-timeout, said every few seconds. False: a signal
+  // stopped the wait.
+  bool wait_resolvable(const std::string& host) {
+    const auto start = Clock::now();
+    const auto limit = std::chrono::duration<double>(o_.rdzv_timeout);
+    auto next_note = start;
+    for (;;) {
+      const net::Resolved found = net::resolve_tcp(host, 0);
+      const auto now = Clock::now();
+      const double waited = std::chrono::duration<double>(now - start).count();
+      if (found.addresses) {
+        if (next_note != start) {
+          note(fmt::format("--master-addr {} resolved after {:.1f} s", host, waited));
+        }
+        return true;
+      }
+      if (now - start >= limit) {
+        throw InputError(
+            fmt::format("--master-addr {}: not resolved within {:g} s (--rdzv-timeout): {}", host,
+                        o_.rdzv_timeout, found.error));
+      }
+      if (now >= next_note) {
+        note(fmt::format("--master-addr {} does not resolve yet ({}): trying again for up to "
+                         "{:g} s",
+                         host, found.error, o_.rdzv_timeout));
+        next_note = now + kResolveNoteEvery;
+      }
+      if (g_stop_signal != 0) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    }
   }
 
   // The signal that told the launcher to stop (0: none); its workers are stopped by then.

@@ -309,10 +309,6 @@ TEST(Launcher, BadInputIsOneLineAndExitCode2) {
                       "no program to launch (usage: launcher [options] PROGRAM [ARGS...])");
   expect_launch_error({"no-such-program-xyz"},
                       "program 'no-such-program-xyz' not found (not in PATH, or not executable)");
-  expect_launch_error(
-      {"--nnodes", "2", "--node-rank", "1", "--master-addr", "no-such-host.invalid", DDP_TRAIN_BIN},
-      "--master-addr no-such-host.invalid: cannot be resolved: Name or service "
-      "not known");
 
   // A port another process listens on.
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -329,6 +325,26 @@ TEST(Launcher, BadInputIsOneLineAndExitCode2) {
                           ": cannot be used on this host (Address already in use): another job "
                           "may hold it; pick another or leave it out on one host");
   ::close(fd);
+}
+
+// A pod's DNS name resolves once the pod is ready: node 0's name is looked up again, said every
+// few seconds, until --rdzv-timeout.
+TEST(Launcher, AMasterNameThatNeverResolvesFailsAfterTheRdzvTimeout) {
+  const auto start = Clock::now();
+  auto r = ddp::testing::run_process({DDP_LAUNCHER_BIN, "--nnodes", "2", "--node-rank", "1",
+                                      "--master-addr", "no-such-host.invalid", "--rdzv-timeout",
+                                      "1.5", DDP_TRAIN_BIN},
+                                     {}, seconds(30));
+  EXPECT_GE(Clock::now() - start, std::chrono::milliseconds(1500));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("[launcher] --master-addr no-such-host.invalid does not resolve yet "
+                          "(Name or service not known): trying again for up to 1.5 s"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("launcher: error: --master-addr no-such-host.invalid: not resolved "
+                          "within 1.5 s (--rdzv-timeout): Name or service not known\n"),
+            std::string::npos)
+      << r.output;
 }
 
 TEST(Launcher, AMasterNobodyServesFailsAfterTheRendezvousTimeout) {
