@@ -372,6 +372,7 @@ void apply_scheduler_shape(Parsed& p, const std::map<std::string, std::string>& 
   if (shape.nproc) p.nproc = std::to_string(*shape.nproc);
   o.given_local_rank = shape.local_rank.value_or(-1);
   o.given_local_world_size = shape.local_world_size.value_or(-1);
+  o.given_group_rank = shape.group_rank.value_or(-1);
   const bool endpoint = p.given.count("rdzv-endpoint") != 0;
   if (shape.master_addr && !endpoint && p.given.count("master-addr") == 0) {
     o.master_addr = *shape.master_addr;
@@ -473,7 +474,7 @@ std::map<std::string, std::string> worker_env(const LaunchOptions& o, int local_
   std::map<std::string, std::string> env = {
       {"RANK", std::to_string(o.node_rank * o.nproc + local_rank)},
       {"LOCAL_RANK", std::to_string(o.given_local_rank >= 0 ? o.given_local_rank : local_rank)},
-      {"GROUP_RANK", std::to_string(o.node_rank)},
+      {"GROUP_RANK", std::to_string(o.given_group_rank >= 0 ? o.given_group_rank : o.node_rank)},
       {"LOCAL_WORLD_SIZE", std::to_string(local_world)},
       {"WORLD_SIZE", std::to_string(o.nnodes * o.nproc)},
       {"MASTER_ADDR", o.master_addr},

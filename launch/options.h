@@ -34,10 +34,12 @@ struct LaunchOptions {
   std::vector<std::string> devices;  // GPUs, one per local rank (CUDA_VISIBLE_DEVICES)
   std::vector<std::string> program;  // the program and its arguments
   bool help = false;
-  // Where a scheduler runs one launcher a process (scheduler_env.h): the LOCAL_RANK and
-  // LOCAL_WORLD_SIZE it gave, passed on to the worker; -1: the launcher's own.
+  // Where a scheduler runs one launcher a process (scheduler_env.h): the LOCAL_RANK,
+  // LOCAL_WORLD_SIZE and NODE_RANK (the worker's GROUP_RANK) it gave, passed on to the worker;
+  // -1: the launcher's own (local rank, --nproc, --node-rank).
   int given_local_rank = -1;
   int given_local_world_size = -1;
+  int given_group_rank = -1;
   // What set the job's shape besides the command line, for the first line the launcher prints
   // (empty: the command line and the defaults); torchrun's PET_ variables that name no launcher
   // option, left alone.

@@ -48,6 +48,7 @@ SchedulerShape read_scheduler_shape(const std::map<std::string, std::string>& en
     shape.nproc = 1;
     shape.local_world_size = get_int(env, "LOCAL_WORLD_SIZE", 1, kMany);
     shape.local_rank = get_int(env, "LOCAL_RANK", 0, shape.local_world_size.value_or(kMany) - 1);
+    shape.group_rank = get_int(env, "NODE_RANK", 0, kMany);
     read_master(env, shape);
     shape.contract = fmt::format(
         "RANK {} and WORLD_SIZE {}: one process in this pod or worker, rank {} of {}",

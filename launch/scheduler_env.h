@@ -5,10 +5,11 @@
 // - Per-pod (or per-worker) RANK and WORLD_SIZE, one process each: Volcano's PyTorch plugin,
 //   Kubeflow's PyTorchJob without nprocPerNode, Ray Train's workers. Each launcher is then one
 //   "node" of one process: --nnodes WORLD_SIZE, --node-rank RANK, --nproc 1, the master from
-//   MASTER_ADDR and MASTER_PORT; LOCAL_RANK and LOCAL_WORLD_SIZE, where set, reach the worker as
-//   they are (Ray Train starts several workers a host, and a rank's threads follow
-//   LOCAL_WORLD_SIZE). Read only when no option set --nproc, --nnodes or --node-rank: PyTorchJob
-//   sets RANK to the pod's index beside its PET_* variables, which then describe the job.
+//   MASTER_ADDR and MASTER_PORT; LOCAL_RANK, LOCAL_WORLD_SIZE and NODE_RANK (as GROUP_RANK), where
+//   set, reach the worker as they are (Ray Train starts several workers a host: a rank's threads
+//   follow LOCAL_WORLD_SIZE, and the ranks of one GROUP_RANK are one host's). Read only when no
+//   option set --nproc, --nnodes or --node-rank: PyTorchJob sets RANK to the pod's index beside
+//   its PET_* variables, which then describe the job.
 // - NODE_RANK alone (a scheduler that starts one launcher a node): --node-rank, and the master
 //   from MASTER_ADDR and MASTER_PORT where the options leave them open.
 
@@ -19,7 +20,8 @@
 namespace ddp::launch {
 
 struct SchedulerShape {
-  std::optional<int> nnodes, node_rank, nproc, local_rank, local_world_size, master_port;
+  std::optional<int> nnodes, node_rank, nproc, local_rank, local_world_size, group_rank;
+  std::optional<int> master_port;
   std::optional<std::string> master_addr;
   std::string contract;  // what was read, for the launcher's first line; "": nothing
 };

@@ -61,14 +61,9 @@ std::pair<ProcessResult, ProcessResult> run_two_nodes(const NetnsHosts& hosts, i
   return {std::move(r0), std::move(r1)};
 }
 
-// Network namespaces need root (CAP_SYS_ADMIN) and iproute2.
-bool can_make_hosts() {
-  return ::geteuid() == 0 &&
-         ddp::testing::run_process({"ip", "netns", "list"}, {}, seconds(10)).exit_code == 0;
-}
 
 TEST(Hosts, TwoLaunchersInTwoNamespacesTrainAsFourRanksOnOneHost) {
-  ASSERT_TRUE(can_make_hosts()) << "needs root and iproute2 (ip netns); CI runs as root";
+  ASSERT_TRUE(NetnsHosts::can_make()) << "needs root and iproute2 (ip netns); CI runs as root";
   NetnsHosts hosts(2);
   TempDir nodes, node1_out, one_host;
   const int port = ddp::testing::free_port();
@@ -109,7 +104,7 @@ TEST(Hosts, TwoLaunchersInTwoNamespacesTrainAsFourRanksOnOneHost) {
 // (each shard's gradient all-reduced across the hosts after the host's reduce-scatter); it trains
 // as DDP on 4 ranks does, to float rounding (its sums run in another order).
 TEST(Hosts, HybridShardingOnTwoHostsOfTwoTrainsAsDdpOnFour) {
-  ASSERT_TRUE(can_make_hosts()) << "needs root and iproute2 (ip netns); CI runs as root";
+  ASSERT_TRUE(NetnsHosts::can_make()) << "needs root and iproute2 (ip netns); CI runs as root";
   NetnsHosts hosts(2);
   TempDir nodes, node1_out, one_host;
   const int port = ddp::testing::free_port();
@@ -150,7 +145,7 @@ exec nsenter --net=/run/netns/"$host" env TMPDIR="$dir/$host" sh -c "$*"
 }
 
 TEST(Hosts, MpirunAcrossTwoNamespacesTrainsWithTheMpiBackend) {
-  ASSERT_TRUE(can_make_hosts()) << "needs root and iproute2 (ip netns); CI runs as root";
+  ASSERT_TRUE(NetnsHosts::can_make()) << "needs root and iproute2 (ip netns); CI runs as root";
   NetnsHosts hosts(2);
   TempDir dir, across, one_host;
   const std::string agent = write_rsh_agent(dir);
@@ -215,7 +210,7 @@ constexpr int kLinkTestCommTimeout = 8;
 // A network that fails under a running job: host 1's cable pulled after epoch 1's checkpoint.
 // Nothing is sent back (no reset, no ICMP): every rank only sees its collective time out.
 TEST(Hosts, ALinkDownEndsEveryRankWithinTheCommTimeout) {
-  ASSERT_TRUE(can_make_hosts()) << "needs root and iproute2 (ip netns); CI runs as root";
+  ASSERT_TRUE(NetnsHosts::can_make()) << "needs root and iproute2 (ip netns); CI runs as root";
   NetnsHosts hosts(2);
   TempDir out0, out1;
   const int port = ddp::testing::free_port();
@@ -291,7 +286,7 @@ TEST(Hosts, ALinkDownEndsEveryRankWithinTheCommTimeout) {
 // in the shared output directory (a cluster's shared file system), and the job ends with the
 // weights of a run that was never interrupted.
 TEST(Hosts, WithARestartAndTheLinkBackTheJobEndsAsAnUninterruptedRun) {
-  ASSERT_TRUE(can_make_hosts()) << "needs root and iproute2 (ip netns); CI runs as root";
+  ASSERT_TRUE(NetnsHosts::can_make()) << "needs root and iproute2 (ip netns); CI runs as root";
   NetnsHosts hosts(2);
   TempDir shared, whole;
   const int port = ddp::testing::free_port();
@@ -335,7 +330,7 @@ TEST(Hosts, WithARestartAndTheLinkBackTheJobEndsAsAnUninterruptedRun) {
 // nodes with exit 0: node 0's workers were never restarted, and every epoch trained each sample
 // once.
 TEST(Hosts, ElasticALateNodeJoinsAndALinkPulledLeavesTheOtherHostTrainingUntilItRejoins) {
-  ASSERT_TRUE(can_make_hosts()) << "needs root and iproute2 (ip netns); CI runs as root";
+  ASSERT_TRUE(NetnsHosts::can_make()) << "needs root and iproute2 (ip netns); CI runs as root";
   NetnsHosts hosts(2);
   TempDir out;  // node 0's: rank 0 is there all along
   TempDir out1;
@@ -417,7 +412,7 @@ TEST(Hosts, ElasticALateNodeJoinsAndALinkPulledLeavesTheOtherHostTrainingUntilIt
 // job non-zero, naming why, within the node and comm timeouts, and the checkpoint of the last
 // whole epoch loads; node 1's launcher, with no restart to join again, ends too.
 TEST(Hosts, ElasticBelowMinNodesTheJobEndsWithAClearMessage) {
-  ASSERT_TRUE(can_make_hosts()) << "needs root and iproute2 (ip netns); CI runs as root";
+  ASSERT_TRUE(NetnsHosts::can_make()) << "needs root and iproute2 (ip netns); CI runs as root";
   NetnsHosts hosts(2);
   TempDir out, out1;
   const int port = ddp::testing::free_port();
@@ -454,7 +449,7 @@ TEST(Hosts, ElasticBelowMinNodesTheJobEndsWithAClearMessage) {
 // seconds, naming why (host 0 still answers, but refuses the store's port), rather than waiting
 // minutes for node 0 to come back as it does for a pulled link.
 TEST(Hosts, ElasticNodeZerosLauncherLostTheOtherNodeEndsWithAClearMessage) {
-  ASSERT_TRUE(can_make_hosts()) << "needs root and iproute2 (ip netns); CI runs as root";
+  ASSERT_TRUE(NetnsHosts::can_make()) << "needs root and iproute2 (ip netns); CI runs as root";
   NetnsHosts hosts(2);
   TempDir out, out1;
   const int port = ddp::testing::free_port();

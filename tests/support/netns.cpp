@@ -1,6 +1,7 @@
 #include "netns.h"
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <regex>
@@ -59,6 +60,11 @@ std::string NetnsHosts::ifname(int i) {
 }
 std::string NetnsHosts::address(int i) {
   return "10.213.0." + std::to_string(i + 1);
+}
+
+bool NetnsHosts::can_make() {
+  return ::geteuid() == 0 &&
+         run_process({"ip", "netns", "list"}, {}, std::chrono::seconds(10)).exit_code == 0;
 }
 
 NetnsHosts::NetnsHosts(int count) : count_(count) {

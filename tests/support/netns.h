@@ -17,6 +17,8 @@ class NetnsHosts {
   // Removes what a killed former run left under the same names, then makes the hosts; throws
   // std::runtime_error with the failing `ip` command and its output.
   explicit NetnsHosts(int count);
+  // Whether this process can make them: root (CAP_SYS_ADMIN) and iproute2.
+  static bool can_make();
   // Kills the processes still in the namespaces, removes the namespaces, the veths and the bridge.
   ~NetnsHosts();
   NetnsHosts(const NetnsHosts&) = delete;

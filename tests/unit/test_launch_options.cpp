@@ -195,17 +195,20 @@ TEST(LaunchOptions, PerPodRankAndWorldSizeMeanOneProcessWhereNoOptionSaysOtherwi
   EXPECT_EQ(o.master_addr, "10.0.0.5");
   EXPECT_EQ(o.master_port, 29501);
   ASSERT_EQ(o.read_from.size(), 1u);
-  EXPECT_EQ(o.read_from[0], "RANK 1 and WORLD_SIZE 4: one process in this pod or worker, rank 1 of 4");
+  EXPECT_EQ(o.read_from[0],
+            "RANK 1 and WORLD_SIZE 4: one process in this pod or worker, rank 1 of 4");
   const auto env = ddp::launch::worker_env(o, 0, 29501, 0, {});
   EXPECT_EQ(env.at("RANK"), "1");
   EXPECT_EQ(env.at("WORLD_SIZE"), "4");
   EXPECT_EQ(env.at("LOCAL_RANK"), "1");  // Ray's, as it gave it
   EXPECT_EQ(env.at("LOCAL_WORLD_SIZE"), "2");
+  EXPECT_EQ(env.at("GROUP_RANK"), "0");       // Ray's NODE_RANK: ranks 0 and 1 share a host
   EXPECT_EQ(env.at("OMP_NUM_THREADS"), "1");  // two ranks share the host
   // Volcano: RANK and WORLD_SIZE alone.
   o = parse({"prog"}, {{"RANK", "2"}, {"WORLD_SIZE", "3"}, {"MASTER_ADDR", "m"}});
   EXPECT_EQ(ddp::launch::worker_env(o, 0, 29500, 0, {}).at("LOCAL_RANK"), "0");
   EXPECT_EQ(ddp::launch::worker_env(o, 0, 29500, 0, {}).at("LOCAL_WORLD_SIZE"), "1");
+  EXPECT_EQ(ddp::launch::worker_env(o, 0, 29500, 0, {}).at("GROUP_RANK"), "2");
   // An option that shapes the job wins over them: RANK and WORLD_SIZE are then not read (the
   // node's rank and the master come from NODE_RANK, MASTER_ADDR and MASTER_PORT).
   o = parse({"--nproc", "2", "prog"}, ray);
@@ -249,7 +252,8 @@ TEST(LaunchOptions, DevicesGiveOneGpuPerLocalRank) {
 }
 
 TEST(LaunchOptions, BadInputNamesTheOption) {
-  EXPECT_EQ(error_of({"--nproc", "0", "prog"}), "--nproc: expected a positive integer, auto, cpu or gpu, got '0'");
+  EXPECT_EQ(error_of({"--nproc", "0", "prog"}),
+            "--nproc: expected a positive integer, auto, cpu or gpu, got '0'");
   EXPECT_EQ(error_of({"--bogus", "prog"}), "unknown option '--bogus' (see launcher --help)");
   EXPECT_EQ(error_of({"--nnodes", "2", "--node-rank", "2", "prog"}),
             "--node-rank 2 is not below --nnodes 2 (node ranks are 0 .. 1)");
