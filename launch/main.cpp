@@ -1,4 +1,4 @@
-// launcher: torchrun's job for any program, without LibTorch (README "Launching").
+// launcher: torchrun's job for any program, without LibTorch (docs/launching.md).
 #include <fmt/format.h>
 #include <unistd.h>  // environ (declared with _GNU_SOURCE, which g++ and clang++ define)
 

@@ -117,7 +117,7 @@ TEST(Cli, BadInputsExitTwoWithOneLine) {
                    "wrong IDX magic number");
 }
 
-// Bool options as the README writes them, through the real parser: every one spaced
+// Bool options as docs/training.md writes them, through the real parser: every one spaced
 // ("--broadcast-buffers false"), then a bare flag before another option, the "=" form and the
 // other bool words. config.yaml holds what was asked; a bad value names the option and the value.
 TEST(Cli, BoolOptionsTakeTheFlagTheSpacedAndTheEqualsForm) {

@@ -214,6 +214,20 @@ TEST(Launcher, TwoNodesOfTwoRanksAllReduceHierarchicallyToTheFlatWeights) {
   }
 }
 
+// torchrun's environment alone, as a Kubernetes operator sets it (docs/kubernetes.md).
+TEST(Launcher, PetNprocPerNodeStartsThatManyWorkers) {
+  TempDir out;
+  auto r = ddp::testing::run_process(
+      launch({}, {"--config", config("random_linear.yaml"), "--epochs", "1", "--output-dir",
+                  out.path()}),
+      {{"PET_NPROC_PER_NODE", "2"}}, seconds(120));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("[launcher] the job's shape read from: PET_NPROC_PER_NODE"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("launched by env: 2 rank(s)"), std::string::npos) << r.output;
+}
+
 TEST(Launcher, SigintStopsAllWorkersWithinTheGracePeriodAndExits130) {
   TempDir out;
   Child launcher(launch({"--nproc", "2", "--grace-period", "3"}, mlp_args(out.path(), 200)), {});
