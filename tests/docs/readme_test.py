@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""The README's doc test: runs every sh and python code block of README.md that can run here,
-in order, from the source root, and checks its config reference against `ddp_train --help`.
+"""The doc test: runs every sh and python code block of README.md and of the docs pages that
+hold commands (DOCUMENTS, in that order: a page's blocks may use what an earlier one made) that
+can run here, in order, from the source root, and checks docs/training.md's config reference
+against `ddp_train --help`.
 
 A block that cannot run here (Docker, Kubernetes, several nodes, the test command itself)
 is preceded by a line `<!-- doc-test: skip: <why> -->`; the reason is printed. A batch script
@@ -28,6 +30,11 @@ import tempfile
 import time
 
 BLOCK_TIMEOUT_S = 420
+# The README, then the pages its sections moved to, in the order the README once held them.
+DOCUMENTS = ["README.md", "docs/install.md", "docs/training.md", "docs/library.md",
+             "docs/launching.md", "docs/kubernetes.md", "docs/observing.md",
+             "docs/troubleshooting.md"]
+REFERENCE = "docs/training.md"  # the ddp_train reference tables
 SKIP = re.compile(r"<!--\s*doc-test:\s*skip:\s*(.+?)\s*-->")
 SBATCH = re.compile(r"<!--\s*doc-test:\s*sbatch\s+(.*?)\s*-->")
 # Variables of an outer launcher or job: sbatch passes the environment on to the job, where they
@@ -70,8 +77,8 @@ def help_options(build):
     return set(re.findall(r"^\s+(?:-\w, )?--([\w-]+)", out, re.M))
 
 
-def readme_options(text):
-    """The ddp_train options named in the first cell of the README's reference tables."""
+def reference_options(text):
+    """The ddp_train options named in the first cell of the reference tables."""
     section = text[text.index("## ddp_train"):text.index("## Time series")]
     options = set()
     for row in re.findall(r"^\|([^|]*)\|", section, re.M):
@@ -80,13 +87,13 @@ def readme_options(text):
 
 
 def check_options(text, build):
-    documented, actual = readme_options(text), help_options(build)
+    documented, actual = reference_options(text), help_options(build)
     ok = True
     for name in sorted(actual - documented):
-        print(f"README.md: option --{name} of ddp_train --help is missing from the reference")
+        print(f"{REFERENCE}: option --{name} of ddp_train --help is missing from the reference")
         ok = False
     for name in sorted(documented - actual):
-        print(f"README.md: option --{name} is in the reference but not in ddp_train --help")
+        print(f"{REFERENCE}: option --{name} is in the reference but not in ddp_train --help")
         ok = False
     print(f"config reference: {len(documented)} options, {'as' if ok else 'unlike'} --help")
     return ok
@@ -151,7 +158,7 @@ def submit(source, conf, tmp, script, options, args):
     return None, output
 
 
-def run_sbatch_block(source, build, line, code, options, args):
+def run_sbatch_block(source, build, where, code, options, args):
     """The block as a batch job of a throw-away cluster, stopped whatever happens."""
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="readme-slurm-") as tmp:
@@ -171,17 +178,17 @@ def run_sbatch_block(source, build, line, code, options, args):
                 why, output = "stopping the Slurm cluster failed", output + "\n" + stopped
     seconds = time.monotonic() - start
     if why is not None:
-        print(f"README.md:{line}: sbatch block failed ({why}) after {seconds:.0f} s:")
+        print(f"{where}: sbatch block failed ({why}) after {seconds:.0f} s:")
         print(code)
         print("--- its output (last 40 lines) ---")
         print(tail(output))
         return False
-    print(f"README.md:{line}: sbatch block ran as a Slurm job in {seconds:.1f} s "
+    print(f"{where}: sbatch block ran as a Slurm job in {seconds:.1f} s "
           f"(sbatch {shlex.join(options)} script {shlex.join(args)})")
     return True
 
 
-def run_block(source, build, line, language, code):
+def run_block(source, build, where, language, code):
     code = with_build_dir(source, build, code)
     if language == "python":
         argv = [sys.executable, "-c", code]
@@ -200,12 +207,12 @@ def run_block(source, build, line, language, code):
         code_, output = "timeout", (e.stdout or b"").decode(errors="replace")
     seconds = time.monotonic() - start
     if code_ != 0:
-        print(f"README.md:{line}: {language} block failed ({code_}) after {seconds:.0f} s:")
+        print(f"{where}: {language} block failed ({code_}) after {seconds:.0f} s:")
         print(code)
         print("--- its output (last 40 lines) ---")
         print(tail(output))
         return False
-    print(f"README.md:{line}: {language} block ran in {seconds:.1f} s")
+    print(f"{where}: {language} block ran in {seconds:.1f} s")
     return True
 
 
@@ -213,27 +220,30 @@ def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
     source, build = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
-    text = open(os.path.join(source, "README.md"), encoding="utf-8").read()
-    ok = check_options(text, build)
+    def read(name):
+        return open(os.path.join(source, name), encoding="utf-8").read()
+    ok = check_options(read(REFERENCE), build)
     if "--only-options" in sys.argv:
         sys.exit(0 if ok else 1)
     only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
     ran = skipped = 0
-    for line, language, code, reason, marker in code_blocks(text):
-        if language not in ("sh", "bash", "python"):
-            continue
-        if only is not None and not re.search(only, (marker or "") + "\n" + code):
-            continue
-        if reason:
-            print(f"README.md:{line}: {language} block skipped: {reason}")
-            skipped += 1
-            continue
-        spec = sbatch_spec(marker)
-        if spec is not None:
-            ok = run_sbatch_block(source, build, line, code, *spec) and ok
-        else:
-            ok = run_block(source, build, line, language, code) and ok
-        ran += 1
+    for name in DOCUMENTS:
+        for line, language, code, reason, marker in code_blocks(read(name)):
+            if language not in ("sh", "bash", "python"):
+                continue
+            if only is not None and not re.search(only, (marker or "") + "\n" + code):
+                continue
+            where = f"{name}:{line}"
+            if reason:
+                print(f"{where}: {language} block skipped: {reason}")
+                skipped += 1
+                continue
+            spec = sbatch_spec(marker)
+            if spec is not None:
+                ok = run_sbatch_block(source, build, where, code, *spec) and ok
+            else:
+                ok = run_block(source, build, where, language, code) and ok
+            ran += 1
     print(f"doc test: {ran} blocks run, {skipped} skipped")
     sys.exit(0 if ok else 1)
 

@@ -95,9 +95,9 @@ TEST(Config, NonPositiveBatchSizeAndLr) {
   EXPECT_EQ(c.ddp.bucket_cap_mb(), 5);
 }
 
-// Every bool option (the key table's, so a new one is covered too), in the three spellings the
-// README shows, with each word parse_bool knows; the joined "--key=value" is what cxxopts hands
-// to set_config_value. A next word that is no bool is never taken as the value.
+// Every bool option (the key table's, so a new one is covered too), in the three spellings
+// docs/training.md shows, with each word parse_bool knows; the joined "--key=value" is what
+// cxxopts hands to set_config_value. A next word that is no bool is never taken as the value.
 TEST(Config, EveryBoolOptionTakesTheFlagTheSpacedAndTheEqualsForm) {
   using ddp::train::join_bool_values;
   using Words = std::vector<std::string>;

@@ -6,7 +6,7 @@
 
 namespace ddp {
 
-// Exit codes of the programs (README "Exit codes").
+// Exit codes of the programs (docs/training.md, "Exit codes").
 constexpr int kExitOk = 0;
 constexpr int kExitFailure = 1;   // a run that failed after it started (communication, I/O)
 constexpr int kExitBadInput = 2;  // bad input: config, CLI, env, data files

@@ -178,7 +178,7 @@ const ConfigKey* find_config_key(const std::string& name);
 // The command line's words (argv without the program name) with every bool option in one form,
 // "--key=value", so that the option parser needs no rule of its own for them: ddp::join_bool_values
 // (ddp/common/bool_words.h) with this table's bool keys as the flags. A bool option accepts three
-// spellings, as the README shows:
+// spellings, as docs/training.md shows:
 //   --augment          -> --augment=true
 //   --augment false    -> --augment=false  (the next word is taken only when it is a bool:
 //                                            true|false|yes|no|on|off|1|0, any case)
