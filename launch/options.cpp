@@ -267,8 +267,8 @@ CommandLine split_command_line(const std::vector<std::string>& args) {
   for (; i < args.size() && args[i] != "--" && args[i].rfind("--", 0) == 0; ++i) {
     const std::string& arg = args[i];
     const size_t eq = arg.find('=');
-    const auto name_end = eq == std::string::npos ? arg.end() : arg.begin() + static_cast<long>(eq);
-    std::replace(words[i].begin() + 2, words[i].begin() + (name_end - arg.begin()), '_', '-');
+    const auto name_end = static_cast<std::ptrdiff_t>(eq == std::string::npos ? arg.size() : eq);
+    std::replace(words[i].begin() + 2, words[i].begin() + name_end, '_', '-');
     const std::string name = arg.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
     const Option* o = find_option(name);
     if (o == nullptr) {
@@ -364,8 +364,7 @@ int resolve_nproc(const Parsed& p, const std::map<std::string, std::string>& env
 void apply_scheduler_shape(Parsed& p, const std::map<std::string, std::string>& env) {
   const auto given = [&](const char* name) { return p.given.count(name) != 0; };
   const bool shape_given = given("nproc") || given("nnodes") || given("node-rank");
-  const SchedulerShape shape =
-      read_scheduler_shape(env, shape_given, p.given.count("node-rank") != 0);
+  const SchedulerShape shape = read_scheduler_shape(env, shape_given, given("node-rank"));
   LaunchOptions& o = p.options;
   if (shape.nnodes) o.nnodes = *shape.nnodes;
   if (shape.node_rank) o.node_rank = *shape.node_rank;
@@ -373,13 +372,9 @@ void apply_scheduler_shape(Parsed& p, const std::map<std::string, std::string>& 
   o.given_local_rank = shape.local_rank.value_or(-1);
   o.given_local_world_size = shape.local_world_size.value_or(-1);
   o.given_group_rank = shape.group_rank.value_or(-1);
-  const bool endpoint = p.given.count("rdzv-endpoint") != 0;
-  if (shape.master_addr && !endpoint && p.given.count("master-addr") == 0) {
-    o.master_addr = *shape.master_addr;
-  }
-  if (shape.master_port && !endpoint && p.given.count("master-port") == 0) {
-    o.master_port = *shape.master_port;
-  }
+  const bool endpoint = given("rdzv-endpoint");
+  if (shape.master_addr && !endpoint && !given("master-addr")) o.master_addr = *shape.master_addr;
+  if (shape.master_port && !endpoint && !given("master-port")) o.master_port = *shape.master_port;
   if (!shape.contract.empty()) o.read_from.push_back(shape.contract);
 }
 

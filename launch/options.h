@@ -40,8 +40,8 @@ struct LaunchOptions {
   int given_local_rank = -1;
   int given_local_world_size = -1;
   int given_group_rank = -1;
-  // What set the job's shape besides the command line, for the first line the launcher prints
-  // (empty: the command line and the defaults); torchrun's PET_ variables that name no launcher
+  // What the options were read from besides the command line (variables, a scheduler's
+  // contract), for the launcher's first line; torchrun's PET_ variables that name no launcher
   // option, left alone.
   std::vector<std::string> read_from;
   std::vector<std::string> ignored_env;

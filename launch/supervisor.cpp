@@ -148,7 +148,7 @@ class Supervisor {
       }
     }
     if (!o_.read_from.empty()) {
-      note(fmt::format("the job's shape read from: {}", fmt::join(o_.read_from, ", ")));
+      note(fmt::format("read from the environment: {}", fmt::join(o_.read_from, ", ")));
     }
     if (!o_.ignored_env.empty()) {
       note(fmt::format("not launcher options, left alone: {}", fmt::join(o_.ignored_env, ", ")));

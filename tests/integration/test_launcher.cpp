@@ -222,7 +222,7 @@ TEST(Launcher, PetNprocPerNodeStartsThatManyWorkers) {
                   out.path()}),
       {{"PET_NPROC_PER_NODE", "2"}}, seconds(120));
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("[launcher] the job's shape read from: PET_NPROC_PER_NODE"),
+  EXPECT_NE(r.output.find("[launcher] read from the environment: PET_NPROC_PER_NODE"),
             std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("launched by env: 2 rank(s)"), std::string::npos) << r.output;

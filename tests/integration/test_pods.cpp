@@ -155,7 +155,7 @@ TEST(Pods, APyTorchJobOfTwoPodsTrainsAsTwoLaunchersGivenOptions) {
   const auto results = run_job(hosts, pods, job.path(), true);
   expect_trained_as_four(results);
   EXPECT_NE(results[1].output.find(
-                "[launcher] the job's shape read from: PET_MASTER_ADDR, PET_MASTER_PORT, "
+                "[launcher] read from the environment: PET_MASTER_ADDR, PET_MASTER_PORT, "
                 "PET_NNODES, PET_NODE_RANK, PET_NPROC_PER_NODE"),
             std::string::npos)
       << results[1].output;
@@ -193,7 +193,7 @@ TEST(Pods, RayTrainsFourWorkersOnTwoHostsAsTwoLaunchersGivenOptions) {
   TempDir job, reference;
   const auto results = run_job(hosts, workers, job.path(), false);
   expect_trained_as_four(results);
-  EXPECT_NE(results[3].output.find("[launcher] the job's shape read from: RANK 3 and WORLD_SIZE "
+  EXPECT_NE(results[3].output.find("[launcher] read from the environment: RANK 3 and WORLD_SIZE "
                                    "4: one process in this pod or worker, rank 3 of 4"),
             std::string::npos)
       << results[3].output;
