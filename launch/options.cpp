@@ -364,7 +364,8 @@ int resolve_nproc(const Parsed& p, const std::map<std::string, std::string>& env
 void apply_scheduler_shape(Parsed& p, const std::map<std::string, std::string>& env) {
   const auto given = [&](const char* name) { return p.given.count(name) != 0; };
   const bool shape_given = given("nproc") || given("nnodes") || given("node-rank");
-  const SchedulerShape shape = read_scheduler_shape(env, shape_given, given("node-rank"));
+  const SchedulerShape shape =
+      read_scheduler_shape(env, shape_given, given("node-rank"), p.options.nnodes);
   LaunchOptions& o = p.options;
   if (shape.nnodes) o.nnodes = *shape.nnodes;
   if (shape.node_rank) o.node_rank = *shape.node_rank;

@@ -39,7 +39,7 @@ void read_master(const std::map<std::string, std::string>& env, SchedulerShape& 
 }  // namespace
 
 SchedulerShape read_scheduler_shape(const std::map<std::string, std::string>& env,
-                                    bool shape_given, bool node_rank_given) {
+                                    bool shape_given, bool node_rank_given, int nnodes) {
   constexpr int kMany = 1 << 20;
   SchedulerShape shape;
   if (!shape_given && env.count("RANK") != 0 && env.count("WORLD_SIZE") != 0) {
@@ -55,8 +55,8 @@ SchedulerShape read_scheduler_shape(const std::map<std::string, std::string>& en
         *shape.node_rank, *shape.nnodes, *shape.node_rank, *shape.nnodes);
     return shape;
   }
-  if (!node_rank_given && env.count("NODE_RANK") != 0) {
-    shape.node_rank = get_int(env, "NODE_RANK", 0, kMany);
+  if (!node_rank_given && nnodes > 1 && env.count("NODE_RANK") != 0) {
+    shape.node_rank = get_int(env, "NODE_RANK", 0, nnodes - 1);
     read_master(env, shape);
     shape.contract = fmt::format("NODE_RANK {}: this node's rank", *shape.node_rank);
   }

@@ -10,8 +10,9 @@
 //   follow LOCAL_WORLD_SIZE, and the ranks of one GROUP_RANK are one host's). Read only when no
 //   option set --nproc, --nnodes or --node-rank: PyTorchJob sets RANK to the pod's index beside
 //   its PET_* variables, which then describe the job.
-// - NODE_RANK alone (a scheduler that starts one launcher a node): --node-rank, and the master
-//   from MASTER_ADDR and MASTER_PORT where the options leave them open.
+// - NODE_RANK alone (a scheduler that starts one launcher a node), in a job of several nodes:
+//   --node-rank, and the master from MASTER_ADDR and MASTER_PORT where the options leave them
+//   open. On one node only rank 0 exists, and a NODE_RANK left in the shell is not read.
 
 #include <map>
 #include <optional>
@@ -27,8 +28,9 @@ struct SchedulerShape {
 };
 
 // `shape_given`: an option set --nproc, --nnodes or --node-rank; `node_rank_given`: --node-rank
-// itself. Throws InputError naming a variable whose value is not what it must be.
+// itself; `nnodes`: the options' --nnodes. Throws InputError naming a variable whose value is not
+// what it must be.
 SchedulerShape read_scheduler_shape(const std::map<std::string, std::string>& env,
-                                    bool shape_given, bool node_rank_given);
+                                    bool shape_given, bool node_rank_given, int nnodes);
 
 }  // namespace ddp::launch

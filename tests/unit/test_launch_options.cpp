@@ -209,13 +209,16 @@ TEST(LaunchOptions, PerPodRankAndWorldSizeMeanOneProcessWhereNoOptionSaysOtherwi
   EXPECT_EQ(ddp::launch::worker_env(o, 0, 29500, 0, {}).at("LOCAL_RANK"), "0");
   EXPECT_EQ(ddp::launch::worker_env(o, 0, 29500, 0, {}).at("LOCAL_WORLD_SIZE"), "1");
   EXPECT_EQ(ddp::launch::worker_env(o, 0, 29500, 0, {}).at("GROUP_RANK"), "2");
-  // An option that shapes the job wins over them: RANK and WORLD_SIZE are then not read (the
-  // node's rank and the master come from NODE_RANK, MASTER_ADDR and MASTER_PORT).
+  // An option that shapes the job wins over them: RANK and WORLD_SIZE are then not read, nor
+  // NODE_RANK on one node (where only rank 0 exists: one left in the shell is no error).
   o = parse({"--nproc", "2", "prog"}, ray);
   EXPECT_EQ(o.nnodes, 1);
   EXPECT_EQ(o.nproc, 2);
   EXPECT_EQ(o.given_local_rank, -1);
-  EXPECT_EQ(o.read_from, std::vector<std::string>{"NODE_RANK 0: this node's rank"});
+  EXPECT_TRUE(o.read_from.empty());
+  EXPECT_EQ(parse({"prog"}, {{"NODE_RANK", "3"}}).node_rank, 0);
+  EXPECT_EQ(error_of({"--nnodes", "2", "prog"}, {{"NODE_RANK", "2"}}),
+            "NODE_RANK: expected an integer from 0 to 1, got '2'");
   EXPECT_EQ(error_of({"prog"}, {{"RANK", "4"}, {"WORLD_SIZE", "4"}}),
             "RANK: expected an integer from 0 to 3, got '4'");
   // NODE_RANK alone: this node's rank.
