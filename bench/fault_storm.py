@@ -1,0 +1,161 @@
+#!/usr/bin/python3
+"""A storm of faults on an elastic job, against the same job without faults.
+
+The job: `launcher --nnodes 1:1 --nproc W --max-restarts many ddp_train --elastic` on the MLP
+(Fashion-MNIST, one thread a rank, no evaluation, --record-samples). The storm: every --period
+seconds a random live worker is SIGKILLed; the launcher restarts it, and it joins the running
+group. Fault-free and storm runs alternate in interleaved rounds.
+
+Reported per round: each job's wall time, the goodput (fault-free time / storm time), the faults,
+and whether every epoch trained every sample exactly once (from samples.jsonl). Then each fault's
+time, split at the marks the launcher and the ranks print, each line stamped here as it arrives
+(one clock for all; the launcher's own lines carry no time):
+  detect   the kill -> the survivors' step fails ("step N failed")
+  shrink   -> the smaller group commits a step ("committed by generation G of W-1 rank(s)")
+  start    the kill -> the launcher takes the replacement in ("generation G of W worker(s)": its
+           restart, process start, LibTorch load and store join)
+  grow     -> the bigger group commits a step ("committed by generation G of W rank(s)")
+
+  bench/fault_storm.py --workers 3 --epochs 30 --period 10 --rounds 2
+"""
+import argparse
+import collections
+import json
+import os
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def command(args, out):
+    return [os.path.join(args.build, "launcher"), "--nnodes", "1:1", "--nproc", str(args.workers),
+            "--max-restarts", "100000", os.path.join(args.build, "ddp_train"), "--config",
+            os.path.join(ROOT, "configs", "fashion_mnist_mlp.yaml"), "--elastic", "--epochs",
+            str(args.epochs), "--eval-every", "0", "--threads", "1", "--progress", "off",
+            "--record-samples", "--output-dir", out, *args.extra]
+
+
+def run_job(args, out, period):
+    """Runs the job, killing a random live worker every `period` s (0: none). Returns (wall s,
+    exit code, [(arrival s, line)], [kill times])."""
+    start = time.monotonic()
+    proc = subprocess.Popen(command(args, out), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, bufsize=1)
+    lines, live = [], {}
+    started = re.compile(
+        r"^\[launcher\] elastic: worker (\S+) \(local rank \d+\) started: pid (\d+)")
+    lost = re.compile(r"^\[launcher\] elastic: worker (\S+) \(local rank \d+, pid \d+\) lost")
+
+    def read():
+        for line in proc.stdout:
+            lines.append((time.monotonic() - start, line.rstrip("\n")))
+            if m := started.match(line):
+                live[m.group(1)] = int(m.group(2))
+            elif m := lost.match(line):
+                live.pop(m.group(1), None)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    kills = []
+    while proc.poll() is None:
+        time.sleep(period if period else 0.2)
+        if period and proc.poll() is None and live:
+            pid = random.choice(list(live.values()))
+            kills.append(time.monotonic() - start)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                kills.pop()
+    reader.join()
+    return time.monotonic() - start, proc.returncode, lines, kills
+
+
+def exactly_once(out):
+    """(epochs whose every sample was trained exactly once, epochs) from samples.jsonl."""
+    seen = collections.defaultdict(collections.Counter)
+    with open(os.path.join(out, "samples.jsonl")) as f:
+        for line in f:
+            record = json.loads(line)
+            for ids in record["ids"]:
+                seen[record["epoch"]].update(ids)
+    good = sum(1 for counts in seen.values()
+               if set(counts.values()) == {1} and sorted(counts) == list(range(len(counts))))
+    return good, len(seen)
+
+
+def first_after(lines, t, pattern, until=float("inf")):
+    """The arrival of the first line at or after `t`, and before `until`, that matches."""
+    for at, line in lines:
+        if t <= at < until and re.search(pattern, line):
+            return at, line
+    return None, None
+
+
+def phases(lines, kills, workers):
+    """Each fault's detect, shrink, start and grow, in seconds (None where a mark is missing
+    before the next fault: a kill of a replacement still loading changes no group)."""
+    out = []
+    for i, k in enumerate(kills):
+        until = kills[i + 1] if i + 1 < len(kills) else float("inf")
+        failed, _ = first_after(lines, k, r"elastic: step \d+ failed", until)
+        shrunk = failed and first_after(
+            lines, failed, rf"committed by generation \d+ of {workers - 1} rank", until)[0]
+        # The launcher takes the replacement in once it is ready (its process started, LibTorch
+        # loaded, its store joined): "generation G of W worker(s)".
+        start = first_after(lines, k, rf"^\[launcher\] elastic: generation \d+ of {workers} worker",
+                            until)[0]
+        grown = start and first_after(
+            lines, start, rf"committed by generation \d+ of {workers} rank", until)[0]
+        out.append({"detect": failed and failed - k,
+                    "shrink": shrunk and shrunk - failed,
+                    "start": start and start - k,
+                    "grow": grown and grown - start})
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--build", default=os.path.join(ROOT, "build"))
+    p.add_argument("--workers", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=30)
+    p.add_argument("--period", type=float, default=10.0, help="seconds between faults")
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more ddp_train options")
+    args = p.parse_args()
+    print("| round | fault-free s | storm s | goodput | faults | epochs exactly once |")
+    print("|---|---|---|---|---|---|")
+    every = []
+    for r in range(args.rounds):
+        result = {}
+        for kind in (["clean", "storm"] if r % 2 == 0 else ["storm", "clean"]):
+            with tempfile.TemporaryDirectory() as out:
+                wall, code, lines, kills = run_job(args, out, args.period if kind == "storm" else 0)
+                if code != 0:
+                    tail = "\n".join(line for _, line in lines[-30:])
+                    sys.exit(f"the {kind} job ended {code}:\n{tail}")
+                result[kind] = (wall, kills, exactly_once(out))
+                if kind == "storm":
+                    every += phases(lines, kills, args.workers)
+        (clean, _, _), (storm, kills, (good, epochs)) = result["clean"], result["storm"]
+        print(f"| {r} | {clean:.1f} | {storm:.1f} | {clean / storm:.2f} | {len(kills)} | "
+              f"{good} of {epochs} |", flush=True)
+    print("\n| phase (s a fault) | median | min-max | faults with the mark |")
+    print("|---|---|---|---|")
+    for name in ("detect", "shrink", "start", "grow"):
+        values = [f[name] for f in every if f[name] is not None]
+        if values:
+            print(f"| {name} | {statistics.median(values):.2f} | {min(values):.2f}-"
+                  f"{max(values):.2f} | {len(values)} of {len(every)} |")
+
+
+if __name__ == "__main__":
+    main()
