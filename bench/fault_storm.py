@@ -50,7 +50,7 @@ def run_job(args, out, period):
     start = time.monotonic()
     proc = subprocess.Popen(command(args, out), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, bufsize=1)
-    lines, live = [], {}
+    lines, live, live_lock = [], {}, threading.Lock()  # live: the reader's, read by the kills
     started = re.compile(
         r"^\[launcher\] elastic: worker (\S+) \(local rank \d+\) started: pid (\d+)")
     lost = re.compile(r"^\[launcher\] elastic: worker (\S+) \(local rank \d+, pid \d+\) lost")
@@ -58,18 +58,21 @@ def run_job(args, out, period):
     def read():
         for line in proc.stdout:
             lines.append((time.monotonic() - start, line.rstrip("\n")))
-            if m := started.match(line):
-                live[m.group(1)] = int(m.group(2))
-            elif m := lost.match(line):
-                live.pop(m.group(1), None)
+            with live_lock:
+                if m := started.match(line):
+                    live[m.group(1)] = int(m.group(2))
+                elif m := lost.match(line):
+                    live.pop(m.group(1), None)
 
     reader = threading.Thread(target=read)
     reader.start()
     kills = []
     while proc.poll() is None:
         time.sleep(period if period else 0.2)
-        if period and proc.poll() is None and live:
-            pid = random.choice(list(live.values()))
+        with live_lock:
+            pids = list(live.values())
+        if period and proc.poll() is None and pids:
+            pid = random.choice(pids)
             kills.append(time.monotonic() - start)
             try:
                 os.kill(pid, signal.SIGKILL)

@@ -20,6 +20,7 @@
 
 #include "ddp/common/bool_words.h"
 #include "ddp/common/error.h"
+#include "ddp/common/whole_number.h"
 #include "scheduler_env.h"
 
 namespace ddp::launch {
@@ -31,15 +32,10 @@ struct BadValue {
 };
 
 int parse_int(const std::string& text, int min, int max) {
-  int value = 0;
-  const char* end = text.data() + text.size();
-  auto [ptr, ec] = std::from_chars(text.data(), end, value);
-  if (text.empty() || ec != std::errc() || ptr != end || value < min || value > max) {
-    throw BadValue{max == 65535 ? "a port number (1-65535)"
-                   : min == 1   ? "a positive integer"
-                                : fmt::format("an integer >= {}", min)};
-  }
-  return value;
+  if (const auto value = whole_number(text, min, max)) return *value;
+  throw BadValue{max == 65535 ? "a port number (1-65535)"
+                 : min == 1   ? "a positive integer"
+                              : fmt::format("an integer >= {}", min)};
 }
 
 double parse_seconds(const std::string& text, bool positive) {

@@ -2,9 +2,8 @@
 
 #include <fmt/format.h>
 
-#include <charconv>
-
 #include "ddp/common/error.h"
+#include "ddp/common/whole_number.h"
 
 namespace ddp::launch {
 namespace {
@@ -20,14 +19,9 @@ std::optional<int> get_int(const std::map<std::string, std::string>& env, const 
                            int min, int max) {
   const auto text = get(env, key);
   if (!text) return std::nullopt;
-  int value = 0;
-  const char* end = text->data() + text->size();
-  const auto [ptr, ec] = std::from_chars(text->data(), end, value);
-  if (text->empty() || ec != std::errc() || ptr != end || value < min || value > max) {
-    throw InputError(fmt::format("{}: expected an integer from {} to {}, got '{}'", key, min, max,
-                                 *text));
-  }
-  return value;
+  if (const auto value = whole_number(*text, min, max)) return value;
+  throw InputError(
+      fmt::format("{}: expected an integer from {} to {}, got '{}'", key, min, max, *text));
 }
 
 void read_master(const std::map<std::string, std::string>& env, SchedulerShape& shape) {

@@ -1,9 +1,10 @@
 #include "worker_id.h"
 
-#include <charconv>
+#include <limits>
 
 #include "ddp/comm/elastic/elastic_keys.h"
 #include "ddp/common/error.h"
+#include "ddp/common/whole_number.h"
 
 namespace ddp::launch {
 namespace {
@@ -11,14 +12,10 @@ namespace {
 // A number of the id's text as to_string writes it: digits only, no sign, no leading zero, no
 // space, within int (so that the text read back is written back byte for byte).
 std::optional<int> number_of(std::string_view text) {
-  int value = 0;
-  const char* end = text.data() + text.size();
-  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
-  if (text.empty() || text.front() == '-' || (text.front() == '0' && text.size() > 1) ||
-      ec != std::errc() || ptr != end) {
-    return std::nullopt;
+  if (text.empty() || text.front() == '-' || (text.size() > 1 && text.front() == '0')) {
+    return std::nullopt;  // "-0" and "07" would not be written back as they are
   }
-  return value;
+  return whole_number(text, 0, std::numeric_limits<int>::max());
 }
 
 }  // namespace

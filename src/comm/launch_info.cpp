@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <charconv>
+#include <limits>
 
 #include "ddp/common/error.h"
+#include "ddp/common/whole_number.h"
 
 namespace ddp::comm {
 namespace {
@@ -18,14 +20,9 @@ const std::string* find(const Env& env, const std::string& name) {
 
 int parse_env_int(const Env& env, const std::string& name, int min) {
   const std::string& text = *find(env, name);
-  int value = 0;
-  const char* end = text.data() + text.size();
-  auto [ptr, ec] = std::from_chars(text.data(), end, value);
-  if (ec != std::errc() || ptr != end || text.empty() || value < min) {
-    throw InputError(
-        fmt::format("environment variable {}='{}': expected an integer >= {}", name, text, min));
-  }
-  return value;
+  if (const auto value = whole_number(text, min, std::numeric_limits<int>::max())) return *value;
+  throw InputError(
+      fmt::format("environment variable {}='{}': expected an integer >= {}", name, text, min));
 }
 
 int env_int_or(const Env& env, const std::string& name, int min, int fallback) {

@@ -4,16 +4,17 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <sstream>
 
 #include "ddp/common/bool_words.h"
 #include "ddp/common/error.h"
+#include "ddp/common/whole_number.h"
 
 namespace ddp::train {
 namespace {
@@ -24,11 +25,10 @@ struct BadValue {
 };
 
 int64_t parse_int(const std::string& text) {
-  int64_t value = 0;
-  const char* end = text.data() + text.size();
-  auto [ptr, ec] = std::from_chars(text.data(), end, value);
-  if (ec != std::errc() || ptr != end || text.empty()) throw BadValue{"an integer"};
-  return value;
+  const auto value = whole_number(text, std::numeric_limits<int64_t>::min(),
+                                  std::numeric_limits<int64_t>::max());
+  if (!value) throw BadValue{"an integer"};
+  return *value;
 }
 
 double parse_float(const std::string& text) {
