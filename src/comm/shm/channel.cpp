@@ -28,7 +28,10 @@ constexpr size_t kMaxSlot = size_t{4} << 20;
 constexpr int kSpins = 2000;
 // A sleeper wakes at least this often, to look at the clock and at the ranks it waits for.
 constexpr long kSleepNs = 2'000'000;
-constexpr auto kLivenessEvery = std::chrono::milliseconds(100);
+// A sleeper looks at the lives of the ranks it waits for this often: a dead rank is seen within
+// 10 ms, as gloo sees a reset connection (an elastic job's survivors stop no longer than that
+// before they re-form), and a look costs a trylock in user space on each rank still missing.
+constexpr auto kLivenessEvery = std::chrono::milliseconds(10);
 // Up to this many bytes a round, every rank combines the whole chunk itself (one barrier); above
 // it, with more than 2 ranks, each combines a slice and copies the others' (two barriers, a
 // world-th of the reading).
