@@ -67,19 +67,24 @@ def run_job(args, out, period):
     reader = threading.Thread(target=read)
     reader.start()
     kills = []
-    while proc.poll() is None:
-        time.sleep(period if period else 0.2)
+    while True:
+        try:  # the job's end is seen at once: a sleep would stretch the storm's time to a period
+            proc.wait(timeout=period if period else None)
+            break
+        except subprocess.TimeoutExpired:
+            pass
         with live_lock:
             pids = list(live.values())
-        if period and proc.poll() is None and pids:
+        if pids:
             pid = random.choice(pids)
             kills.append(time.monotonic() - start)
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 kills.pop()
+    wall = time.monotonic() - start
     reader.join()
-    return time.monotonic() - start, proc.returncode, lines, kills
+    return wall, proc.returncode, lines, kills
 
 
 def exactly_once(out):
@@ -125,6 +130,14 @@ def phases(lines, kills, workers):
     return out
 
 
+def keep(folder, name, lines, kills):
+    """The job's lines and the kills, each stamped with its arrival (s since the job's start)."""
+    os.makedirs(folder, exist_ok=True)
+    stamped = sorted(lines + [(k, "=== SIGKILL") for k in kills])
+    with open(os.path.join(folder, name), "w") as f:
+        f.writelines(f"{at:9.3f} {line}\n" for at, line in stamped)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
@@ -132,6 +145,8 @@ def main():
     p.add_argument("--epochs", type=int, default=30)
     p.add_argument("--period", type=float, default=10.0, help="seconds between faults")
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--keep-logs", metavar="DIR",
+                   help="each job's lines, stamped as they arrived, to DIR/<round>-<kind>.log")
     p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more ddp_train options")
     args = p.parse_args()
     print("| round | fault-free s | storm s | goodput | faults | epochs exactly once |")
@@ -146,6 +161,8 @@ def main():
                     tail = "\n".join(line for _, line in lines[-30:])
                     sys.exit(f"the {kind} job ended {code}:\n{tail}")
                 result[kind] = (wall, kills, exactly_once(out))
+                if args.keep_logs:
+                    keep(args.keep_logs, f"{r}-{kind}.log", lines, kills)
                 if kind == "storm":
                     every += phases(lines, kills, args.workers)
         (clean, _, _), (storm, kills, (good, epochs)) = result["clean"], result["storm"]
