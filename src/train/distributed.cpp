@@ -164,7 +164,31 @@ void join_next_generation(Distributed& d) {
   if (d.check_collectives) d.group = comm::check_collectives(d.group);
 }
 
+void until_a_generation_forms(Distributed& d, const std::function<void()>& form) {
+  constexpr int kMaxFailedGenerations = 5;
+  for (int failed = 0;; ++failed) {
+    try {
+      return form();
+    } catch (const comm::CommError& e) {
+      // Each new generation lost a member: a few in a row are deaths one after another; more
+      // are a group that cannot connect at all, which waiting longer would not mend.
+      if (failed + 1 == kMaxFailedGenerations) throw;
+      const std::string lost = d.agent->lost_in(d.membership.generation);
+      log::warn("elastic: generation {} failed as it formed ({}){}; joining the next",
+                d.membership.generation, e.what(), lost.empty() ? "" : " (lost: " + lost + ")");
+      d.agent->report_failure(d.membership, e.what());
+    }
+  }
+}
+
 namespace {
+
+void join_generation(Distributed& d) {
+  until_a_generation_forms(d, [&d] { join_next_generation(d); });
+  log::info("elastic: worker {} (pid {}), generation {} of {} rank(s): {}", d.agent->id(),
+            ::getpid(), d.membership.generation, d.membership.world_size(),
+            comm::format_members(d.membership.members));
+}
 
 // --elastic: the launcher's agent makes each generation's group, a joiner's included.
 void start_elastic(Distributed& d, const comm::Env& env) {
@@ -180,11 +204,7 @@ void start_elastic(Distributed& d, const comm::Env& env) {
                                                  elastic_agent_options(env, d.launch, d.options));
   const auto join = env.find("DDP_ELASTIC_JOIN");
   d.joining = join != env.end() && join->second == "1";
-  if (d.joining) d.agent->announce_ready();
-  join_next_generation(d);
-  log::info("elastic: worker {} (pid {}), generation {} of {} rank(s): {}", d.agent->id(),
-            ::getpid(), d.membership.generation, d.membership.world_size(),
-            comm::format_members(d.membership.members));
+  if (!d.joining) join_generation(d);
 }
 
 // A group that keeps its ranks for the whole run. Every rank joins the topology's gather, rank 0
@@ -228,6 +248,18 @@ Distributed init_distributed(const Config& config, const comm::Env& env) {
     start_fixed(d, config, env);
   }
   return d;
+}
+
+// Note [A joiner is ready once its own work is done]
+// The launcher takes a joiner into the next generation as soon as it says it is ready, and the
+// members form that generation after their next step, then wait in the state transfer for every
+// member. A joiner that said so at its start loaded its data and built its model (0.45-0.63 s for
+// the Fashion-MNIST MLP on a 2-core machine) while the members, already in its group, waited: a
+// stop of the whole job at every grow. Said after them, the members train on meanwhile, and the
+// grow stops them only for the group's connection and the state's transfer.
+void join_running_group(Distributed& d) {
+  d.agent->announce_ready();
+  join_generation(d);
 }
 
 void agree_all_ok(const Distributed& dist, const std::exception_ptr& error,

@@ -190,7 +190,6 @@ void ElasticMember::leave(std::string why, bool failed) {
 }
 
 void ElasticMember::reform(const Change& change) {
-  constexpr int kMaxFailedGenerations = 5;
   const auto start = Clock::now();
   dist_.agent->abandon_vote();  // the last step's: no member of this generation waits for it now
   // A member that failed says so at once: the others' collectives with it end now (an nccl
@@ -200,22 +199,7 @@ void ElasticMember::reform(const Change& change) {
   const int64_t generation = dist_.membership.generation;
   const int64_t world = dist_.world_size();
   const Timeline::Scope span(timeline_, "elastic: re-forming the group", "elastic", state_.step());
-  // A generation that loses a member while it forms (its group's connection, the state's
-  // transfer) is given up for the next one, which the launcher publishes without that member.
-  for (int failed = 0;; ++failed) {
-    try {
-      form_next_generation();
-      break;
-    } catch (const comm::CommError& e) {
-      // Each new generation lost a member: a few in a row are deaths one after another; more
-      // are a group that cannot connect at all, which waiting longer would not mend.
-      if (failed + 1 == kMaxFailedGenerations) throw;
-      const std::string lost = dist_.agent->lost_in(dist_.membership.generation);
-      log::warn("elastic: generation {} failed as it formed ({}){}; joining the next",
-                dist_.membership.generation, e.what(), lost.empty() ? "" : " (lost: " + lost + ")");
-      dist_.agent->report_failure(dist_.membership, e.what());
-    }
-  }
+  until_a_generation_forms(dist_, [this] { form_next_generation(); });
   const std::string lost = dist_.agent->lost_in(generation);
   const EpochPosition now = state_.position();  // the healed state's
   log::warn(

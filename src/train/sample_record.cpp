@@ -47,7 +47,9 @@ std::string record_samples(const Config& config, const Distributed& dist, int64_
                            int64_t step, const std::vector<std::string>& all) {
   if (!config.record_samples) return "";
   std::string line = samples_line(epoch, step, all);
-  const bool fresh = step == 1 && dist.launch.restart_count == 0 && !dist.joining;
+  // A group restarted without a checkpoint trains from step 1 again: its record starts again too
+  // (as metrics.jsonl does), or the first round's steps would stay in it.
+  const bool fresh = step == 1 && !dist.joining;
   if (dist.is_main()) append_samples_line(config.output_dir, line, fresh);
   return line;
 }

@@ -95,7 +95,8 @@ void set_threads(const Config& config, const Distributed& dist) {
   set_intra_op_threads(threads);
 }
 
-// The workload on this rank's device, with --init-weights (--sync-bn: its layers on the group).
+// The workload on this rank's device, with --init-weights (--sync-bn: its layers on the group,
+// which an elastic joiner, refused --sync-bn, has not yet).
 Workload build_workload(const Config& config, const Distributed& dist) {
   models::NormFactory norm;
   if (config.sync_bn) {
@@ -104,9 +105,11 @@ Workload build_workload(const Config& config, const Distributed& dist) {
     };
   }
   Workload workload = make_workload(config, norm);
-  if (workload.train_set.size() < dist.world_size()) {
+  // A joiner has no group yet; the launch's world size is the most the group can have.
+  const int world = dist.group ? dist.world_size() : dist.launch.world_size;
+  if (workload.train_set.size() < world) {
     throw InputError(fmt::format("{} training samples cannot be shared by {} ranks",
-                                 workload.train_set.size(), dist.world_size()));
+                                 workload.train_set.size(), world));
   }
   workload.module->to(dist.device);
   if (!config.init_weights.empty()) {
@@ -171,23 +174,25 @@ Trainer::Trainer(Config config) : Trainer(std::move(config), Distributed{}) {}
 
 Trainer::Trainer(Config config, Distributed dist)
     : config_(prepared(std::move(config))),
-      dist_(dist.group ? std::move(dist) : init_distributed(config_, comm::current_env())),
+      dist_(dist.group || dist.agent ? std::move(dist)
+                                     : init_distributed(config_, comm::current_env())),
       timeline_(config_.timeline.empty() ? nullptr : std::make_unique<Timeline>()),
       timer_(dist_, {config_.straggler_threshold, config_.straggler_every, config_.uneven},
              timeline_.get()) {
+  const bool joiner = dist_.agent != nullptr && dist_.joining;
+  set_threads(config_, dist_);
+  workload_ = build_workload(config_, dist_);
+  if (joiner) join_running_group(dist_);  // Note [A joiner is ready once its own work is done]
   progress_style_ =
       progress_style(config_.progress, ::isatty(STDOUT_FILENO) != 0,
                      dist_.launch.launcher == comm::Launcher::kMpirun, dist_.is_main());
   // A group the launcher (or torchrun) restarted continues from its last checkpoint; an elastic
   // worker that joins a running group takes its state instead.
-  const bool joiner = dist_.agent != nullptr && dist_.joining;
   if (config_.resume.empty() && dist_.launch.restart_count != 0 && !joiner) {
     log::info("restart {} of the job: resuming from the newest checkpoint in '{}'",
               dist_.launch.restart_count, config_.output_dir);
     config_.resume = "auto";
   }
-  set_threads(config_, dist_);
-  workload_ = build_workload(config_, dist_);
   state_ = std::make_unique<TrainState>(config_, dist_, workload_, timeline_.get());
   elastic_ = std::make_unique<ElasticMember>(
       dist_, *state_, timeline_.get(),

@@ -13,10 +13,12 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <map>
 #include <random>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -843,6 +845,76 @@ TEST(Elastic, AVoteThatDoesNotComeEndsTheWaitNamingTheMember) {
   EXPECT_EQ(changes.back().world, 3);
   expect_each_sample_once_an_epoch(ddp::testing::read_file(out.file("samples.jsonl")), changes,
                                    kEpochs, 4, /*first_world=*/3, 3);
+}
+
+// A group the launcher restarts without a checkpoint to resume trains from step 1 again, and its
+// --record-samples record starts again with it: each step once, each epoch's samples once (the
+// first run's 5 steps, kept, would make steps 1 to 5 appear twice).
+TEST(Elastic, AGroupRestartedWithoutACheckpointRecordsItsStepsAfresh) {
+  TempDir out;
+  const ProcessResult r = run_linear(
+      {"--nproc", "2", "--max-restarts", "1"}, DDP_FAULT_TRAIN_BIN, out.path(),
+      {"--record-samples", "--save-every", "0", "--fault", "kill", "--fault-rank", "1",
+       "--fault-after-step", "5"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(count_of(r.output, "restarting the workers (1 of 1 restarts)"), 1) << r.output;
+  expect_each_sample_once_an_epoch(ddp::testing::read_file(out.file("samples.jsonl")), {},
+                                   kEpochs, 4, /*first_world=*/2, 2);
+}
+
+// The workers the launcher started and has not named lost ("elastic: worker 1.0 (local rank 1)
+// started: pid 4242" without "elastic: worker 1.0 (local rank 1, pid 4242) lost"), id -> pid.
+std::map<std::string, int> live_workers(const std::string& output) {
+  std::map<std::string, int> live;
+  const std::regex started(R"(elastic: worker (\S+) \(local rank \d+\) started: pid (\d+))");
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), started);
+       it != std::sregex_iterator(); ++it) {
+    live[(*it)[1]] = std::stoi((*it)[2]);
+  }
+  const std::regex lost(R"(elastic: worker (\S+) \(local rank \d+, pid \d+\) lost)");
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), lost);
+       it != std::sregex_iterator(); ++it) {
+    live.erase((*it)[1]);
+  }
+  return live;
+}
+
+// bench/fault_storm.py's storm, short and without its clock: a random live worker SIGKILLed from
+// outside every 1.5 s, four times (a member training, or a replacement still loading), on the
+// shipped ddp_train under launcher --nproc 3 --elastic. The job ends 0, each kill named, and in
+// every epoch each sample was trained, none more often than the changes' padding allows.
+TEST(Elastic, AStormOfKillsFromOutsideLeavesEverySampleTrainedOnceAnEpoch) {
+  constexpr int kStormEpochs = 1500;  // of 4 steps: about 10 s with the faults, on 2 cores
+  constexpr int kKills = 4;
+  TempDir out;
+  ddp::testing::Child launcher(
+      {DDP_LAUNCHER_BIN, "--nnodes", "1:1", "--nproc", "3", "--max-restarts", "100", DDP_TRAIN_BIN,
+       "--config", config("random_linear.yaml"), "--epochs", std::to_string(kStormEpochs),
+       "--output-dir", out.path(), "--elastic", "--record-samples", "--eval-every", "0"},
+      {});
+  std::mt19937 pick(11);
+  std::set<std::string> killed;
+  int kills = 0;
+  const auto storm_ends = std::chrono::steady_clock::now() + seconds(30);
+  while (kills < kKills && std::chrono::steady_clock::now() < storm_ends) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    std::vector<std::pair<std::string, int>> candidates;
+    for (const auto& [id, pid] : live_workers(launcher.output())) {
+      if (killed.count(id) == 0) candidates.emplace_back(id, pid);
+    }
+    if (candidates.empty()) continue;
+    const auto& [id, pid] = candidates[pick() % candidates.size()];
+    killed.insert(id);
+    if (::kill(pid, SIGKILL) == 0) ++kills;
+  }
+  const ProcessResult r = launcher.wait_until(std::chrono::steady_clock::now() + seconds(90));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(kills, kKills) << "the job ended before the storm did: make it longer\n" << r.output;
+  EXPECT_EQ(count_of(r.output, ") lost: signal SIGKILL (9)"), kills) << r.output;
+  const std::vector<GoingOn> changes = generations_that_went_on(r.output);
+  EXPECT_FALSE(changes.empty()) << r.output;
+  expect_each_sample_once_an_epoch(ddp::testing::read_file(out.file("samples.jsonl")), changes,
+                                   kStormEpochs, 4, /*first_world=*/3, 3);
 }
 
 }  // namespace

@@ -360,7 +360,8 @@ int main(int argc, char** argv) {
         std::vector<Fault> mine;
         for (const Fault& fault : faults) {
           const bool here = fault.worker.empty()
-                                ? dist.launch.restart_count == 0 && dist.rank() == fault.rank
+                                ? dist.launch.restart_count == 0 && dist.group &&
+                                      dist.rank() == fault.rank
                                 : dist.agent && dist.agent->id() == fault.worker;
           if (here) mine.push_back(fault);
         }
@@ -371,7 +372,8 @@ int main(int argc, char** argv) {
           if (!first_run) slow.rank = -1;
           state = std::make_shared<Faults>(mine, pace, full ? std::atoi(full) : dist.world_size(),
                                            slow);
-          dist.group = std::make_shared<FaultyGroup>(dist.group, state);
+          // An elastic joiner has no group yet: its groups come from the FaultyAgent.
+          if (dist.group) dist.group = std::make_shared<FaultyGroup>(dist.group, state);
           if (dist.agent) {
             dist.agent = std::make_shared<FaultyAgent>(dist.launch, dist.agent->id(),
                                                        dist.agent->options(), state);

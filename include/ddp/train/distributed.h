@@ -4,6 +4,7 @@
 #include <torch/types.h>
 
 #include <exception>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,14 +36,22 @@ struct Distributed {
 
   int rank() const { return group->rank(); }
   int world_size() const { return group->world_size(); }
-  bool is_main() const { return rank() == 0; }
+  // A joiner before join_running_group() has no group, and is no group's rank 0.
+  bool is_main() const { return group != nullptr && rank() == 0; }
 };
 
 // Reads the launch from `env` (docs/design.md, launch matrix), picks the device (cuda:LOCAL_RANK
 // when CUDA is used), creates the process group (config.backend, or the launch's default) and logs,
 // on rank 0, the topology of all ranks. Throws InputError on bad env or a backend that does not
-// fit; CommError when the rendezvous does not complete.
+// fit; CommError when the rendezvous does not complete. An elastic joiner (`joining`) gets no group
+// here: join_running_group() makes it once the worker's own work is done.
 Distributed init_distributed(const Config& config, const comm::Env& env);
+
+// --elastic, a joiner: tells the launcher it is ready and joins the running group's next
+// generation. Called after the worker loaded its data and built its model, which take a LibTorch
+// process about 0.5 s: said ready before them, the group would wait for them in its state
+// transfer, every member idle (Note [A joiner is ready once its own work is done]).
+void join_running_group(Distributed& d);
 
 // Intra-op threads for a rank when neither --threads nor OMP_NUM_THREADS chose (`configured` 0,
 // `omp_num_threads_set` false): 0 (keep LibTorch's default) unless this host's ranks would share
@@ -66,6 +75,13 @@ void set_intra_op_threads(int threads);
 // --elastic: replaces d.group by the group of the next generation that includes this worker
 // (blocks until the launcher publishes it), and d.launch's rank and world size by its own.
 void join_next_generation(Distributed& d);
+
+// --elastic: runs `form` (joining a generation's group, and taking its state after a change)
+// until a generation forms. One that loses a member while it forms (its group's connection, the
+// state's transfer: a CommError) is given up for the next, which the launcher publishes without
+// that member; a round's first generation and a joiner's are no different from a re-forming's.
+// Five in a row failing are a group that cannot connect: the fifth's error is thrown.
+void until_a_generation_forms(Distributed& d, const std::function<void()>& form);
 
 // "auto" picks CUDA when available. CUDA devices are cuda:local_rank; throws InputError for
 // "cuda" without CUDA, or a local rank without a GPU of its own.

@@ -48,7 +48,8 @@ class Trainer {
   // Throws InputError on bad input.
   explicit Trainer(Config config);
   // The same on a process group the caller made (`dist.group` set: e.g. one that wraps
-  // init_distributed's); without one, as above. Under --elastic, move `dist` in and keep no other
+  // init_distributed's, or `dist.agent` set: an elastic joiner's, which joins once its model is
+  // built); without either, as above. Under --elastic, move `dist` in and keep no other
   // reference to its group: when a member is lost, the survivors replace the group, and the
   // closing of its connections is how a survivor still waiting in a collective with live peers
   // only (not the lost one's neighbour in gloo's ring) learns that the step is over.
