@@ -6,14 +6,15 @@ The job: `launcher --nnodes 1:1 --nproc W --max-restarts many ddp_train --elasti
 seconds a random live worker is SIGKILLed; the launcher restarts it, and it joins the running
 group. Fault-free and storm runs alternate in interleaved rounds.
 
-Reported per round: each job's wall time, the goodput (fault-free time / storm time), the faults,
-and whether every epoch trained every sample exactly once (from samples.jsonl). Then each fault's
-time, split at the marks the launcher and the ranks print, each line stamped here as it arrives
-(one clock for all; the launcher's own lines carry no time):
+No kill once rank 0 said the training is done. Reported per round: each job's wall time, the
+goodput (fault-free time / storm time), each job's CPU seconds (all its processes) and their
+ratio, the faults, and whether every epoch trained every sample exactly once (from samples.jsonl).
+Then each fault's time, split at the marks the launcher and the ranks print, each line stamped
+here as it arrives (one clock for all; the launcher's own lines carry no time):
   detect   the kill -> the survivors' step fails ("step N failed")
   shrink   -> the smaller group commits a step ("committed by generation G of W-1 rank(s)")
-  start    the kill -> the launcher takes the replacement in ("generation G of W worker(s)": its
-           restart, process start, LibTorch load and store join)
+  start    the kill -> the launcher takes the replacement in ("generation G of W worker(s)": the
+           loss window, its restart, process start, LibTorch load, data and model)
   grow     -> the bigger group commits a step ("committed by generation G of W rank(s)")
 
   bench/fault_storm.py --workers 3 --epochs 30 --period 10 --rounds 2
@@ -24,6 +25,7 @@ import json
 import os
 import random
 import re
+import resource
 import signal
 import statistics
 import subprocess
@@ -46,8 +48,9 @@ def command(args, out):
 
 def run_job(args, out, period):
     """Runs the job, killing a random live worker every `period` s (0: none). Returns (wall s,
-    exit code, [(arrival s, line)], [kill times])."""
+    CPU s, exit code, [(arrival s, line)], [kill times])."""
     start = time.monotonic()
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.Popen(command(args, out), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, bufsize=1)
     lines, live, live_lock = [], {}, threading.Lock()  # live: the reader's, read by the kills
@@ -75,7 +78,9 @@ def run_job(args, out, period):
             pass
         with live_lock:
             pids = list(live.values())
-        if pids:
+        # Not once rank 0 said the training is done: a worker lost after its training loop fails
+        # the job by design (no generation can take it in), and the storm is about training.
+        if pids and not any("] done: " in line for _, line in lines):
             pid = random.choice(pids)
             kills.append(time.monotonic() - start)
             try:
@@ -84,7 +89,11 @@ def run_job(args, out, period):
                 kills.pop()
     wall = time.monotonic() - start
     reader.join()
-    return wall, proc.returncode, lines, kills
+    # The CPU the job's processes used (the launcher's, and its workers', which it reaped): less
+    # moved than the wall time by a shared host's drift.
+    now = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = now.ru_utime + now.ru_stime - used.ru_utime - used.ru_stime
+    return wall, cpu, proc.returncode, lines, kills
 
 
 def exactly_once(out):
@@ -149,24 +158,28 @@ def main():
                    help="each job's lines, stamped as they arrived, to DIR/<round>-<kind>.log")
     p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more ddp_train options")
     args = p.parse_args()
-    print("| round | fault-free s | storm s | goodput | faults | epochs exactly once |")
-    print("|---|---|---|---|---|---|")
+    print("| round | fault-free s | storm s | goodput | fault-free CPU s | storm CPU s | "
+          "CPU goodput | faults | epochs exactly once |")
+    print("|---|---|---|---|---|---|---|---|---|")
     every = []
     for r in range(args.rounds):
         result = {}
         for kind in (["clean", "storm"] if r % 2 == 0 else ["storm", "clean"]):
             with tempfile.TemporaryDirectory() as out:
-                wall, code, lines, kills = run_job(args, out, args.period if kind == "storm" else 0)
+                wall, cpu, code, lines, kills = run_job(args, out,
+                                                        args.period if kind == "storm" else 0)
                 if code != 0:
                     tail = "\n".join(line for _, line in lines[-30:])
                     sys.exit(f"the {kind} job ended {code}:\n{tail}")
-                result[kind] = (wall, kills, exactly_once(out))
+                result[kind] = (wall, cpu, kills, exactly_once(out))
                 if args.keep_logs:
                     keep(args.keep_logs, f"{r}-{kind}.log", lines, kills)
                 if kind == "storm":
                     every += phases(lines, kills, args.workers)
-        (clean, _, _), (storm, kills, (good, epochs)) = result["clean"], result["storm"]
-        print(f"| {r} | {clean:.1f} | {storm:.1f} | {clean / storm:.2f} | {len(kills)} | "
+        (clean, clean_cpu, _, _) = result["clean"]
+        (storm, storm_cpu, kills, (good, epochs)) = result["storm"]
+        print(f"| {r} | {clean:.1f} | {storm:.1f} | {clean / storm:.2f} | {clean_cpu:.1f} | "
+              f"{storm_cpu:.1f} | {clean_cpu / storm_cpu:.2f} | {len(kills)} | "
               f"{good} of {epochs} |", flush=True)
     print("\n| phase (s a fault) | median | min-max | faults with the mark |")
     print("|---|---|---|---|")

@@ -370,8 +370,8 @@ int main(int argc, char** argv) {
         if (!mine.empty() || (first_run && (pace > 0 || slow.rank >= 0))) {
           const char* full = std::getenv("WORLD_SIZE");
           if (!first_run) slow.rank = -1;
-          state = std::make_shared<Faults>(mine, pace, full ? std::atoi(full) : dist.world_size(),
-                                           slow);
+          state = std::make_shared<Faults>(
+              mine, pace, full ? std::atoi(full) : dist.launch.world_size, slow);
           // An elastic joiner has no group yet: its groups come from the FaultyAgent.
           if (dist.group) dist.group = std::make_shared<FaultyGroup>(dist.group, state);
           if (dist.agent) {
