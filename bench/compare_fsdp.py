@@ -56,7 +56,8 @@ def ours_cmd(args, model, world, extra, out_dir):
     backend = "nccl" if args.device == "cuda" else args.backend
     return [os.path.join(args.build, "launcher"), "--nproc", str(world),
             os.path.join(args.build, "ddp_train"), *model_args(args, model), "--optimizer", "adam",
-            "--lr", "0.0001", "--dataset", "fashion-mnist", "--epochs", "1", "--batch-size", "16",
+            "--lr", "0.0001", "--dataset", "fashion-mnist", "--data", args.data, "--epochs", "1",
+            "--batch-size", "16",
             "--train-subset", str(args.samples_per_rank * world), "--test-subset", "16",
             "--threads", "1", "--backend", backend, "--progress", "off", "--device", args.device,
             "--output-dir", out_dir, "--fsdp", *extra]
@@ -65,7 +66,7 @@ def ours_cmd(args, model, world, extra, out_dir):
 def python_cmd(args, model, world, fsdp):
     return [args.python, os.path.join(HERE, "fsdp_reference.py"), "--fsdp", fsdp[-1],
             *model_args(args, model), "--train-subset", str(args.samples_per_rank * world),
-            "--threads", "1", "--device", args.device]
+            "--threads", "1", "--device", args.device, "--data", args.data]
 
 
 def rank_pids(roots):
@@ -187,6 +188,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
     p.add_argument("--python", default="/usr/bin/python3", help="the python3 with PyTorch")
+    p.add_argument("--data", default="/usr/share/datasets/fashion-mnist", help="Fashion-MNIST")
     p.add_argument("--models", nargs="+", choices=["mlp", "wide-mlp"], default=["mlp", "wide-mlp"])
     p.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
     p.add_argument("--fsdp", nargs="+", choices=["FSDP2", "FSDP1"], default=["FSDP2", "FSDP1"])

@@ -7,12 +7,16 @@
 # machine (about 45 MiB; the data is 30 of it). scripts/test-gpu.sh builds against it there.
 #
 # Usage: scripts/gpu-kit.sh [DIR]
+#   DDP_GLOO_SOURCE  a checkout of gloo (github.com/pytorch/gloo) at the commit the wheel's PyTorch
+#                    was built with: its headers go into the kit (gloo/include), with the config.h
+#                    PyTorch's Linux CUDA wheels configure, and test-gpu.sh builds the gloo and shm
+#                    backends with them (two ranks sharing a GPU on gloo: tests OneGpu.*)
 #
 # Not in the kit, on purpose:
 # - LibTorch, CUDA and NCCL: the wheel's own are used, so that the process holds one of each.
-# - gloo's headers: ProcessGroupGloo inside the wheel's libtorch was compiled against the gloo of
-#   that PyTorch release; Debian's gloo snapshot is a different one. Recent wheels ship their
-#   own gloo headers, and without them the gloo backend is simply not built.
+# - gloo's headers, unless DDP_GLOO_SOURCE names them: ProcessGroupGloo inside the wheel's
+#   libtorch was compiled against the gloo of that PyTorch release; Debian's gloo snapshot is a
+#   different one. Wheels that ship no gloo headers build no gloo backend without them.
 # - Open MPI: about 40 MiB with its dependencies, and the runs that need it (mpirun with NCCL)
 #   need two GPUs, i.e. a machine that can install it from its own packages.
 set -euo pipefail
@@ -77,6 +81,27 @@ while IFS= read -r -d '' link; do
 done < <(find "$kit" -type l -print0)
 rm -rf "$kit/usr/share/doc" "$kit/usr/share/man" "$kit/usr/share/lintian"
 
+# gloo's headers and the config.h that gloo's CMake would write for PyTorch's Linux CUDA wheels
+# (CUDA on; TCP transport only; gloo's float16 as c10::Half). ddp includes what c10d's
+# ProcessGroupGloo.hpp includes, whose classes hold gloo's only behind pointers.
+gloo_commit=""
+if [ -n "${DDP_GLOO_SOURCE:-}" ]; then
+  [ -f "$DDP_GLOO_SOURCE/gloo/config.h.in" ] || {
+    echo "gpu-kit: DDP_GLOO_SOURCE=$DDP_GLOO_SOURCE is no gloo checkout (no gloo/config.h.in)" >&2
+    exit 2
+  }
+  mkdir -p "$kit/gloo/include"
+  (cd "$DDP_GLOO_SOURCE" && find gloo -name '*.h' -exec cp --parents {} "$kit/gloo/include" \;)
+  sed -E -e 's/@GLOO_VERSION_(MAJOR|MINOR|PATCH)@/GLOO_VERSION_\1_VALUE/' \
+    -e 's/^#cmakedefine01 (GLOO_USE_CUDA|GLOO_HAVE_TRANSPORT_TCP|GLOO_USE_TORCH_DTYPES)$/#define \1 1/' \
+    -e 's/^#cmakedefine01 ([A-Z_]+)$/#define \1 0/' "$DDP_GLOO_SOURCE/gloo/config.h.in" |
+    sed -e "s/GLOO_VERSION_MAJOR_VALUE/$(sed -n 's/^set(GLOO_VERSION_MAJOR \([0-9]*\))/\1/p' "$DDP_GLOO_SOURCE/CMakeLists.txt")/" \
+      -e "s/GLOO_VERSION_MINOR_VALUE/$(sed -n 's/^set(GLOO_VERSION_MINOR \([0-9]*\))/\1/p' "$DDP_GLOO_SOURCE/CMakeLists.txt")/" \
+      -e "s/GLOO_VERSION_PATCH_VALUE/$(sed -n 's/^set(GLOO_VERSION_PATCH \([0-9]*\))/\1/p' "$DDP_GLOO_SOURCE/CMakeLists.txt")/" \
+      >"$kit/gloo/include/gloo/config.h"
+  gloo_commit="$(git -C "$DDP_GLOO_SOURCE" rev-parse --short HEAD 2>/dev/null || echo "unknown commit")"
+fi
+
 {
   echo "# ddp's GPU kit"
   echo
@@ -91,6 +116,11 @@ rm -rf "$kit/usr/share/doc" "$kit/usr/share/man" "$kit/usr/share/lintian"
   for deb in "$work"/*.deb; do
     echo "| $(dpkg-deb -f "$deb" Package) | $(dpkg-deb -f "$deb" Version) |"
   done
+  if [ -n "$gloo_commit" ]; then
+    echo
+    echo "gloo's headers (gloo/include) from $DDP_GLOO_SOURCE at $gloo_commit, and the config.h"
+    echo "written for PyTorch's Linux CUDA wheels."
+  fi
 } >"$kit/README.md"
 
 echo "gpu-kit: $(du -sh "$kit" | cut -f1) in $kit (${#packages[@]} packages; see $kit/README.md)"

@@ -76,6 +76,10 @@ cmake_args+=("-Dfmt_DIR=$arch_lib/cmake/fmt" "-Dspdlog_DIR=$arch_lib/cmake/spdlo
              "-Dyaml-cpp_DIR=$arch_lib/cmake/yaml-cpp" "-DGTest_DIR=$arch_lib/cmake/GTest"
              "-Dcxxopts_DIR=$kit/usr/lib/cmake/cxxopts"
              "-DZLIB_INCLUDE_DIR=$kit/usr/include" "-DZLIB_LIBRARY=$arch_lib/libz.so")
+# gloo's headers where the kit has them (DDP_GLOO_SOURCE of gpu-kit.sh): the wheels ship none.
+if [ -f "$kit/gloo/include/gloo/algorithm.h" ]; then
+  cmake_args+=("-DDDP_GLOO_INCLUDE_DIR=$kit/gloo/include")
+fi
 # The kit's headers as -I, which the compiler searches before every -isystem folder: a torch 2.x
 # wheel ships its own fmt headers (a newer fmt) in its include folder, and fmt's headers must be
 # those of the libfmt and libspdlog that are linked. yaml-cpp's config names no include folder.

@@ -112,19 +112,22 @@ void set_intra_op_threads(int threads) {
   }
 }
 
-torch::Device resolve_device(const std::string& name, int cuda_device_count, int local_rank) {
+torch::Device resolve_device(const std::string& name, int cuda_device_count, int local_rank,
+                             bool share_gpus) {
   if (name == "cpu") return torch::kCPU;
   if (name == "cuda" && cuda_device_count == 0) {
     throw InputError("key 'device': 'cuda' requested, but this process sees no CUDA device");
   }
   if (name == "cuda" || (name == "auto" && cuda_device_count > 0)) {
-    if (local_rank >= cuda_device_count) {
+    if (local_rank >= cuda_device_count && !share_gpus) {
       throw InputError(
           fmt::format("local rank {} has no GPU of its own: {} visible (one process per "
-                      "GPU; check --nproc and CUDA_VISIBLE_DEVICES)",
+                      "GPU; check --nproc and CUDA_VISIBLE_DEVICES; --backend gloo lets ranks "
+                      "share a GPU)",
                       local_rank, cuda_device_count));
     }
-    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
+    return torch::Device(torch::kCUDA,
+                         static_cast<c10::DeviceIndex>(local_rank % cuda_device_count));
   }
   if (name == "auto") return torch::kCPU;
   throw InputError(fmt::format("key 'device': expected auto, cpu or cuda, got '{}'", name));
@@ -231,7 +234,7 @@ Distributed init_distributed(const Config& config, const comm::Env& env) {
   Distributed d;
   d.launch = comm::detect_launch(env);
   const int gpus = torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
-  d.device = resolve_device(config.device, gpus, d.launch.local_rank);
+  d.device = resolve_device(config.device, gpus, d.launch.local_rank, config.backend == "gloo");
   // --elastic: gloo or nccl even for one rank (the group may grow).
   d.backend = config.backend != "auto" ? config.backend
               : config.elastic         ? elastic_backend(d.device)

@@ -1,11 +1,16 @@
-// One rank of the two-GPU tests (test_two_gpus.cpp): the nccl backend on cuda:LOCAL_RANK, started
-// with the env contract. Exits 0 only if every check holds; prints
-// "rank R/W on cuda:D: ..." so that the test can tell which rank said what.
-//   two_gpu_worker collectives   every collective against its closed form
-//   two_gpu_worker ddp           DistributedDataParallel against one GPU with the whole batch
-// The CPU backends' workers (tests/integration) prove the same closed forms on gloo and MPI; NCCL
-// refuses two ranks on one GPU, so only two GPUs can run these.
+// One rank of the GPU tests (test_two_gpus.cpp, test_shared_gpu.cpp), started with the env
+// contract, on cuda:LOCAL_RANK with nccl (one GPU a rank), or on gloo, whose ranks may share a GPU
+// (cuda:LOCAL_RANK % GPUs; gloo takes CUDA tensors through host copies). Exits 0 only if every
+// check holds; prints "rank R/W on cuda:D: ..." so that the test can tell which rank said what.
+//   two_gpu_worker collectives [nccl|gloo]   every collective against its closed form
+//   two_gpu_worker ddp [nccl|gloo]           DistributedDataParallel against one process with the
+//                                            whole batch
+//   two_gpu_worker grad-scaler [nccl|gloo]   fp16 autocast and GradScaler over DDP, an inf on one
+//                                            rank skipping the step on all
+// The CPU backends' workers (tests/integration) prove the same closed forms on gloo and MPI with
+// CPU tensors; NCCL refuses two ranks on one GPU, so only two GPUs run it at world size 2.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -18,7 +23,9 @@
 #include <vector>
 
 #include "ddp/comm/rendezvous.h"
+#include "ddp/core/autocast.h"
 #include "ddp/core/distributed_data_parallel.h"
+#include "ddp/core/grad_scaler.h"
 #include "tensor_compare.h"
 
 namespace two_gpu_worker {
@@ -187,7 +194,7 @@ int check_collectives(ProcessGroup& pg, torch::Device device) {
     }
   }
   check_barrier(pg, checks);
-  check_rejects_the_other_gpu(pg, device, checks);
+  if (pg.backend_name() == "nccl") check_rejects_the_other_gpu(pg, device, checks);
   std::cout << fmt::format("rank {}/{} on {}: {} checks, {} failures", pg.rank(), pg.world_size(),
                            device.str(), checks.run, checks.failed)
             << std::endl;
@@ -246,24 +253,83 @@ int check_ddp(const std::shared_ptr<ProcessGroup>& group, torch::Device device) 
   return on_gpu && error <= 1e-5 ? 0 : 4;
 }
 
+torch::Tensor flat(const std::vector<torch::Tensor>& parameters) {
+  std::vector<torch::Tensor> views;
+  for (const auto& p : parameters) views.push_back(p.detach().reshape({-1}));
+  return torch::cat(views);
+}
+
+// fp16 autocast on the GPU and GradScaler (scale 1024, growth every 2 clean steps) over DDP. At
+// step 0 the last rank alone puts an inf into its reduced gradients: every rank must skip that
+// step (its parameters unchanged) and halve the scale, as the scaler all-reduces what it found;
+// the 4 clean steps after it double the scale twice. The ranks end with the same parameters.
+int check_grad_scaler(const std::shared_ptr<ProcessGroup>& group, torch::Device device) {
+  const int world = group->world_size(), rank = group->rank();
+  auto net = make_net(100 + static_cast<uint64_t>(rank), device);
+  ddp::DistributedDataParallel model(net, group);
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  ddp::amp::GradScaler scaler(group,
+                              ddp::amp::GradScalerOptions().init_scale(1024).growth_interval(2));
+  torch::manual_seed(7);
+  const auto x = torch::randn({kSteps * world * kBatch, kIn}).to(device);
+  const auto y = torch::randn({kSteps * world * kBatch, kOut}).to(device);
+  const auto broadcast = flat(net->parameters()).clone();  // rank 0's, after DDP's broadcast
+  std::vector<std::string> log;
+  bool skipped_unchanged = false;
+  for (int64_t step = 0; step < kSteps; ++step) {
+    model->zero_grad();
+    const int64_t at = (step * world + rank) * kBatch;
+    torch::Tensor loss;
+    {
+      ddp::amp::Autocast autocast(torch::kCUDA, torch::kHalf);
+      loss = torch::mse_loss(model->forward(x.narrow(0, at, kBatch)), y.narrow(0, at, kBatch));
+    }
+    scaler.scale(loss).backward();
+    if (step == 0 && rank == world - 1) net->parameters().front().mutable_grad()[0][0] = INFINITY;
+    const bool stepped = scaler.step(optimizer);
+    scaler.update();
+    log.push_back(fmt::format("{}:{}", stepped ? "step" : "skip", scaler.get_scale()));
+    if (step == 0) skipped_unchanged = torch::equal(flat(net->parameters()), broadcast);
+  }
+  const auto mine = flat(net->parameters());
+  auto average = mine.clone();
+  group->all_reduce(average, ReduceOp::kAvg)->wait();
+  const bool same = torch::allclose(average, mine, 1e-6, 0.0);
+  const bool finite = torch::isfinite(mine).all().item<bool>();
+  const std::string steps = fmt::format("{}", fmt::join(log, " "));
+  std::cout << fmt::format(
+                   "rank {}/{} on {}: {}; step 0 left the parameters {}; the ranks' parameters "
+                   "{}; {}",
+                   rank, world, device.str(), steps, skipped_unchanged ? "unchanged" : "CHANGED",
+                   same ? "agree" : "DIFFER", finite ? "finite" : "NOT FINITE")
+            << std::endl;
+  const bool ok = steps == "skip:512 step:512 step:1024 step:1024 step:2048" &&
+                  skipped_unchanged && same && finite;
+  return ok ? 0 : 4;
+}
+
 }  // namespace
 
 int run(int argc, char** argv) {
-  if (argc != 2) {
-    std::cerr << "usage: two_gpu_worker collectives|ddp\n";
+  const std::string backend = argc == 3 ? argv[2] : "nccl";
+  if ((argc != 2 && argc != 3) || (backend != "nccl" && backend != "gloo")) {
+    std::cerr << "usage: two_gpu_worker collectives|ddp|grad-scaler [nccl|gloo]\n";
     return 64;
   }
   const std::string scenario = argv[1];
   try {
     const auto launch = ddp::comm::detect_launch(ddp::comm::current_env());
-    const torch::Device device(torch::kCUDA, static_cast<c10::DeviceIndex>(launch.local_rank));
+    const int gpus = static_cast<int>(torch::cuda::device_count());
+    const int index = backend == "gloo" && gpus > 0 ? launch.local_rank % gpus : launch.local_rank;
+    const torch::Device device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
     ddp::comm::ProcessGroupOptions options;
     options.timeout = std::chrono::seconds(60);
     options.rendezvous_timeout = std::chrono::seconds(60);
     std::shared_ptr<ProcessGroup> group =
-        ddp::comm::create_process_group("nccl", launch, options, /*cuda_device=*/true);
+        ddp::comm::create_process_group(backend, launch, options, /*cuda_device=*/true);
     if (scenario == "collectives") return check_collectives(*group, device);
     if (scenario == "ddp") return check_ddp(group, device);
+    if (scenario == "grad-scaler") return check_grad_scaler(group, device);
     std::cerr << "two_gpu_worker: unknown scenario '" << scenario << "'\n";
     return 64;
   } catch (const ddp::Error& e) {

@@ -84,8 +84,10 @@ void join_next_generation(Distributed& d);
 void until_a_generation_forms(Distributed& d, const std::function<void()>& form);
 
 // "auto" picks CUDA when available. CUDA devices are cuda:local_rank; throws InputError for
-// "cuda" without CUDA, or a local rank without a GPU of its own.
-torch::Device resolve_device(const std::string& name, int cuda_device_count, int local_rank);
+// "cuda" without CUDA, or a local rank without a GPU of its own unless `share_gpus` (backend gloo,
+// which takes CUDA tensors through the host: ranks share the GPUs, cuda:local_rank % count).
+torch::Device resolve_device(const std::string& name, int cuda_device_count, int local_rank,
+                             bool share_gpus = false);
 
 struct RankTopology {
   int rank = 0;

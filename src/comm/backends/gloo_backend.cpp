@@ -1,4 +1,5 @@
-// CPU tensors through LibTorch's c10d ProcessGroupGloo over the job's store.
+// CPU tensors through LibTorch's c10d ProcessGroupGloo over the job's store; CUDA tensors through
+// host copies of them, as PyTorch's gloo takes them too.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -174,12 +175,62 @@ void reduce_blocks(const at::Tensor& blocks, ReduceOp op, int world_size, const 
   out.view({-1}).copy_(reduced);
 }
 
-void check_cpu(const at::Tensor& t, const CollectiveInfo& info) {
-  if (!t.device().is_cpu()) {
-    throw InputError(fmt::format("rank {}: {}: backend gloo needs CPU tensors, got one on {}",
-                                 info.rank, info.op, t.device().str()));
+void check_device(const at::Tensor& t, const CollectiveInfo& info) {
+  if (!t.device().is_cpu() && !t.device().is_cuda()) {
+    throw InputError(fmt::format(
+        "rank {}: {}: backend gloo needs CPU or CUDA tensors, got one on {}", info.rank, info.op,
+        t.device().str()));
   }
 }
+
+void check_devices(const at::Tensor& output, const at::Tensor& input, const CollectiveInfo& info) {
+  check_device(input, info);
+  if (output.device() != input.device()) {
+    throw InputError(fmt::format("rank {}: {}: the input is on {}, the output on {}: one device",
+                                 info.rank, info.op, input.device().str(),
+                                 output.device().str()));
+  }
+}
+
+// Note [CUDA tensors on gloo]
+// gloo moves host memory. A collective of CUDA tensors (ranks that share a GPU, which NCCL
+// refuses; a build without NCCL) goes through host copies, as PyTorch's gloo does: the input is
+// copied to the host by a blocking copy, which waits for the work queued before it on the current
+// stream (the kernels that made the tensor); the host result is copied back into the output when
+// the collective is waited for, on the waiting thread's current stream, before wait() returns.
+class CopiedBackWork : public Work {
+ public:
+  CopiedBackWork(WorkPtr work, at::Tensor output, at::Tensor host_output)
+      : work_(std::move(work)), output_(std::move(output)), host_output_(std::move(host_output)) {}
+
+  void wait() override {
+    settle();
+    if (error_) std::rethrow_exception(error_);
+  }
+  bool is_completed() override {
+    if (!settled_ && work_->is_completed()) settle();
+    return settled_;
+  }
+
+ private:
+  void settle() {
+    if (settled_) return;
+    try {
+      work_->wait();
+      output_.copy_(host_output_);
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+    settled_ = true;
+    work_.reset();
+    output_ = host_output_ = at::Tensor();  // lets go of the tensors
+  }
+
+  WorkPtr work_;
+  at::Tensor output_, host_output_;
+  bool settled_ = false;
+  std::exception_ptr error_;
+};
 
 // c10d's all-gather of `input` into the flat `output` (world_size blocks), as bytes.
 c10::intrusive_ptr<c10d::Work> gather_bytes(c10d::ProcessGroupGloo& pg, const at::Tensor& output,
@@ -283,7 +334,12 @@ class GlooProcessGroup : public ProcessGroup {
 
  protected:
   WorkPtr do_all_reduce(at::Tensor& tensor, ReduceOp op, const CollectiveInfo& info) override {
-    check_cpu(tensor, info);
+    check_device(tensor, info);
+    if (tensor.is_cuda()) {
+      return through_host(tensor, tensor, [&](at::Tensor& out, const at::Tensor&) {
+        return do_all_reduce(out, op, info);
+      });
+    }
     issue_pending();
     if (!gloo_reduces(tensor.scalar_type())) return all_reduce_in_two_phases(tensor, op, info);
     std::vector<at::Tensor> tensors{tensor};
@@ -296,7 +352,12 @@ class GlooProcessGroup : public ProcessGroup {
     return wrap(pg_->allreduce(tensors, opts), info, std::move(finish));
   }
   WorkPtr do_broadcast(at::Tensor& tensor, int root, const CollectiveInfo& info) override {
-    check_cpu(tensor, info);
+    check_device(tensor, info);
+    if (tensor.is_cuda()) {
+      return through_host(tensor, tensor, [&](at::Tensor& out, const at::Tensor&) {
+        return do_broadcast(out, root, info);
+      });
+    }
     issue_pending();
     std::vector<at::Tensor> tensors{as_bytes(tensor)};
     c10d::BroadcastOptions opts;
@@ -305,8 +366,12 @@ class GlooProcessGroup : public ProcessGroup {
   }
   WorkPtr do_all_gather(at::Tensor& output, const at::Tensor& input,
                         const CollectiveInfo& info) override {
-    check_cpu(input, info);
-    check_cpu(output, info);
+    check_devices(output, input, info);
+    if (input.is_cuda()) {
+      return through_host(output, input, [&](at::Tensor& out, const at::Tensor& in) {
+        return do_all_gather(out, in, info);
+      });
+    }
     issue_pending();
     // Nothing to move, the same on every rank; gloo's all-gather divides by the size (SIGFPE).
     if (input.numel() == 0) return std::make_shared<CompletedWork>();
@@ -314,15 +379,23 @@ class GlooProcessGroup : public ProcessGroup {
   }
   WorkPtr do_reduce_scatter(at::Tensor& output, const at::Tensor& input, ReduceOp op,
                             const CollectiveInfo& info) override {
-    check_cpu(input, info);
-    check_cpu(output, info);
+    check_devices(output, input, info);
+    if (input.is_cuda()) {
+      return through_host(output, input, [&](at::Tensor& out, const at::Tensor& in) {
+        return do_reduce_scatter(out, in, op, info);
+      });
+    }
     issue_pending();
     return reduce_scatter_through_all_to_all(output, input, op, info);
   }
   WorkPtr do_all_to_all(at::Tensor& output, const at::Tensor& input,
                         const CollectiveInfo& info) override {
-    check_cpu(input, info);
-    check_cpu(output, info);
+    check_devices(output, input, info);
+    if (input.is_cuda()) {
+      return through_host(output, input, [&](at::Tensor& out, const at::Tensor& in) {
+        return do_all_to_all(out, in, info);
+      });
+    }
     issue_pending();
     if (input.numel() == 0) return std::make_shared<CompletedWork>();  // the same on every rank
     return wrap(exchange_bytes(output, input), info);
@@ -340,6 +413,19 @@ class GlooProcessGroup : public ProcessGroup {
     on_arrival(*work, arrival_marker(info.seq));  // the flight record's arrival
     return std::make_shared<GlooWork>(std::move(work), info, timeout_message(info),
                                       std::move(finish));
+  }
+
+  // `run(host_output, host_input)`, the collective on host copies of CUDA tensors, its result
+  // copied back into `output` (Note [CUDA tensors on gloo]). An in-place collective (output is
+  // input) has one copy, read and written.
+  template <typename Run>
+  WorkPtr through_host(const at::Tensor& output, const at::Tensor& input, Run run) {
+    at::Tensor host_input = input.cpu();
+    at::Tensor host_output = output.is_same(input)
+                                 ? host_input
+                                 : at::empty(output.sizes(), output.options().device(at::kCPU));
+    WorkPtr work = run(host_output, host_input);
+    return std::make_shared<CopiedBackWork>(std::move(work), output, std::move(host_output));
   }
 
   // c10d's all-to-all of equal blocks (empty split sizes), as bytes.
