@@ -127,7 +127,7 @@ def phases(lines, kills, workers):
         shrunk = failed and first_after(
             lines, failed, rf"committed by generation \d+ of {workers - 1} rank", until)[0]
         # The launcher takes the replacement in once it is ready (its process started, LibTorch
-        # loaded, its store joined): "generation G of W worker(s)".
+        # loaded, its data loaded and its model built): "generation G of W worker(s)".
         start = first_after(lines, k, rf"^\[launcher\] elastic: generation \d+ of {workers} worker",
                             until)[0]
         grown = start and first_after(

@@ -862,23 +862,6 @@ TEST(Elastic, AGroupRestartedWithoutACheckpointRecordsItsStepsAfresh) {
                                    kEpochs, 4, /*first_world=*/2, 2);
 }
 
-// The workers the launcher started and has not named lost ("elastic: worker 1.0 (local rank 1)
-// started: pid 4242" without "elastic: worker 1.0 (local rank 1, pid 4242) lost"), id -> pid.
-std::map<std::string, int> live_workers(const std::string& output) {
-  std::map<std::string, int> live;
-  const std::regex started(R"(elastic: worker (\S+) \(local rank \d+\) started: pid (\d+))");
-  for (auto it = std::sregex_iterator(output.begin(), output.end(), started);
-       it != std::sregex_iterator(); ++it) {
-    live[(*it)[1]] = std::stoi((*it)[2]);
-  }
-  const std::regex lost(R"(elastic: worker (\S+) \(local rank \d+, pid \d+\) lost)");
-  for (auto it = std::sregex_iterator(output.begin(), output.end(), lost);
-       it != std::sregex_iterator(); ++it) {
-    live.erase((*it)[1]);
-  }
-  return live;
-}
-
 // bench/fault_storm.py's storm, short and without its clock: a random live worker SIGKILLed from
 // outside every 1.5 s, four times (a member training, or a replacement still loading), on the
 // shipped ddp_train under launcher --nproc 3 --elastic. The job ends 0, each kill named, and in
@@ -899,7 +882,7 @@ TEST(Elastic, AStormOfKillsFromOutsideLeavesEverySampleTrainedOnceAnEpoch) {
   while (kills < kKills && std::chrono::steady_clock::now() < storm_ends) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1500));
     std::vector<std::pair<std::string, int>> candidates;
-    for (const auto& [id, pid] : live_workers(launcher.output())) {
+    for (const auto& [id, pid] : ddp::testing::live_workers(launcher.output())) {
       if (killed.count(id) == 0) candidates.emplace_back(id, pid);
     }
     if (candidates.empty()) continue;

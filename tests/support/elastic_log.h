@@ -87,13 +87,41 @@ inline void expect_each_sample_once_an_epoch(const std::string& jsonl,
   }
 }
 
-// The pid the launcher started elastic worker `id` in ("elastic: worker 1.0 (local rank 1)
-// started: pid 4242"); 0 when it started none.
+// The launcher's lines about worker ids that `id` matches (a regex): "elastic: worker 1.0 (local
+// rank 1) started: pid 4242", the pid its last group; "elastic: worker 1.0 (local rank 1, pid
+// 4242) lost".
+inline std::string started_line(const std::string& id) {
+  return "elastic: worker " + id + " \\(local rank \\d+\\) started: pid (\\d+)";
+}
+inline std::string lost_line(const std::string& id) {
+  return "elastic: worker " + id + " \\(local rank \\d+, pid \\d+\\) lost";
+}
+// A worker id as a regex that matches it alone.
+inline std::string id_pattern(const std::string& id) {
+  return std::regex_replace(id, std::regex("\\."), "\\.");
+}
+
+// The pid the launcher started elastic worker `id` in; 0 when it started none.
 inline int started_pid(const std::string& output, const std::string& id) {
-  const std::regex line("elastic: worker " + std::regex_replace(id, std::regex("\\."), "\\.") +
-                        " \\(local rank \\d+\\) started: pid (\\d+)");
+  const std::regex line(started_line(id_pattern(id)));
   std::smatch m;
   return std::regex_search(output, m, line) ? std::stoi(m[1]) : 0;
+}
+
+// The workers the launcher started and has not named lost, id -> pid.
+inline std::map<std::string, int> live_workers(const std::string& output) {
+  std::map<std::string, int> live;
+  const std::regex started(started_line("(\\S+)"));
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), started);
+       it != std::sregex_iterator(); ++it) {
+    live[(*it)[1]] = std::stoi((*it)[2]);
+  }
+  const std::regex lost(lost_line("(\\S+)"));
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), lost);
+       it != std::sregex_iterator(); ++it) {
+    live.erase((*it)[1]);
+  }
+  return live;
 }
 
 // The workers of the first generation (ids "<local rank>.0" of one node, `node` + "<local
@@ -106,8 +134,7 @@ inline int expect_survivors_kept_their_processes(const std::string& output, int 
   int survivors = 0;
   for (int local = 0; local < nproc; ++local) {
     const std::string id = node + std::to_string(local) + ".0";
-    const std::regex lost("elastic: worker " + std::regex_replace(id, std::regex("\\."), "\\.") +
-                          " \\(local rank \\d+, pid \\d+\\) lost: ");
+    const std::regex lost(lost_line(id_pattern(id)) + ": ");
     if (std::regex_search(output, lost)) continue;
     ++survivors;
     const int pid = started_pid(output, id);
