@@ -44,16 +44,16 @@ std::string write_checkpoint_files(CheckpointPosition at, const Config& config,
   return numbered;
 }
 
-std::string write_whole_checkpoint(const Config& config, const Distributed& dist,
-                                   const Checkpoint& c, CheckpointPosition at) {
+std::string commit_checkpoint(const Config& config, const Distributed& dist, CheckpointPosition at,
+                              std::exception_ptr error,
+                              const std::function<void(const std::string&)>& write_numbered,
+                              const std::function<void()>& write_model) {
   const std::string what = describe(at);
-  std::exception_ptr error;
   std::string numbered;  // rank 0's file
   if (dist.is_main()) {
     try {
-      numbered = write_checkpoint_files(
-          at, config, [&](const std::string& path) { write_pt_file(path, to_ivalue(c)); },
-          [&] { write_pt_file(model_file_path(config), model_file(c.model, config)); });
+      if (error) std::rethrow_exception(error);
+      numbered = write_checkpoint_files(at, config, write_numbered, write_model);
       log::info("checkpoint {}: {}", what, numbered);
     } catch (const std::exception& e) {
       log::error("saving the checkpoint {} failed: {}", what, first_line_of(e));
@@ -63,6 +63,14 @@ std::string write_whole_checkpoint(const Config& config, const Distributed& dist
   // The barrier after every save, carrying rank 0's outcome.
   agree_all_ok(dist, error, "saving the checkpoint");
   return fmt::format("{} ({})", numbered, what);
+}
+
+std::string write_whole_checkpoint(const Config& config, const Distributed& dist,
+                                   const Checkpoint& c, CheckpointPosition at) {
+  return commit_checkpoint(
+      config, dist, at, nullptr,
+      [&](const std::string& path) { write_pt_file(path, to_ivalue(c)); },
+      [&] { write_pt_file(model_file_path(config), model_file(c.model, config)); });
 }
 
 void refuse_sharded_checkpoint(const std::string& path, bool directory) {

@@ -6,6 +6,7 @@
 
 #include <ATen/core/ivalue.h>
 
+#include <exception>
 #include <functional>
 #include <string>
 #include <vector>
@@ -33,9 +34,15 @@ std::string write_checkpoint_files(CheckpointPosition at, const Config& config,
                                    const std::function<void(const std::string&)>& write_numbered,
                                    const std::function<void()>& write_model);
 
-// A whole checkpoint (rank 0's `c`) written by rank 0 as write_checkpoint_files() says, then the
-// barrier that carries its outcome to every rank (every rank calls it). Returns "<file> (<where>)"
-// (the file: "" but on rank 0).
+// Rank 0 writes the files as write_checkpoint_files() says, unless `error` holds a failure of
+// its earlier work on them, and logs the outcome; then the barrier that carries it to every rank
+// (every rank calls it). Returns "<file> (<where>)" (the file: "" but on rank 0).
+std::string commit_checkpoint(const Config& config, const Distributed& dist, CheckpointPosition at,
+                              std::exception_ptr error,
+                              const std::function<void(const std::string&)>& write_numbered,
+                              const std::function<void()>& write_model);
+
+// A whole checkpoint (rank 0's `c`), by commit_checkpoint().
 std::string write_whole_checkpoint(const Config& config, const Distributed& dist,
                                    const Checkpoint& c, CheckpointPosition at);
 

@@ -113,20 +113,9 @@ std::string FsdpMode::save_gathered(Checkpoint c, CheckpointPosition at) {
     }
   }
   state_->write_gathered(state, optimizer_.get(), files.writer(main));
-  std::string numbered;
-  if (main) {
-    try {
-      if (files.error) std::rethrow_exception(files.error);
-      numbered = write_checkpoint_files(
-          at, config, [&](const std::string&) { checkpoint->commit(); }, [&] { model->commit(); });
-      log::info("checkpoint {}: {}", describe(at), numbered);
-    } catch (const std::exception& e) {
-      log::error("saving the checkpoint {} failed: {}", describe(at), first_line_of(e));
-      files.error = std::current_exception();
-    }
-  }
-  agree_all_ok(run_.dist, files.error, "saving the checkpoint");
-  return fmt::format("{} ({})", numbered, describe(at));
+  return commit_checkpoint(
+      config, run_.dist, at, files.error, [&](const std::string&) { checkpoint->commit(); },
+      [&] { model->commit(); });
 }
 
 std::string FsdpMode::save_sharded(Checkpoint c, CheckpointPosition at) {

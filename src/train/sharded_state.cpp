@@ -33,6 +33,19 @@ std::vector<torch::Tensor> in_module_order(const torch::nn::Module& module,
   return ordered;
 }
 
+// Calls `each(u, state)` for each unit u whose shard `local` has stepped (a unit not stepped yet
+// has no state, on every rank alike). Every reshaping of the optimizer's state that starts from
+// this rank's shards (a gathered save's, a sharded save's) goes through here, and so does the
+// loaded state's completion with the tensors a sharded file keeps apart. `Optimizer` is const or
+// not, as `each` only reads the state or also writes it.
+template <class Optimizer, class Each>
+void for_each_unit_state(Optimizer& local, const std::vector<torch::Tensor>& shards, Each each) {
+  for (size_t u = 0; u < shards.size(); ++u) {
+    auto it = local.state().find(compat::optimizer_state_key(local, shards[u]));
+    if (it != local.state().end()) each(u, *it->second);
+  }
+}
+
 // A sharded file's element-wise optimizer tensors, kept apart (`tensors`, keyed by unit), into
 // the state `saved` (over `stand_ins`, one per unit) was just loaded with: the tensors as they lie
 // (views of the mapped file), of which take_saved_part reads only the overlap.
@@ -40,14 +53,12 @@ void attach_kept_apart(torch::optim::Optimizer& saved, const std::vector<torch::
                        const StateDict& tensors) {
   if (tensors.empty()) return;  // a file that keeps them in its optimizer_state
   const std::map<std::string, torch::Tensor> by_key(tensors.begin(), tensors.end());
-  for (size_t u = 0; u < stand_ins.size(); ++u) {
-    auto it = saved.state().find(compat::optimizer_state_key(saved, stand_ins[u]));
-    if (it == saved.state().end()) continue;
-    for (auto& [field, tensor] : elementwise_state(*it->second)) {
+  for_each_unit_state(saved, stand_ins, [&](size_t u, auto& unit_state) {
+    for (auto& [field, tensor] : elementwise_state(unit_state)) {
       auto kept = by_key.find(optimizer_tensor_key(u, field));
       if (kept != by_key.end()) *tensor = kept->second;
     }
-  }
+  });
 }
 
 // Copies into `into`, the elements [into_begin, into_begin + into.numel()) of a unit's flat
@@ -108,18 +119,6 @@ std::vector<std::pair<std::string, torch::Tensor*>> defined_fields(
     if (field.second->defined()) fields.push_back(field);
   }
   return fields;
-}
-
-// Calls `each(u, state)` for each unit u whose shard `local` has stepped (a unit not stepped yet
-// has no state, on every rank alike). Every reshaping of the optimizer's state that starts from
-// this rank's shards (a gathered save's, a sharded save's) goes through here.
-template <class Each>
-void for_each_unit_state(const torch::optim::Optimizer& local,
-                         const std::vector<torch::Tensor>& shards, Each each) {
-  for (size_t u = 0; u < shards.size(); ++u) {
-    auto it = local.state().find(compat::optimizer_state_key(local, shards[u]));
-    if (it != local.state().end()) each(u, *it->second);
-  }
 }
 
 // Each parameter's position in the module's order, by name.
