@@ -5,6 +5,8 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>
+#include <functional>
+#include <future>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -139,13 +141,45 @@ std::unique_ptr<ProcessGroup> ElasticAgent::make_group(const Membership& m,
   }
 #endif
 #ifdef DDP_HAVE_GLOO
-  if (backend == "gloo") return make_gloo_process_group_on(prefixed, launch, options);
-  if (backend == "shm") {
-    return make_shm_process_group(make_gloo_process_group_on(prefixed, launch, options), options);
+  if (backend == "gloo" || backend == "shm") {
+    return unless_given_up(m, [prefixed, launch, options, backend]() {
+      auto gloo = make_gloo_process_group_on(prefixed, launch, options);
+      return backend == "shm" ? make_shm_process_group(std::move(gloo), options) : std::move(gloo);
+    });
   }
 #endif
   (void)options;
   throw InputError("elastic training needs the gloo or nccl backend; this build lacks " + backend);
+}
+
+// Note [A generation's connection is left behind when it is given up]
+// gloo connects the pairs of a group with no way to stop it: where a member died after it had
+// published its address, the member that waits for it to connect waits in gloo for the whole
+// timeout (--comm-timeout, 600 s by default), while the others, and the replacement, wait for that
+// member in the next generation. The launcher gives the generation up at once; this is where the
+// member hears it. The group is made on a thread of its own, and this one waits for it, looking
+// for the launcher's abort notice every 20 ms; once the notice is there, it throws CommError (the
+// generation failed as it formed, as a failed connection would have said) and leaves the thread,
+// which holds all it made (the generation's gloo device and store connection), to end at gloo's
+// timeout. Found by a storm of kills: a member killed just as a joiner was taken in left the two
+// others in gloo's connect, a generation apart, and the job stopped.
+std::unique_ptr<ProcessGroup> ElasticAgent::unless_given_up(const Membership& m, GroupMaker make) {
+  using Task = std::packaged_task<std::unique_ptr<ProcessGroup>()>;
+  auto task = std::make_shared<Task>(std::move(make));
+  auto made = task->get_future();
+  std::thread([task] { (*task)(); }).detach();
+  const std::string notice = ElasticKeys::abort(m.generation);
+  while (made.wait_for(kAbortPoll) != std::future_status::ready) {
+    if (!store_->check({notice})) continue;
+    CollectiveInfo info;
+    info.op = "connecting generation " + std::to_string(m.generation);
+    info.rank = m.rank;
+    info.world_size = m.world_size();
+    throw CommError(info, fmt::format("rank {}: the launcher gave generation {} up as its group "
+                                      "connected",
+                                      m.rank, m.generation));
+  }
+  return made.get();  // the group, or the failure of its connection
 }
 
 StepDecision ElasticAgent::vote(const Membership& m, int64_t round, bool ok) {

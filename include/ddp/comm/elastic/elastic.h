@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <memory>
 #include <optional>
@@ -103,6 +104,11 @@ class ElasticAgent {
   void announce_checkpoint(const std::string& which);
 
  private:
+  // `make()`'s group, made on a thread of its own; CommError at once when the launcher gives `m`
+  // up meanwhile (Note [A generation's connection is left behind when it is given up]).
+  using GroupMaker = std::function<std::unique_ptr<ProcessGroup>()>;
+  std::unique_ptr<ProcessGroup> unless_given_up(const Membership& m, GroupMaker make);
+
   // Which of `m`'s members have not voted on `round`: "rank 1 (worker 1.0), rank 2 (...)".
   std::string missing_votes(const Membership& m, int64_t round);
   // A ready joiner: the newest generation grows, and is not given up.
