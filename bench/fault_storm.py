@@ -8,7 +8,9 @@ group. Fault-free and storm runs alternate in interleaved rounds.
 
 No kill once rank 0 said the training is done. Reported per round: each job's wall time, the
 goodput (fault-free time / storm time), each job's CPU seconds (all its processes) and their
-ratio, the faults, and whether every epoch trained every sample exactly once (from samples.jsonl).
+ratio, the faults, whether every epoch trained every sample exactly once (from samples.jsonl),
+and the workers' CPU seconds (the launcher's line at each worker's end), of them the lost workers'
+and those of the replacements lost before they joined a generation.
 Then each fault's time, split at the marks the launcher and the ranks print, each line stamped
 here as it arrives (one clock for all; the launcher's own lines carry no time):
   detect   the kill -> the survivors' step fails ("step N failed")
@@ -139,6 +141,32 @@ def phases(lines, kills, workers):
     return out
 
 
+WORKER_END = re.compile(r"^\[launcher\] elastic: worker (\S+) \(local rank \d+, pid \d+\) "
+                        r"(finished|lost: .*,) after ([0-9.]+) s, ([0-9.]+) CPU s")
+
+
+def worker_cpu(lines):
+    """What each worker cost, from the launcher's line at its end: (CPU s of all workers, CPU s of
+    the lost ones, CPU s of the lost ones that never joined a generation: replacements killed while
+    they loaded)."""
+    joined = set()
+    for _, line in lines:
+        m = re.search(r"elastic: generation \d+ of \d+ worker\(s\): (\S+)", line)
+        if m:
+            joined.update(m.group(1).split(","))
+    total = lost = wasted = 0.0
+    for _, line in lines:
+        m = WORKER_END.search(line)
+        if not m:
+            continue
+        cpu = float(m.group(4))
+        total += cpu
+        if m.group(2) != "finished":
+            lost += cpu
+            wasted += cpu if m.group(1) not in joined else 0.0
+    return total, lost, wasted
+
+
 def keep(folder, name, lines, kills):
     """The job's lines and the kills, each stamped with its arrival (s since the job's start)."""
     os.makedirs(folder, exist_ok=True)
@@ -159,8 +187,9 @@ def main():
     p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more ddp_train options")
     args = p.parse_args()
     print("| round | fault-free s | storm s | goodput | fault-free CPU s | storm CPU s | "
-          "CPU goodput | faults | epochs exactly once |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "CPU goodput | faults | epochs exactly once | workers' CPU s, fault-free / storm "
+          "(of it: lost workers', and those lost before they joined) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     every = []
     for r in range(args.rounds):
         result = {}
@@ -171,16 +200,17 @@ def main():
                 if code != 0:
                     tail = "\n".join(line for _, line in lines[-30:])
                     sys.exit(f"the {kind} job ended {code}:\n{tail}")
-                result[kind] = (wall, cpu, kills, exactly_once(out))
+                result[kind] = (wall, cpu, kills, exactly_once(out), worker_cpu(lines))
                 if args.keep_logs:
                     keep(args.keep_logs, f"{r}-{kind}.log", lines, kills)
                 if kind == "storm":
                     every += phases(lines, kills, args.workers)
-        (clean, clean_cpu, _, _) = result["clean"]
-        (storm, storm_cpu, kills, (good, epochs)) = result["storm"]
+        (clean, clean_cpu, _, _, (clean_workers, _, _)) = result["clean"]
+        (storm, storm_cpu, kills, (good, epochs), (workers, lost, wasted)) = result["storm"]
         print(f"| {r} | {clean:.1f} | {storm:.1f} | {clean / storm:.2f} | {clean_cpu:.1f} | "
               f"{storm_cpu:.1f} | {clean_cpu / storm_cpu:.2f} | {len(kills)} | "
-              f"{good} of {epochs} |", flush=True)
+              f"{good} of {epochs} | {clean_workers:.1f} / {workers:.1f} ({lost:.1f}, "
+              f"{wasted:.1f}) |", flush=True)
     print("\n| phase (s a fault) | median | min-max | faults with the mark |")
     print("|---|---|---|---|")
     for name in ("detect", "shrink", "start", "grow"):

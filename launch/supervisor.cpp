@@ -5,6 +5,7 @@
 #include <netdb.h>
 #include <poll.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -120,7 +121,33 @@ struct Worker {
   std::unique_ptr<std::ofstream> log;
   WorkerId elastic_id;  // elastic: its id
   bool noted = false;   // elastic: its end has been dealt with
+  std::chrono::steady_clock::time_point started;
+  double wall_seconds = 0;  // from its start to its end, once reaped
+  double cpu_seconds = 0;   // user and system, its threads' included, once reaped
 };
+
+// Reaps `w` (waitpid's `options`): true when it has ended, its status, run time and CPU time
+// recorded.
+bool reap_worker(Worker& w, int options) {
+  struct rusage usage {};
+  if (::wait4(w.pid, &w.status, options, &usage) != w.pid) return false;
+  w.running = false;
+  const auto ran = std::chrono::steady_clock::now() - w.started;
+  w.wall_seconds = std::chrono::duration<double>(ran).count();
+  w.cpu_seconds = static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+                  static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
+  return true;
+}
+
+// "elastic: worker 1.0 (local rank 1, pid 4242) lost: signal SIGKILL (9), after 3.2 s, 2.95 CPU
+// s", or "... finished after 40.1 s, 37.20 CPU s": what a worker had cost when it ended.
+std::string end_note(const Worker& w) {
+  const std::string how = exit_code_of(w.status) == 0
+                              ? std::string("finished")
+                              : "lost: " + describe_status(w.status) + ",";
+  return fmt::format("elastic: worker {} (local rank {}, pid {}) {} after {:.1f} s, {:.2f} CPU s",
+                     w.elastic_id, w.local_rank, w.pid, how, w.wall_seconds, w.cpu_seconds);
+}
 
 class Supervisor {
  public:
@@ -253,6 +280,7 @@ class Supervisor {
     ::setpgid(pid, pid);  // also here: no signal can race the child's own setpgid
     ::close(out[1]);
     w.pid = pid;
+    w.started = std::chrono::steady_clock::now();
     w.out_fd = out[0];
     w.running = true;
     return w;
@@ -304,6 +332,7 @@ class Supervisor {
     int code = 0;
     for (Worker* w : newly_ended()) {
       if (exit_code_of(w->status) == 0) {
+        note(end_note(*w));
         done.push_back(w->elastic_id);
         continue;
       }
@@ -311,8 +340,7 @@ class Supervisor {
       failed_status_ = w->status;
       lost.push_back(w->elastic_id);
       what += (what.empty() ? "" : "; ") + loss_of(*w);
-      note(fmt::format("elastic: worker {} (local rank {}, pid {}) lost: {}", w->elastic_id,
-                       w->local_rank, w->pid, describe_status(w->status)));
+      note(end_note(*w));
     }
     std::vector<ArbiterAction> actions;
     if (!done.empty()) actions = service.done(done);
@@ -424,14 +452,14 @@ class Supervisor {
       reap();
       for (Worker* w : newly_ended()) {
         if (exit_code_of(w->status) == 0) {
+          note(end_note(*w));
           link.report({comm::NodeEvent::Kind::kDone, o_.node_rank, w->elastic_id.to_string(), ""});
           continue;
         }
         failed_status_ = w->status;
         link.report(
             {comm::NodeEvent::Kind::kLost, o_.node_rank, w->elastic_id.to_string(), loss_of(*w)});
-        note(fmt::format("elastic: worker {} (local rank {}, pid {}) lost: {}", w->elastic_id,
-                         w->local_rank, w->pid, describe_status(w->status)));
+        note(end_note(*w));
         if (link.cut_off()) {
           to_restart_.push_back(w->local_rank);
         } else if (const auto id = restart(*w)) {
@@ -736,7 +764,7 @@ class Supervisor {
 
   void reap() {
     for (Worker& w : workers_) {
-      if (w.running && ::waitpid(w.pid, &w.status, WNOHANG) == w.pid) w.running = false;
+      if (w.running) reap_worker(w, WNOHANG);
     }
   }
 
@@ -757,8 +785,7 @@ class Supervisor {
       if (!w.running) continue;
       note(fmt::format("rank {} did not stop within {} s: SIGKILL", w.rank, o_.grace_period));
       ::kill(-w.pid, SIGKILL);
-      ::waitpid(w.pid, &w.status, 0);
-      w.running = false;
+      reap_worker(w, 0);
     }
     drain(Clock::now() + std::chrono::seconds(1));
   }

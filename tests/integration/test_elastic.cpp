@@ -898,6 +898,20 @@ TEST(Elastic, AStormOfKillsFromOutsideLeavesEverySampleTrainedOnceAnEpoch) {
   EXPECT_FALSE(changes.empty()) << r.output;
   expect_each_sample_once_an_epoch(ddp::testing::read_file(out.file("samples.jsonl")), changes,
                                    kStormEpochs, 4, /*first_world=*/3, 3);
+  // What each worker cost, said at its end: the killed ones and the three that finished, each
+  // having used some CPU (even a replacement killed while it loaded: LibTorch's start is work).
+  const std::regex ended(R"(elastic: worker \S+ \(local rank \d+, pid \d+\) )"
+                         R"((finished|lost: signal SIGKILL \(9\),) )"
+                         R"(after ([0-9.]+) s, ([0-9.]+) CPU s)");
+  int lost = 0, finished = 0;
+  for (auto it = std::sregex_iterator(r.output.begin(), r.output.end(), ended);
+       it != std::sregex_iterator(); ++it) {
+    ((*it)[1] == "finished" ? finished : lost) += 1;
+    EXPECT_GT(std::stod((*it)[3]), 0.0) << it->str();
+    EXPECT_GE(std::stod((*it)[2]), 0.0) << it->str();
+  }
+  EXPECT_EQ(lost, kills) << r.output;
+  EXPECT_EQ(finished, 3) << r.output;
 }
 
 }  // namespace
