@@ -158,6 +158,14 @@ WorkPtr ProcessGroup::recorded(const CollectiveInfo& info, Issue issue) {
   }
 }
 
+CollectiveInfo forming_info(std::string op, int rank, int world_size) {
+  CollectiveInfo info;
+  info.op = std::move(op);
+  info.rank = rank;
+  info.world_size = world_size;
+  return info;
+}
+
 CollectiveInfo ProcessGroup::next_info(std::string op, const at::Tensor* tensor) {
   CollectiveInfo info;
   info.op = std::move(op);

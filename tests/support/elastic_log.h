@@ -89,12 +89,18 @@ inline void expect_each_sample_once_an_epoch(const std::string& jsonl,
 
 // The launcher's lines about worker ids that `id` matches (a regex): "elastic: worker 1.0 (local
 // rank 1) started: pid 4242", the pid its last group; "elastic: worker 1.0 (local rank 1, pid
-// 4242) lost".
+// 4242) lost"; at any end, "... (local rank 1, pid 4242) finished after 40.1 s, 37.20 CPU s" or
+// "... lost: signal SIGKILL (9), after 3.2 s, 2.95 CPU s", its last three groups "finished" or
+// "lost: <how>,", the seconds, the CPU seconds.
 inline std::string started_line(const std::string& id) {
   return "elastic: worker " + id + " \\(local rank \\d+\\) started: pid (\\d+)";
 }
-inline std::string lost_line(const std::string& id) {
-  return "elastic: worker " + id + " \\(local rank \\d+, pid \\d+\\) lost";
+inline std::string ended_prefix(const std::string& id) {
+  return "elastic: worker " + id + " \\(local rank \\d+, pid \\d+\\) ";
+}
+inline std::string lost_line(const std::string& id) { return ended_prefix(id) + "lost"; }
+inline std::string end_line(const std::string& id) {
+  return ended_prefix(id) + "(finished|lost: [^,]+,) after ([0-9.]+) s, ([0-9.]+) CPU s";
 }
 // A worker id as a regex that matches it alone.
 inline std::string id_pattern(const std::string& id) {

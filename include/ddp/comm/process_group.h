@@ -38,6 +38,10 @@ struct CollectiveInfo {
   int world_size = 1;
 };
 
+// What a failure while a group forms (no collective, no tensor) is reported as: "rendezvous",
+// "init(ncclCommInitRank)", ...
+CollectiveInfo forming_info(std::string op, int rank, int world_size);
+
 // Turns an all-reduce sum into kAvg's average in place, for backends without a native average:
 // divides by world_size, with truncation for integer tensors (the contract of all_reduce).
 void sum_to_average(at::Tensor& sum, int world_size);

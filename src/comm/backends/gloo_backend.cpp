@@ -23,11 +23,45 @@ void on_arrival(c10d::Work& work, std::function<void()> arrived);
 
 namespace {
 
+// A Work settled once, by wait() or by is_completed() once the work under it is done: the wait
+// for that work and a finishing step that communicates with no one (so that is_completed() may
+// run it as well as wait()). A failure is kept for wait() to throw.
+class SettledOnceWork : public Work {
+ public:
+  void wait() override {
+    settle();
+    if (error_) std::rethrow_exception(error_);
+  }
+  bool is_completed() override {
+    if (!settled_ && ready()) settle();
+    return settled_;
+  }
+
+ protected:
+  virtual bool ready() = 0;     // the work under it is done; never blocks
+  virtual void complete() = 0;  // waits for it, then finishes; may throw
+  virtual void release() = 0;   // lets go of the work and its tensors
+
+ private:
+  void settle() {
+    if (settled_) return;
+    try {
+      complete();
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+    settled_ = true;
+    release();
+  }
+
+  bool settled_ = false;
+  std::exception_ptr error_;
+};
+
 // Wraps c10d's work: turns its failures into CommError, and runs `finish` once the data has
 // arrived (kAvg's division: gloo has no AVG in c10d 1.13; reduce_scatter's local reduction; a
-// copy back into the caller's tensor). `finish` communicates with no one, so is_completed() may
-// run it as well as wait().
-class GlooWork : public Work {
+// copy back into the caller's tensor).
+class GlooWork : public SettledOnceWork {
  public:
   GlooWork(c10::intrusive_ptr<c10d::Work> work, CollectiveInfo info, std::string timeout_message,
            std::function<void()> finish = nullptr)
@@ -36,28 +70,13 @@ class GlooWork : public Work {
         timeout_message_(std::move(timeout_message)),
         finish_(std::move(finish)) {}
 
-  void wait() override {
-    settle();
-    if (error_) std::rethrow_exception(error_);
-  }
-  bool is_completed() override {
-    if (!settled_ && work_->isCompleted()) settle();
-    return settled_;
-  }
-
  private:
-  // Waits for c10d's work and finishes; a failure is kept for wait() to throw.
-  void settle() {
-    if (settled_) return;
-    try {
-      wait_for_gloo();
-      if (finish_) finish_();
-    } catch (...) {
-      error_ = std::current_exception();
-    }
-    settled_ = true;
-    finish_ = nullptr;  // lets go of its tensors
+  bool ready() override { return work_->isCompleted(); }
+  void complete() override {
+    wait_for_gloo();
+    if (finish_) finish_();
   }
+  void release() override { finish_ = nullptr; }
   void wait_for_gloo() {
     try {
       work_->wait();
@@ -74,8 +93,6 @@ class GlooWork : public Work {
   CollectiveInfo info_;
   std::string timeout_message_;
   std::function<void()> finish_;
-  bool settled_ = false;
-  std::exception_ptr error_;
 };
 
 // Note [A second collective is issued in program order]
@@ -198,38 +215,24 @@ void check_devices(const at::Tensor& output, const at::Tensor& input, const Coll
 // copied to the host by a blocking copy, which waits for the work queued before it on the current
 // stream (the kernels that made the tensor); the host result is copied back into the output when
 // the collective is waited for, on the waiting thread's current stream, before wait() returns.
-class CopiedBackWork : public Work {
+class CopiedBackWork : public SettledOnceWork {
  public:
   CopiedBackWork(WorkPtr work, at::Tensor output, at::Tensor host_output)
       : work_(std::move(work)), output_(std::move(output)), host_output_(std::move(host_output)) {}
 
-  void wait() override {
-    settle();
-    if (error_) std::rethrow_exception(error_);
-  }
-  bool is_completed() override {
-    if (!settled_ && work_->is_completed()) settle();
-    return settled_;
-  }
-
  private:
-  void settle() {
-    if (settled_) return;
-    try {
-      work_->wait();
-      output_.copy_(host_output_);
-    } catch (...) {
-      error_ = std::current_exception();
-    }
-    settled_ = true;
+  bool ready() override { return work_->is_completed(); }
+  void complete() override {
+    work_->wait();
+    output_.copy_(host_output_);
+  }
+  void release() override {
     work_.reset();
-    output_ = host_output_ = at::Tensor();  // lets go of the tensors
+    output_ = host_output_ = at::Tensor();
   }
 
   WorkPtr work_;
   at::Tensor output_, host_output_;
-  bool settled_ = false;
-  std::exception_ptr error_;
 };
 
 // c10d's all-gather of `input` into the flat `output` (world_size blocks), as bytes.

@@ -439,11 +439,7 @@ c10::DeviceIndex checked_device(const LaunchInfo& launch) {
 
 // What a failure to create a communicator is reported as.
 CollectiveInfo init_info(int rank, int world_size) {
-  CollectiveInfo info;
-  info.op = "init(ncclCommInitRank)";
-  info.rank = rank;
-  info.world_size = world_size;
-  return info;
+  return forming_info("init(ncclCommInitRank)", rank, world_size);
 }
 
 // Rank 0 creates the id; `exchange` (TCP store or MPI_Bcast) hands its bytes to every rank.

@@ -171,13 +171,11 @@ std::unique_ptr<ProcessGroup> ElasticAgent::unless_given_up(const Membership& m,
   const std::string notice = ElasticKeys::abort(m.generation);
   while (made.wait_for(kAbortPoll) != std::future_status::ready) {
     if (!store_->check({notice})) continue;
-    CollectiveInfo info;
-    info.op = "connecting generation " + std::to_string(m.generation);
-    info.rank = m.rank;
-    info.world_size = m.world_size();
-    throw CommError(info, fmt::format("rank {}: the launcher gave generation {} up as its group "
-                                      "connected",
-                                      m.rank, m.generation));
+    throw CommError(
+        forming_info("connecting generation " + std::to_string(m.generation), m.rank,
+                     m.world_size()),
+        fmt::format("rank {}: the launcher gave generation {} up as its group connected", m.rank,
+                    m.generation));
   }
   return made.get();  // the group, or the failure of its connection
 }

@@ -22,11 +22,7 @@ bool store_listens_on_master_addr_only(const LaunchInfo& launch) {
 }
 
 CollectiveInfo rendezvous_info(const LaunchInfo& launch) {
-  CollectiveInfo info;
-  info.op = "rendezvous";
-  info.rank = launch.rank;
-  info.world_size = launch.world_size;
-  return info;
+  return forming_info("rendezvous", launch.rank, launch.world_size);
 }
 
 namespace {
