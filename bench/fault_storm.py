@@ -48,9 +48,46 @@ def command(args, out):
             "--record-samples", "--output-dir", out, *args.extra]
 
 
+class StepClock:
+    """The committed steps over time, from the sample record (one line a committed step, appended
+    by rank 0): every 0.2 s, the step of the last line written since the last look. Reads only
+    the new bytes; a record restarted (shorter than read) is read from its start."""
+
+    def __init__(self, path, start):
+        self.path, self.start, self.seen = path, start, []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.watch)
+        self.thread.start()
+
+    def watch(self):
+        at, step, tail = 0, 0, b""
+        while not self.done.wait(0.2):
+            try:
+                with open(self.path, "rb") as f:
+                    if os.fstat(f.fileno()).st_size < at:
+                        at, tail = 0, b""
+                    f.seek(at)
+                    chunk = f.read()
+            except FileNotFoundError:
+                continue
+            at += len(chunk)
+            lines = (tail + chunk).split(b"\n")
+            tail = lines.pop()
+            for line in reversed(lines):
+                if m := re.search(rb'"step":(\d+)', line):
+                    step = int(m.group(1))
+                    break
+            self.seen.append((time.monotonic() - self.start, step))
+
+    def stop(self):
+        self.done.set()
+        self.thread.join()
+        return self.seen
+
+
 def run_job(args, out, period):
     """Runs the job, killing a random live worker every `period` s (0: none). Returns (wall s,
-    CPU s, exit code, [(arrival s, line)], [kill times])."""
+    CPU s, exit code, [(arrival s, line)], [kill times], [(s, committed steps)])."""
     start = time.monotonic()
     used = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.Popen(command(args, out), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -71,6 +108,7 @@ def run_job(args, out, period):
 
     reader = threading.Thread(target=read)
     reader.start()
+    clock = StepClock(os.path.join(out, "samples.jsonl"), start)
     kills = []
     while True:
         try:  # the job's end is seen at once: a sleep would stretch the storm's time to a period
@@ -91,11 +129,12 @@ def run_job(args, out, period):
                 kills.pop()
     wall = time.monotonic() - start
     reader.join()
+    steps = clock.stop()
     # The CPU the job's processes used (the launcher's, and its workers', which it reaped): less
     # moved than the wall time by a shared host's drift.
     now = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = now.ru_utime + now.ru_stime - used.ru_utime - used.ru_stime
-    return wall, cpu, proc.returncode, lines, kills
+    return wall, cpu, proc.returncode, lines, kills, steps
 
 
 def exactly_once(out):
@@ -139,6 +178,35 @@ def phases(lines, kills, workers):
                     "start": start and start - k,
                     "grow": grown and grown - start})
     return out
+
+
+def steps_at(steps, t):
+    """The committed steps at `t`, from the clock's looks (the last look at or before it)."""
+    done = 0
+    for at, step in steps:
+        if at > t:
+            break
+        done = step
+    return done
+
+
+def fault_costs(steps, kills, window):
+    """What each fault cost the job, measured within the storm run, so that the host's drift
+    between runs does not enter: the steps committed in the `window` s after the kill against
+    those of the `window` s before it, as seconds of training lost. Faults whose windows reach
+    past the training's end or back before its start are left out."""
+    if not steps:
+        return []
+    trained_until = min(at for at, step in steps if step == steps[-1][1])  # the last step's
+    costs = []
+    for k in kills:
+        if k - window < 0 or k + window > trained_until:
+            continue
+        before = steps_at(steps, k) - steps_at(steps, k - window)
+        after = steps_at(steps, k + window) - steps_at(steps, k)
+        if before > 0:
+            costs.append(window * (1 - after / before))
+    return costs
 
 
 WORKER_END = re.compile(r"^\[launcher\] elastic: worker (\S+) \(local rank \d+, pid \d+\) "
@@ -190,13 +258,13 @@ def main():
           "CPU goodput | faults | epochs exactly once | workers' CPU s, fault-free / storm "
           "(of it: lost workers', and those lost before they joined) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    every = []
+    every, costs = [], []
     for r in range(args.rounds):
         result = {}
         for kind in (["clean", "storm"] if r % 2 == 0 else ["storm", "clean"]):
             with tempfile.TemporaryDirectory() as out:
-                wall, cpu, code, lines, kills = run_job(args, out,
-                                                        args.period if kind == "storm" else 0)
+                wall, cpu, code, lines, kills, steps = run_job(
+                    args, out, args.period if kind == "storm" else 0)
                 if code != 0:
                     tail = "\n".join(line for _, line in lines[-30:])
                     sys.exit(f"the {kind} job ended {code}:\n{tail}")
@@ -205,6 +273,7 @@ def main():
                     keep(args.keep_logs, f"{r}-{kind}.log", lines, kills)
                 if kind == "storm":
                     every += phases(lines, kills, args.workers)
+                    costs += fault_costs(steps, kills, min(5.0, args.period / 2))
         (clean, clean_cpu, _, _, (clean_workers, _, _)) = result["clean"]
         (storm, storm_cpu, kills, (good, epochs), (workers, lost, wasted)) = result["storm"]
         print(f"| {r} | {clean:.1f} | {storm:.1f} | {clean / storm:.2f} | {clean_cpu:.1f} | "
@@ -218,6 +287,12 @@ def main():
         if values:
             print(f"| {name} | {statistics.median(values):.2f} | {min(values):.2f}-"
                   f"{max(values):.2f} | {len(values)} of {len(every)} |")
+    if costs:
+        window = min(5.0, args.period / 2)
+        print(f"\nA fault's cost within the storm run (training lost in the {window:g} s after "
+              f"the kill against the {window:g} s before it; {len(costs)} faults): median "
+              f"{statistics.median(costs):.2f} s, mean {statistics.mean(costs):.2f}, "
+              f"min-max {min(costs):.2f}-{max(costs):.2f}")
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ packages=(
   libtorch-dev libgloo-dev
   libopenmpi-dev openmpi-bin
   libcxxopts-dev libspdlog-dev libfmt-dev libgtest-dev libyaml-cpp-dev nlohmann-json3-dev zlib1g-dev
+  libdeflate-dev
   libunwind-dev libdw-dev
   dataset-fashion-mnist
   python3 python3-torch python3-numpy python3-yaml python3-matplotlib

@@ -127,14 +127,23 @@ void check_writable_dir(const std::string& dir) {
 }
 
 std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) {
     throw InputError(fmt::format("{}: cannot open: {}", path, system_reason(errno)));
   }
-  std::ostringstream contents;
-  contents << in.rdbuf();
-  if (in.bad()) throw InputError(fmt::format("{}: read failed", path));
-  return contents.str();
+  const std::streamoff size = in.tellg();
+  in.seekg(0);
+  if (size <= 0) {  // a size not known ahead (/proc's files say 0): read to the end
+    std::ostringstream contents;
+    contents << in.rdbuf();
+    if (in.bad()) throw InputError(fmt::format("{}: read failed", path));
+    return contents.str();
+  }
+  // One allocation and one copy: a stream's doubling buffer copied a 26 MB file three times.
+  std::string contents(static_cast<size_t>(size), '\0');
+  in.read(contents.data(), size);
+  if (in.gcount() != size) throw InputError(fmt::format("{}: read failed", path));
+  return contents;
 }
 
 }  // namespace ddp
