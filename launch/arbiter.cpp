@@ -69,8 +69,24 @@ void Arbiter::handle(const event::Checkpoint& e, Clock::time_point, Actions&) {
   checkpoint_ = e.which;
 }
 
-void Arbiter::handle(const event::Reform&, Clock::time_point now, Actions&) {
-  if (phase_ == Phase::kRunning && !reform_seen_) reform_seen_ = now;
+void Arbiter::handle(const event::Reform& e, Clock::time_point now, Actions&) {
+  if (phase_ != Phase::kRunning) return;
+  if (!reform_seen_) reform_seen_ = now;
+  reform_askers_ = std::max(reform_askers_, e.askers);
+}
+
+// Note [A request every member made is granted at once]
+// The members' request for the next generation waits reform_delay, for two words that may be late:
+// a member whose death made the others ask is reaped and left out, and a joiner that asks says
+// first whether it holds the state. Neither is missing when every member asked (the dead cannot
+// ask) and each is known to hold the state: the members' requests after a grow, which waited
+// 100 ms of each grow's stop for nothing.
+bool Arbiter::reform_due(Clock::time_point now) const {
+  if (!reform_seen_) return false;
+  if (now - *reform_seen_ >= settings_.reform_delay) return true;
+  return reform_askers_ >= static_cast<int>(members_.size()) &&
+         std::all_of(members_.begin(), members_.end(),
+                     [&](const WorkerId& id) { return holds_state(id); });
 }
 
 void Arbiter::handle(const event::Beat& e, Clock::time_point now, Actions& out) {
@@ -95,7 +111,7 @@ void Arbiter::handle(const event::Tick&, Clock::time_point now, Actions& out) {
   if (phase_ != Phase::kRunning) return;
   if (unowned_) return settle_unowned(now, out);  // its restarts wait for it
   restart_when_due(now, out);
-  if (!reform_seen_ || now - *reform_seen_ < settings_.reform_delay) return;
+  if (!reform_due(now)) return;
   // Asked by members that then left their loop (Note [Every ending is decided]): no generation
   // of joiners alone.
   if (!any_holder()) return;
@@ -260,7 +276,7 @@ void Arbiter::settle_unowned(Clock::time_point now, Actions& out) {
                                  fmt::join(holders, ","), describe_generation())});
     return;
   }
-  const bool asked = reform_seen_ && now - *reform_seen_ >= settings_.reform_delay;
+  const bool asked = reform_due(now);
   if (!asked && now - unowned_->since < settings_.node_timeout) return;
   const Unowned u = *unowned_;
   unowned_.reset();
@@ -335,6 +351,7 @@ void Arbiter::restart_group(const std::string& why, int exit_code, Clock::time_p
   to_restart_.clear();
   unowned_.reset();
   reform_seen_.reset();
+  reform_askers_ = 0;
   out.push_back(action::RestartGroup{round_, why});
   out.push_back(
       action::Note{fmt::format("elastic: {}; every worker starts again (restart {} of {})", why,
@@ -363,6 +380,7 @@ void Arbiter::end_if_finished(Actions& out) {
 void Arbiter::publish(Actions& out) {
   ++generation_;
   reform_seen_.reset();
+  reform_askers_ = 0;
   published_ = members_;
   out.push_back(action::Publish{generation_, members_});
 }

@@ -135,7 +135,10 @@ struct Checkpoint {
   std::string which;
 };
 // A member asked for the generation after the current one.
-struct Reform {};
+// (`askers`: how many of them had asked when the request was read.)
+struct Reform {
+  int askers = 0;
+};
 // Node `node`'s beat counter reads `count`.
 struct Beat {
   int node = 0;
@@ -289,6 +292,7 @@ class Arbiter {
   void publish(Actions& out);
   void take_in_ready_joiners();
   bool holds_state(const WorkerId& id) const { return holders_.count(id) != 0; }
+  bool reform_due(Clock::time_point now) const;
   bool any_holder() const;
   int nodes_in() const;
   std::string below_min() const;
@@ -326,6 +330,7 @@ class Arbiter {
   std::map<int, Node> nodes_;  // the other nodes, by node rank
   int64_t generation_ = -1;    // the last published
   std::optional<Clock::time_point> reform_seen_;
+  int reform_askers_ = 0;  // of the request seen
   int restarts_ = 0;
 };
 

@@ -160,7 +160,8 @@ std::vector<ArbiterAction> ArbiterService::poll() {
   }
   if (arbiter_.phase() == Arbiter::Phase::kRunning &&
       has(ElasticKeys::reform(arbiter_.generation()))) {
-    keep(feed(event::Reform{}));
+    const int64_t askers = add(ElasticKeys::reform_count(arbiter_.generation()), 0);
+    keep(feed(event::Reform{static_cast<int>(askers)}));
   }
   keep(feed(event::Tick{}));
   return out;

@@ -127,13 +127,13 @@ void check_writable_dir(const std::string& dir) {
 }
 
 std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  std::ifstream in(path, std::ios::binary);
   if (!in) {
     throw InputError(fmt::format("{}: cannot open: {}", path, system_reason(errno)));
   }
-  const std::streamoff size = in.tellg();
-  in.seekg(0);
-  if (size <= 0) {  // a size not known ahead (/proc's files say 0): read to the end
+  std::error_code ec;
+  const std::uintmax_t size = std::filesystem::file_size(path, ec);
+  if (ec || size == 0) {  // a size not known ahead (/proc's files say 0): read to the end
     std::ostringstream contents;
     contents << in.rdbuf();
     if (in.bad()) throw InputError(fmt::format("{}: read failed", path));
@@ -141,8 +141,9 @@ std::string read_file(const std::string& path) {
   }
   // One allocation and one copy: a stream's doubling buffer copied a 26 MB file three times.
   std::string contents(static_cast<size_t>(size), '\0');
-  in.read(contents.data(), size);
-  if (in.gcount() != size) throw InputError(fmt::format("{}: read failed", path));
+  in.read(contents.data(), static_cast<std::streamsize>(size));
+  if (in.bad()) throw InputError(fmt::format("{}: read failed", path));
+  contents.resize(static_cast<size_t>(in.gcount()));  // shorter if it shrank meanwhile
   return contents;
 }
 

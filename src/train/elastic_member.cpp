@@ -220,7 +220,11 @@ void ElasticMember::form_next_generation() {
   // The old generation's group goes with the last use of it: the watchdog's, the state's.
   watchdog_.reset();
   state_.release_group();
-  join_next_generation(dist_);
+  {
+    const Timeline::Scope span(timeline_, "elastic: connecting the group", "elastic",
+                               state_.step());
+    join_next_generation(dist_);
+  }
   log::init(dist_.rank(), options_.log_level);  // rank 0 may be another worker now
   vote_round_ = 0;
   watchdog_ = start_watchdog(dist_, options_.stall_warning, options_.output_dir);
@@ -249,6 +253,8 @@ int ElasticMember::state_source() {
 
 void ElasticMember::heal() {
   const int64_t g = dist_.membership.generation;
+  std::optional<Timeline::Scope> span;
+  span.emplace(timeline_, "elastic: the state's transfer", "elastic", state_.step());
   const int source = state_source();
   const std::string from =
       fmt::format("rank {} (worker {})", source, dist_.membership.members.at(source));
@@ -263,6 +269,7 @@ void ElasticMember::heal() {
           recent_samples_);
     bytes = comm::broadcast_bytes(*dist_.group, bytes, source, dist_.device);
   }
+  span.emplace(timeline_, "elastic: taking the state", "elastic", state_.step());
   uint64_t size = 0;
   std::memcpy(&size, bytes.data(), sizeof size);
   const std::string origin = "elastic: the state of " + from;
@@ -276,6 +283,7 @@ void ElasticMember::heal() {
     recent_samples_.emplace_back(nlohmann::json::parse(line).at("step").get<int64_t>(), line);
   }
   complete_samples_record();
+  span.emplace(timeline_, "elastic: the state's check", "elastic", state_.step());
   check_state(source, from);
   if (!holds_state_) dist_.agent->announce_holds();
   holds_state_ = true;

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <filesystem>
 
 #include "built_paths.h"
@@ -457,6 +459,24 @@ TEST(AtomicWrite, ReplacesTheFileAndLeavesNoTempFiles) {
   } catch (const ddp::Error& e) {
     EXPECT_NE(std::string(e.what()).find(dir.file("missing/f.bin")), std::string::npos) << e.what();
   }
+}
+
+// ddp::read_file reads a file whole: one of a known size in one read, and /proc's, whose size
+// reads 0 and which cannot seek to their end (the launcher reads a worker's status there).
+TEST(ReadFile, ReadsFilesOfAKnownSizeAndProcsFiles) {
+  TempDir dir;
+  std::string bytes(300000, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 31 + i / 7);
+  ddp::testing::write_file(dir.file("f.bin"), bytes);
+  EXPECT_EQ(ddp::read_file(dir.file("f.bin")), bytes);
+  ddp::testing::write_file(dir.file("empty"), "");
+  EXPECT_EQ(ddp::read_file(dir.file("empty")), "");
+  const std::string status = ddp::read_file("/proc/self/status");
+  EXPECT_NE(status.find("\nPid:\t" + std::to_string(::getpid()) + "\n"), std::string::npos)
+      << status;
+  EXPECT_NE(input_error_of([&] { ddp::read_file(dir.file("missing")); })
+                .find(dir.file("missing") + ": cannot open"),
+            std::string::npos);
 }
 
 TEST(AtomicWrite, AnUnwritableDirectoryIsAnInputError) {

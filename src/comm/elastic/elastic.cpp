@@ -265,6 +265,7 @@ void ElasticAgent::report_failure(const Membership& m, const std::string& why) {
 }
 
 void ElasticAgent::request_next_generation(const Membership& m) {
+  store_->add(ElasticKeys::reform_count(m.generation), 1);  // first: the launcher reads it after
   store_->set(ElasticKeys::reform(m.generation), bytes_of(id_));
 }
 

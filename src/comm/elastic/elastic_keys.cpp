@@ -60,6 +60,9 @@ std::string ElasticKeys::abort(int64_t g) {
 std::string ElasticKeys::reform(int64_t g) {
   return fmt::format("elastic/gen/{}/reform", g);
 }
+std::string ElasticKeys::reform_count(int64_t g) {
+  return fmt::format("elastic/gen/{}/reform_count", g);
+}
 std::string ElasticKeys::grow(int64_t g) {
   return fmt::format("elastic/gen/{}/grow", g);
 }

@@ -21,7 +21,8 @@
 // dropped"), by compare-and-set; it ends every wait of the others on g (the store's, and an nccl
 // communicator's, which is aborted). After an abort, or a decision to grow (a joiner announced
 // elastic/ready/<id>, and the launcher set elastic/gen/<g>/grow), the members ask for the next
-// generation (elastic/gen/<g>/reform) and the launcher publishes it: the living members, in
+// generation (elastic/gen/<g>/reform, each counted in elastic/gen/<g>/reform_count) and the
+// launcher publishes it: the living members, in
 // their order, then the ready joiners (also when the next generation follows a loss). A member
 // joins the newest generation that includes it and is not given up.
 //
@@ -88,6 +89,7 @@ struct ElasticKeys {
   static std::string decision(int64_t g, int64_t round);
   static std::string abort(int64_t g);
   static std::string reform(int64_t g);
+  static std::string reform_count(int64_t g);  // how many of g's members asked
   static std::string grow(int64_t g);
   static std::string voted(int64_t g, int rank);  // the last round `rank` of g voted on
   static std::string ready(const std::string& id);
