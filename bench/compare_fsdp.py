@@ -40,7 +40,6 @@ from benchlib import descendants, free_port, proc_kb
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-RANK_COMMANDS = ("ddp_train", "python3")
 
 # (PyTorch's FSDP, ddp_train's options that make the same case)
 PAIRS = [("FSDP2", ["--reshard-after-forward", "false"]), ("FSDP1", [])]
@@ -69,14 +68,20 @@ def python_cmd(args, model, world, fsdp):
             "--threads", "1", "--device", args.device, "--data", args.data]
 
 
-def rank_pids(roots):
-    """The ranks among `roots` and their descendants (the processes named as a rank is)."""
+def rank_programs(args):
+    """The executables a rank runs: ddp_train, and the python that --python names (whatever its
+    name: python3, python3.11, a virtual environment's python)."""
+    return {os.path.realpath(os.path.join(args.build, "ddp_train")), os.path.realpath(args.python)}
+
+
+def rank_pids(roots, programs):
+    """The ranks among `roots` and their descendants: the processes running one of `programs`
+    (not the launcher, nor a shell between)."""
     pids = []
     for pid in roots + [d for r in roots for d in descendants(r)]:
         try:
-            with open(f"/proc/{pid}/comm") as f:
-                if f.read().strip() in RANK_COMMANDS:
-                    pids.append(pid)
+            if os.path.realpath(f"/proc/{pid}/exe") in programs:
+                pids.append(pid)
         except OSError:
             pass
     return pids
@@ -89,16 +94,16 @@ def gpu_mb():
     return {int(p): int(m) for p, m in (line.split(",") for line in out.splitlines() if line)}
 
 
-def watched(procs, device):
+def watched(procs, args):
     """Waits for `procs` while reading their ranks' memory; returns (outputs, peak host MB of the
     largest rank, peak GPU MB of the largest rank or None)."""
-    host, gpu = {}, {}
+    host, gpu, device, programs = {}, {}, args.device, rank_programs(args)
     while any(p.poll() is None for p in procs):
         if any(p.poll() not in (None, 0) for p in procs):  # the others would wait for it
             for p in procs:
                 if p.poll() is None:
                     p.kill()
-        for pid in rank_pids([p.pid for p in procs]):
+        for pid in rank_pids([p.pid for p in procs], programs):
             kb = proc_kb(pid, "smaps_rollup", "Pss:")
             if kb is not None:
                 host[pid] = max(host.get(pid, 0), kb / 1024)
@@ -115,11 +120,11 @@ def watched(procs, device):
     return outputs, max(host.values(), default=0), max(gpu.values(), default=None)
 
 
-def watched_again(start, device):
+def watched_again(start, args):
     """watched() of the processes start() makes, a second time where a rank failed (PyTorch's gloo
     aborts now and then as a job ends: "terminate called without an active exception"); said."""
     for attempt in (1, 2):
-        result = watched(start(), device)
+        result = watched(start(), args)
         if result is not None:
             return result
         print(f"a rank failed (attempt {attempt})", file=sys.stderr, flush=True)
@@ -131,7 +136,7 @@ def run_ours(args, model, world, extra):
         _, host, gpu = watched_again(
             lambda: [subprocess.Popen(ours_cmd(args, model, world, extra, out),
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)],
-            args.device)
+            args)
         with open(os.path.join(out, "metrics.jsonl")) as f:
             return json.loads(f.readlines()[-1])["samples_per_s"], host, gpu
 
@@ -149,7 +154,7 @@ def python_ranks(args, model, world, fsdp):
 
 
 def run_python(args, model, world, fsdp, seen_workarounds):
-    outputs, host, gpu = watched_again(lambda: python_ranks(args, model, world, fsdp), args.device)
+    outputs, host, gpu = watched_again(lambda: python_ranks(args, model, world, fsdp), args)
     for line in outputs[0].splitlines():
         if line.startswith("workaround:") and (fsdp, line) not in seen_workarounds:
             seen_workarounds.add((fsdp, line))

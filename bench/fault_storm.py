@@ -18,6 +18,9 @@ here as it arrives (one clock for all; the launcher's own lines carry no time):
   start    the kill -> the launcher takes the replacement in ("generation G of W worker(s)": the
            loss window, its restart, process start, LibTorch load, data and model)
   grow     -> the bigger group commits a step ("committed by generation G of W rank(s)")
+And what a fault cost within the storm run, which the host's drift between runs does not enter:
+the steps committed in the 5 s after each kill (half the period, if shorter) against those of the
+5 s before it, as seconds of training lost (the steps read from samples.jsonl every 0.2 s).
 
   bench/fault_storm.py --workers 3 --epochs 30 --period 10 --rounds 2
 """
