@@ -57,6 +57,22 @@ TEST(Idx, ReadsGzipAndPlainFiles) {
   EXPECT_EQ(ddp::data::read_idx(dir.file("a"), 1).values, (std::vector<uint8_t>{7, 8, 9, 10}));
 }
 
+// A gzip file may hold several members one after another (two .gz files concatenated): read
+// whole, as zlib and gzip read them, though the trailer's size is the last member's only.
+TEST(Idx, ReadsAGzipFileOfSeveralMembers) {
+  TempDir dir;
+  std::vector<uint8_t> values(200000);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<uint8_t>(i * 13 + i / 97);
+  const std::string bytes = idx_bytes({200000}, values);
+  const size_t cut = bytes.size() - 1000;  // the last member is small: its size is no guide
+  write_gz(dir.file("a.gz"), bytes.substr(0, cut));
+  write_gz(dir.file("b.gz"), bytes.substr(cut));
+  ddp::testing::write_file(dir.file("ab.gz"), ddp::testing::read_file(dir.file("a.gz")) +
+                                                  ddp::testing::read_file(dir.file("b.gz")));
+  EXPECT_EQ(ddp::data::read_idx(dir.file("ab.gz"), 1).values, values);
+  EXPECT_EQ(ddp::data::read_maybe_gzip(dir.file("ab.gz")), bytes);
+}
+
 TEST(Idx, RejectsWrongMagic) {
   const auto msg = input_error_of([] {
     ddp::data::parse_idx(idx_bytes({4}, {1, 2, 3, 4}, 0x0d), 1, "f.gz");
