@@ -138,7 +138,15 @@ std::string gunzip_whole(const std::string& path, const std::string& compressed)
   if (!inflater) throw std::bad_alloc();
   std::string out;
   size_t in_at = 0, out_at = 0;
-  const size_t hint = std::min(uncompressed_size_hint(path), compressed.size() * kMaxRatio);
+  // The trailer's ISIZE, read from the bytes in memory (uncompressed_size_hint's, without a
+  // second open of the file).
+  const auto tail = [&](size_t i) {
+    return size_t{static_cast<uint8_t>(compressed[compressed.size() - 4 + i])};
+  };
+  const size_t isize = compressed.size() < 18
+                           ? 0
+                           : tail(0) | (tail(1) << 8) | (tail(2) << 16) | (tail(3) << 24);
+  const size_t hint = std::min(isize, compressed.size() * kMaxRatio);
   // One gzip member a pass (a file may hold several, one after another, as zlib reads them);
   // bytes after the last member that start no other are ignored, as zlib ignores them.
   while (compressed.size() - in_at >= 2 && static_cast<uint8_t>(compressed[in_at]) == 0x1f &&
