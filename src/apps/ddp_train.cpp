@@ -4,7 +4,9 @@
 #include "train_main.h"
 
 int main(int argc, char** argv) {
-  return ddp::apps::train_main(argc, argv, [](const ddp::train::Config& config) {
-    return ddp::train::Trainer(config).run();
-  });
+  return ddp::apps::train_main(
+      argc, argv,
+      [](const ddp::train::Config& config, std::optional<ddp::train::Workload> preloaded) {
+        return ddp::train::Trainer(config, {}, std::move(preloaded)).run();
+      });
 }

@@ -10,6 +10,7 @@
 
 #include <cxxopts.hpp>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "ddp/comm/rendezvous.h"
 #include "ddp/common/error.h"
 #include "ddp/common/files.h"
+#include "ddp/common/fork_server.h"
 #include "ddp/common/log.h"
 #include "ddp/data/time_series.h"
 #include "ddp/train/config.h"
@@ -204,6 +206,25 @@ void return_freed_blocks_to_the_system(const ddp::train::Config& config) {
   if (sharded(ddp::train::parallel_mode(config))) mallopt(M_MMAP_THRESHOLD, kMmapThreshold);
 }
 
+// In the launcher's warm spare (Note [A replacement forked from a warm spare] in
+// ddp/common/fork_server.h): the workload made once, then a worker forked for each replacement the
+// launcher asks for. Returns in a forked worker only, with that workload.
+train::Workload serve_as_the_spare(const train::Config& config, int spare) {
+  ddp::log::init(-1, "warn");
+  if (config.sync_bn) {  // its layers need the group, which a spare's workload is made before
+    throw ddp::InputError(
+        "key 'sync-bn': a warm spare (the launcher's --warm-spare) cannot build it");
+  }
+  // LibTorch starts its intra-op threads when an operation first runs in parallel; the spare makes
+  // its workload on its own thread only, so that it can fork (each worker sets its threads as
+  // any worker does).
+  train::set_intra_op_threads(1);
+  train::Workload workload = train::make_workload(config);
+  ddp::spare::serve(spare);
+  ddp::log::init(rank_hint(ddp::comm::current_env()), config.log_level);
+  return workload;
+}
+
 }  // namespace
 
 int train_main(int argc, char** argv, const TrainRun& run) {
@@ -215,7 +236,11 @@ int train_main(int argc, char** argv, const TrainRun& run) {
     ddp::log::init(rank, config.log_level);
     install_signal_handlers(config);
     return_freed_blocks_to_the_system(config);
-    const auto result = run(config);
+    std::optional<train::Workload> preloaded;
+    if (const auto spare = ddp::spare::spare_fd_from_env()) {
+      preloaded = serve_as_the_spare(config, *spare);
+    }
+    const auto result = run(config, std::move(preloaded));
     return result.stopped_by_signal ? ddp::train::kExitStoppedBySignal : ddp::kExitOk;
   } catch (const ddp::Error& e) {
     ddp::log::error("{}", e.what());

@@ -22,7 +22,8 @@ void init(int rank, const std::string& level) {
     logger = spdlog::stdout_logger_mt("ddp");
     spdlog::set_default_logger(logger);
   }
-  logger->set_pattern(fmt::format("[%Y-%m-%d %H:%M:%S.%e] [rank {}] [%l] %v", rank));
+  const std::string who = rank < 0 ? std::string("warm spare") : fmt::format("rank {}", rank);
+  logger->set_pattern(fmt::format("[%Y-%m-%d %H:%M:%S.%e] [{}] [%l] %v", who));
   auto lvl = spdlog::level::from_str(is_valid_level(level) ? level : "info");
   if (rank != 0 && lvl < spdlog::level::warn) lvl = spdlog::level::warn;
   logger->set_level(lvl);

@@ -95,16 +95,24 @@ void set_threads(const Config& config, const Distributed& dist) {
   set_intra_op_threads(threads);
 }
 
-// The workload on this rank's device, with --init-weights (--sync-bn: its layers on the group,
-// which an elastic joiner, refused --sync-bn, has not yet).
-Workload build_workload(const Config& config, const Distributed& dist) {
+// The workload made here (--sync-bn: its layers on the group, which an elastic joiner, refused
+// --sync-bn, has not yet), or the one a warm spare made before it forked this worker.
+Workload made_workload(const Config& config, const Distributed& dist,
+                       std::optional<Workload> preloaded) {
+  if (preloaded) return std::move(*preloaded);
   models::NormFactory norm;
   if (config.sync_bn) {
     norm = [group = dist.group](int64_t channels) {
       return torch::nn::AnyModule(SyncBatchNorm(channels, group));
     };
   }
-  Workload workload = make_workload(config, norm);
+  return make_workload(config, norm);
+}
+
+// The workload on this rank's device, with --init-weights.
+Workload build_workload(const Config& config, const Distributed& dist,
+                        std::optional<Workload> preloaded) {
+  Workload workload = made_workload(config, dist, std::move(preloaded));
   // A joiner has no group yet; the launch's world size is the most the group can have.
   const int world = dist.group ? dist.world_size() : dist.launch.world_size;
   if (workload.train_set.size() < world) {
@@ -172,7 +180,7 @@ void match_evaluation_forwards(ParallelMode& mode, const data::TensorDataset& se
 
 Trainer::Trainer(Config config) : Trainer(std::move(config), Distributed{}) {}
 
-Trainer::Trainer(Config config, Distributed dist)
+Trainer::Trainer(Config config, Distributed dist, std::optional<Workload> preloaded)
     : config_(prepared(std::move(config))),
       dist_(dist.group || dist.agent ? std::move(dist)
                                      : init_distributed(config_, comm::current_env())),
@@ -181,7 +189,7 @@ Trainer::Trainer(Config config, Distributed dist)
              timeline_.get()) {
   const bool joiner = dist_.agent != nullptr && dist_.joining;
   set_threads(config_, dist_);
-  workload_ = build_workload(config_, dist_);
+  workload_ = build_workload(config_, dist_, std::move(preloaded));
   if (joiner) join_running_group(dist_);  // Note [A joiner is ready once its own work is done]
   progress_style_ =
       progress_style(config_.progress, ::isatty(STDOUT_FILENO) != 0,

@@ -355,7 +355,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   return ddp::apps::train_main(
-      static_cast<int>(args.size()), args.data(), [&](const ddp::train::Config& config) {
+      static_cast<int>(args.size()), args.data(),
+      [&](const ddp::train::Config& config, std::optional<ddp::train::Workload> preloaded) {
         auto dist = ddp::train::init_distributed(config, ddp::comm::current_env());
         std::vector<Fault> mine;
         for (const Fault& fault : faults) {
@@ -381,7 +382,7 @@ int main(int argc, char** argv) {
         }
         // Moved: under --elastic the trainer must hold the only reference to each generation's
         // group, whose connections close when it is replaced (see Trainer's constructor).
-        ddp::train::Trainer trainer(config, std::move(dist));
+        ddp::train::Trainer trainer(config, std::move(dist), std::move(preloaded));
         if (state) state->set_module(&trainer.module());
         return trainer.run();
       });

@@ -10,7 +10,8 @@
 namespace ddp::log {
 
 // Sets the pattern "[time] [rank r] [level] message" and the level. Safe to call again
-// (e.g. once the rank is known). `level` is one of trace, debug, info, warn, error, off.
+// (e.g. once the rank is known); a rank below 0 is the launcher's warm spare, which is no rank
+// ("[warm spare]"). `level` is one of trace, debug, info, warn, error, off.
 void init(int rank, const std::string& level);
 
 // True for the names init() accepts.

@@ -53,7 +53,10 @@ class Trainer {
   // reference to its group: when a member is lost, the survivors replace the group, and the
   // closing of its connections is how a survivor still waiting in a collective with live peers
   // only (not the lost one's neighbour in gloo's ring) learns that the step is over.
-  Trainer(Config config, Distributed dist);
+  // `preloaded`: the workload make_workload(config) returned before, used instead of making one
+  // (a warm spare's, made before it forked this worker: Note [A replacement forked from a warm
+  // spare] in ddp/common/fork_server.h).
+  Trainer(Config config, Distributed dist, std::optional<Workload> preloaded = std::nullopt);
   ~Trainer();
 
   // Trains up to config.epochs epochs (from where a resumed checkpoint stopped), writing metrics
