@@ -166,6 +166,11 @@ const std::vector<Option>& options() {
        "worker started again from the newest checkpoint when none holds the group's state; any "
        "other program's group is restarted whole, as torchrun's agent does",
        [](Parsed& p, const std::string& v) { p.options.max_restarts = parse_int(v, 0, 1 << 20); }},
+      {"warm-spare", "", "",
+       "elastic, ddp_train only: keep one more copy of the program loaded (LibTorch, the data, "
+       "the model) and fork each restarted worker from it, which spares the restart a process's "
+       "start",
+       nullptr, [](Parsed& p, bool v) { p.options.warm_spare = v; }},
       {"monitor-interval", "", "SECONDS", "how often the workers are checked (default 0.1)",
        [](Parsed& p, const std::string& v) {
          p.options.monitor_interval = parse_seconds(v, true);
@@ -391,6 +396,10 @@ LaunchOptions finish(Parsed p, const std::map<std::string, std::string>& env, in
                       o.devices.size(), o.nproc));
     }
   }
+  if (o.warm_spare && !o.elastic) {
+    throw InputError(
+        "--warm-spare: only an elastic job (--nnodes MIN:MAX) restarts a worker alone");
+  }
   if (o.node_rank >= o.nnodes) {
     throw InputError(fmt::format("--node-rank {} is not below --nnodes {} (node ranks are 0 .. {})",
                                  o.node_rank, o.nnodes, o.nnodes - 1));
@@ -490,6 +499,18 @@ std::map<std::string, std::string> worker_env(const LaunchOptions& o, int local_
     std::string list;
     for (const auto& d : o.devices) list += (list.empty() ? "" : ",") + d;
     env["CUDA_VISIBLE_DEVICES"] = list;
+  }
+  return env;
+}
+
+std::map<std::string, std::string> warm_spare_env(
+    const LaunchOptions& options, int master_port,
+    const std::map<std::string, std::string>& inherited) {
+  auto env = inherited;
+  env.erase("RANK");
+  const auto worker = worker_env(options, 0, master_port, 0, inherited);
+  for (const char* key : {"OMP_NUM_THREADS", "USE_LIBUV", "WORLD_SIZE"}) {
+    if (worker.count(key) != 0) env[key] = worker.at(key);
   }
   return env;
 }

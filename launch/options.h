@@ -24,11 +24,13 @@ struct LaunchOptions {
   std::string master_addr = "127.0.0.1";
   int master_port = 0;  // 0: a free port when the job is on this host, else 29500
   int max_restarts = 0;
-  double monitor_interval = 0.1;        // seconds between checks of the workers
-  double grace_period = 5.0;            // seconds between SIGTERM and SIGKILL
-  double rdzv_timeout = 600.0;  // seconds node 0's name may take to resolve (torchrun's join)
-  std::string log_dir;                  // a rank<N>.log per worker
-  bool tee = false;                     // with log_dir: the console too
+  // Elastic: restarted workers forked from a loaded copy of the program (ddp/common/fork_server.h).
+  bool warm_spare = false;
+  double monitor_interval = 0.1;  // seconds between checks of the workers
+  double grace_period = 5.0;      // seconds between SIGTERM and SIGKILL
+  double rdzv_timeout = 600.0;    // seconds node 0's name may take to resolve (torchrun's join)
+  std::string log_dir;            // a rank<N>.log per worker
+  bool tee = false;               // with log_dir: the console too
   std::vector<int> local_ranks_filter;  // the local ranks shown on the console; empty: all
   std::string run_id = "none";
   std::vector<std::string> devices;  // GPUs, one per local rank (CUDA_VISIBLE_DEVICES)
@@ -77,6 +79,14 @@ std::string launch_help();
 std::map<std::string, std::string> worker_env(const LaunchOptions& options, int local_rank,
                                               int master_port, int restart_count,
                                               const std::map<std::string, std::string>& inherited);
+
+// --warm-spare's environment: the launcher's (`inherited`), with a worker's threads and the job's
+// WORLD_SIZE but no RANK (a worker forked from the spare gets its own environment whole): a
+// program that does not know the spare's protocol fails at its rendezvous (torchrun's contract
+// needs both) rather than join the job or train alone.
+std::map<std::string, std::string> warm_spare_env(
+    const LaunchOptions& options, int master_port,
+    const std::map<std::string, std::string>& inherited);
 
 // The job's token: DDP_JOB_TOKEN from `inherited` when set (every node of a multi-node job must
 // share one), else `fresh` on one node, else "" (nodes cannot agree on a fresh one: the store is

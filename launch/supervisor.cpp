@@ -32,6 +32,7 @@
 #include "ddp/common/files.h"
 #include "ddp/common/socket.h"
 #include "node_link.h"
+#include "warm_spare.h"
 
 namespace ddp::launch {
 namespace {
@@ -124,6 +125,7 @@ struct Worker {
   std::chrono::steady_clock::time_point started;
   double wall_seconds = 0;  // from its start to its end, once reaped
   double cpu_seconds = 0;   // user and system, its threads' included, once reaped
+  bool from_spare = false;  // forked from the warm spare (--warm-spare)
 };
 
 // Reaps `w` (waitpid's `options`): true when it has ended, its status, run time and CPU time
@@ -241,7 +243,10 @@ class Supervisor {
     }
   }
 
-  Worker spawn(int local_rank, const std::map<std::string, std::string>& env) {
+  // A worker process with `env`: forked from the warm spare where `from_spare` and it can (Note
+  // [A replacement forked from a warm spare]), else started anew.
+  Worker spawn(int local_rank, const std::map<std::string, std::string>& env,
+               bool from_spare = false) {
     Worker w;
     w.local_rank = local_rank;
     w.rank = o_.node_rank * o_.nproc + local_rank;
@@ -250,6 +255,23 @@ class Supervisor {
       w.log = std::make_unique<std::ofstream>(path, std::ios::app);
       if (!*w.log) throw InputError(fmt::format("--log-dir: cannot write {}", path));
     }
+    int out[2];
+    if (::pipe2(out, O_CLOEXEC) != 0) throw Error("pipe: " + system_reason());
+    const std::optional<pid_t> forked =
+        from_spare ? fork_from_spare(env, out[1]) : std::optional<pid_t>();
+    const pid_t pid = forked ? *forked : start_process(env, out[1]);
+    ::setpgid(pid, pid);  // also here: no signal can race the child's own setpgid
+    ::close(out[1]);
+    w.pid = pid;
+    w.started = std::chrono::steady_clock::now();
+    w.out_fd = out[0];
+    w.running = true;
+    w.from_spare = forked.has_value();
+    return w;
+  }
+
+  // The program started with `env`, its stdout and stderr on `out_fd`: its pid.
+  pid_t start_process(const std::map<std::string, std::string>& env, int out_fd) {
     // Everything the child needs, prepared before fork(): after it only exec-safe calls.
     std::vector<std::string> env_strings;
     for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
@@ -259,9 +281,6 @@ class Supervisor {
     std::vector<std::string> args = o_.program;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
-
-    int out[2];
-    if (::pipe2(out, O_CLOEXEC) != 0) throw Error("pipe: " + system_reason());
     const pid_t parent = ::getpid();
     const pid_t pid = ::fork();
     if (pid < 0) throw Error("fork: " + system_reason());
@@ -269,21 +288,57 @@ class Supervisor {
       ::setpgid(0, 0);  // its own group: the launcher signals it and its children together
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);       // dies with the launcher, even by SIGKILL
       if (::getppid() != parent) ::_exit(127);  // the launcher died before prctl
-      ::dup2(out[1], STDOUT_FILENO);
-      ::dup2(out[1], STDERR_FILENO);
+      ::dup2(out_fd, STDOUT_FILENO);
+      ::dup2(out_fd, STDERR_FILENO);
       std::signal(SIGPIPE, SIG_DFL);
       ::execve(program_.c_str(), argv.data(), envp.data());
       const char msg[] = "launcher: exec failed\n";
       [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, msg, sizeof msg - 1);
       ::_exit(127);
     }
-    ::setpgid(pid, pid);  // also here: no signal can race the child's own setpgid
-    ::close(out[1]);
-    w.pid = pid;
-    w.started = std::chrono::steady_clock::now();
-    w.out_fd = out[0];
-    w.running = true;
-    return w;
+    return pid;
+  }
+
+  // --warm-spare: started once, with the first workers.
+  void start_warm_spare() {
+    if (!o_.warm_spare || spare_) return;
+    spare_ = std::make_unique<WarmSpare>(program_, o_.program,
+                                         warm_spare_env(o_, worker_port_, inherited_));
+    spare_started_ = Clock::now();
+    note(fmt::format("elastic: warm spare started: pid {}", spare_->pid()));
+  }
+
+  // From the elastic loops, every pump: says once when the warm spare has loaded, and when it is
+  // gone (then dropped).
+  void watch_spare() {
+    if (!spare_) return;
+    if (const std::string gone = spare_->gone(); !gone.empty()) return drop_spare(gone);
+    if (spare_ready_said_ || !spare_->ready()) return;
+    spare_ready_said_ = true;
+    note(
+        fmt::format("elastic: the warm spare is ready after {:.1f} s: restarted workers are "
+                    "forked from it",
+                    std::chrono::duration<double>(Clock::now() - spare_started_).count()));
+  }
+
+  void drop_spare(const std::string& why) {
+    note("elastic: the warm spare forks no more workers (" + why +
+         "): restarted workers start anew");
+    spare_.reset();
+  }
+
+  // A worker forked from the warm spare, or nullopt (said when the spare is loading or gone).
+  std::optional<pid_t> fork_from_spare(const std::map<std::string, std::string>& env, int out_fd) {
+    if (!spare_) return std::nullopt;
+    const std::optional<pid_t> pid = spare_->fork_worker(env, out_fd);
+    if (pid) return pid;
+    const std::string gone = spare_->gone();
+    if (gone.empty()) {
+      note("elastic: the warm spare is still loading: this worker starts anew");
+    } else {
+      drop_spare(gone);
+    }
+    return std::nullopt;
   }
 
   // Elastic (Note [Elastic membership] and Note [Elastic nodes] in
@@ -317,6 +372,7 @@ class Supervisor {
         service.announce_end("failed: node 0's launcher was stopped", std::chrono::seconds(2));
         return 128 + sig;
       }
+      watch_spare();
       reap();
       std::vector<ArbiterAction> actions = report_ends(service);
       for (auto& a : service.poll()) actions.push_back(std::move(a));
@@ -415,6 +471,7 @@ class Supervisor {
       note(fmt::format("elastic: round {}: every worker of this node started again ({})", round,
                        to_string(ids)));
     }
+    if (round == 0) start_warm_spare();  // beside the first workers
     return ids;
   }
 
@@ -449,6 +506,7 @@ class Supervisor {
     while (true) {
       pump(std::max(1, static_cast<int>(o_.monitor_interval * 1000)));
       if (const int sig = stop_signal(); sig != 0) return 128 + sig;
+      watch_spare();
       reap();
       for (Worker* w : newly_ended()) {
         if (exit_code_of(w->status) == 0) {
@@ -666,9 +724,10 @@ class Supervisor {
     env["DDP_ELASTIC_ID"] = id.to_string();
     env["DDP_ELASTIC_STORE"] = fmt::format("{}:{}", o_.master_addr, port_);
     if (join) env["DDP_ELASTIC_JOIN"] = "1";
-    Worker w = spawn(local_rank, env);
+    Worker w = spawn(local_rank, env, join);
     w.elastic_id = id;
-    note(fmt::format("elastic: worker {} (local rank {}) started: pid {}", id, local_rank, w.pid));
+    note(fmt::format("elastic: worker {} (local rank {}) started: pid {}{}", id, local_rank, w.pid,
+                     w.from_spare ? ", forked from the warm spare" : ""));
     return w;
   }
 
@@ -913,6 +972,9 @@ class Supervisor {
   int restarts_ = 0;
   int failed_status_ = 0;
   std::vector<int> to_restart_;
+  std::unique_ptr<WarmSpare> spare_;  // --warm-spare, while it can fork workers
+  Clock::time_point spare_started_;
+  bool spare_ready_said_ = false;
   static inline int wake_read_fd_ = -1;
 };
 

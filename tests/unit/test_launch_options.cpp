@@ -3,11 +3,13 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <csignal>
 #include <fstream>
 
 #include "ddp/comm/elastic/elastic_keys.h"
 #include "ddp/common/error.h"
+#include "ddp/common/fork_server.h"
 #include "options.h"
 
 namespace {
@@ -362,6 +364,44 @@ TEST(LaunchOptions, NnodesMinMaxIsElastic) {
             std::string::npos);
   EXPECT_NE(error_of({"--node-timeout", "0", "prog"}).find("a number of seconds > 0"),
             std::string::npos);
+}
+
+// --warm-spare: elastic only (a plain launch restarts the whole group, never one worker).
+TEST(LaunchOptions, AWarmSpareIsForAnElasticJobOnly) {
+  EXPECT_FALSE(parse({"--nnodes", "1:1", "prog"}).warm_spare);
+  EXPECT_TRUE(parse({"--nnodes", "1:1", "--warm-spare", "prog"}).warm_spare);
+  EXPECT_TRUE(parse({"--nnodes", "1:2", "prog"}, {{"DDP_LAUNCH_WARM_SPARE", "1"}}).warm_spare);
+  EXPECT_NE(error_of({"--warm-spare", "prog"}).find("--warm-spare: only an elastic job"),
+            std::string::npos);
+}
+
+// The spare's environment: the launcher's and a worker's threads, the job's WORLD_SIZE without a
+// RANK (a scheduler's RANK for the launcher dropped), so that a program that does not know the
+// spare fails at torchrun's rendezvous instead of joining; no rendezvous of the workers' own.
+TEST(LaunchOptions, TheWarmSparesEnvironmentHasAWorldSizeButNoRank) {
+  const LaunchOptions o = parse({"--nnodes", "1:1", "--nproc", "3", "--warm-spare", "prog"});
+  const Env spare =
+      ddp::launch::warm_spare_env(o, 29511, {{"RANK", "4"}, {"PATH", "/bin"}, {"HOME", "/h"}});
+  EXPECT_EQ(spare.count("RANK"), 0u);
+  EXPECT_EQ(spare.at("WORLD_SIZE"), "3");
+  EXPECT_EQ(spare.at("OMP_NUM_THREADS"), "1");
+  EXPECT_EQ(spare.at("PATH"), "/bin");
+  EXPECT_EQ(spare.at("HOME"), "/h");
+  EXPECT_EQ(spare.count("MASTER_PORT"), 0u);
+  EXPECT_EQ(spare.count("LOCAL_RANK"), 0u);
+  EXPECT_EQ(spare.count("DDP_ELASTIC_ID"), 0u);
+}
+
+// The warm spare's requests carry a worker's whole environment: it comes back as it was sent,
+// values with '=' and empty ones included; a message that is no environment is refused.
+TEST(WarmSpare, AnEnvironmentComesBackAsItWasSent) {
+  const Env env = {{"RANK", "2"}, {"EMPTY", ""}, {"OPTS", "a=b c=d"}, {"PATH", "/bin:/usr/bin"}};
+  const std::string message = ddp::spare::encode_env(env);
+  EXPECT_EQ(std::count(message.begin(), message.end(), '\0'), 4);
+  EXPECT_EQ(ddp::spare::decode_env(message), env);
+  EXPECT_TRUE(ddp::spare::decode_env("").empty());
+  EXPECT_THROW(ddp::spare::decode_env(std::string("RANK=1\0NOVALUE\0", 16)), ddp::Error);
+  EXPECT_THROW(ddp::spare::decode_env(std::string("=1\0", 3)), ddp::Error);
 }
 
 // The membership keys' values, both ways (comm/elastic/elastic_keys.h).
