@@ -1,10 +1,10 @@
 #!/usr/bin/python3
 """A storm of faults on an elastic job, against the same job without faults.
 
-The job: `launcher --nnodes 1:1 --nproc W --max-restarts many ddp_train --elastic` on the MLP
-(Fashion-MNIST, one thread a rank, no evaluation, --record-samples). The storm: every --period
-seconds a random live worker is SIGKILLed; the launcher restarts it, and it joins the running
-group. Fault-free and storm runs alternate in interleaved rounds.
+The job: `launcher --nnodes 1:1 --nproc W --max-restarts many [--warm-spare] ddp_train --elastic`
+on the MLP (Fashion-MNIST, one thread a rank, no evaluation, --record-samples). The storm: every
+--period seconds a random live worker is SIGKILLed; the launcher restarts it, and it joins the
+running group. Fault-free and storm runs alternate in interleaved rounds.
 
 No kill once rank 0 said the training is done. Reported per round: each job's wall time, the
 goodput (fault-free time / storm time), each job's CPU seconds (all its processes) and their
@@ -22,7 +22,7 @@ And what a fault cost within the storm run, which the host's drift between runs 
 the steps committed in the 5 s after each kill (half the period, if shorter) against those of the
 5 s before it, as seconds of training lost (the steps read from samples.jsonl every 0.2 s).
 
-  bench/fault_storm.py --workers 3 --epochs 30 --period 10 --rounds 2
+  bench/fault_storm.py --workers 3 --epochs 30 --period 10 --rounds 2 [--warm-spare]
 """
 import argparse
 import collections
@@ -44,8 +44,9 @@ ROOT = os.path.dirname(HERE)
 
 
 def command(args, out):
+    spare = ["--warm-spare"] if args.warm_spare else []
     return [os.path.join(args.build, "launcher"), "--nnodes", "1:1", "--nproc", str(args.workers),
-            "--max-restarts", "100000", os.path.join(args.build, "ddp_train"), "--config",
+            "--max-restarts", "100000", *spare, os.path.join(args.build, "ddp_train"), "--config",
             os.path.join(ROOT, "configs", "fashion_mnist_mlp.yaml"), "--elastic", "--epochs",
             str(args.epochs), "--eval-every", "0", "--threads", "1", "--progress", "off",
             "--record-samples", "--output-dir", out, *args.extra]
@@ -253,6 +254,9 @@ def main():
     p.add_argument("--epochs", type=int, default=30)
     p.add_argument("--period", type=float, default=10.0, help="seconds between faults")
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--warm-spare", action="store_true",
+                   help="launcher --warm-spare, in both jobs: replacements forked from a loaded "
+                        "copy of ddp_train")
     p.add_argument("--keep-logs", metavar="DIR",
                    help="each job's lines, stamped as they arrived, to DIR/<round>-<kind>.log")
     p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more ddp_train options")
