@@ -45,7 +45,10 @@ def samples_per_s(out):
 
 
 def run(args, setting, timeline=None):
-    """Global samples/s of one epoch (and the metrics of rank 0's run)."""
+    """Global samples/s of one epoch (and the metrics of rank 0's run). A setting with "+view"
+    (launcher+view, mpirun-shm+view) runs with --gradient-as-bucket-view."""
+    setting, _, variant = setting.partition("+")
+    view = ["--gradient-as-bucket-view"] if variant == "view" else []
     with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
         if setting == "ceiling":
             procs = [subprocess.Popen(command(args, a, timeline)), subprocess.Popen(command(args, b))]
@@ -61,7 +64,7 @@ def run(args, setting, timeline=None):
                    *command(args, a, timeline)]
             if setting == "launcher-gloo":
                 cmd += ["--backend", "gloo"]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(cmd + view, check=True, stdout=subprocess.DEVNULL)
         metrics = samples_per_s(a)
         return metrics["samples_per_s"], metrics
 
@@ -126,7 +129,8 @@ def main():
                    help="ddp_train options for every run (after the others)")
     p.add_argument("--settings", nargs="*",
                    default=["ceiling", "mpirun", "launcher", "launcher-gloo"],
-                   help="ceiling (first), mpirun, mpirun-shm, launcher, launcher-gloo")
+                   help="ceiling (first), mpirun, mpirun-shm, launcher, launcher-gloo; any but "
+                        "the ceiling with +view: with --gradient-as-bucket-view")
     args = p.parse_args()
     settings = args.settings
     got = collections.defaultdict(list)
