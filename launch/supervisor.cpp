@@ -31,6 +31,7 @@
 #include "ddp/common/error.h"
 #include "ddp/common/files.h"
 #include "ddp/common/socket.h"
+#include "exec_args.h"
 #include "node_link.h"
 #include "warm_spare.h"
 
@@ -272,15 +273,7 @@ class Supervisor {
 
   // The program started with `env`, its stdout and stderr on `out_fd`: its pid.
   pid_t start_process(const std::map<std::string, std::string>& env, int out_fd) {
-    // Everything the child needs, prepared before fork(): after it only exec-safe calls.
-    std::vector<std::string> env_strings;
-    for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
-    std::vector<char*> envp, argv;
-    for (auto& s : env_strings) envp.push_back(s.data());
-    envp.push_back(nullptr);
-    std::vector<std::string> args = o_.program;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
+    const ExecArgs exec(o_.program, env);
     const pid_t parent = ::getpid();
     const pid_t pid = ::fork();
     if (pid < 0) throw Error("fork: " + system_reason());
@@ -291,7 +284,7 @@ class Supervisor {
       ::dup2(out_fd, STDOUT_FILENO);
       ::dup2(out_fd, STDERR_FILENO);
       std::signal(SIGPIPE, SIG_DFL);
-      ::execve(program_.c_str(), argv.data(), envp.data());
+      ::execve(program_.c_str(), exec.argv(), exec.envp());
       const char msg[] = "launcher: exec failed\n";
       [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, msg, sizeof msg - 1);
       ::_exit(127);

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "ddp/common/error.h"
+#include "exec_args.h"
 #include "options.h"
 
 namespace ddp::launch {
@@ -33,17 +34,9 @@ WarmSpare::WarmSpare(const std::string& program, const std::vector<std::string>&
     throw Error(fmt::format("--warm-spare: socketpair: {}", std::strerror(errno)));
   }
   client_ = std::make_unique<spare::Client>(fds[0]);
-  // Everything the child needs, prepared before fork(): after it only exec-safe calls.
   std::map<std::string, std::string> spare_env = env;
   spare_env[spare::kFdVariable] = std::to_string(fds[1]);
-  std::vector<std::string> env_strings;
-  for (const auto& [k, v] : spare_env) env_strings.push_back(k + "=" + v);
-  std::vector<char*> envp, args;
-  for (auto& s : env_strings) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  std::vector<std::string> words = argv;
-  for (auto& a : words) args.push_back(a.data());
-  args.push_back(nullptr);
+  const ExecArgs exec(argv, spare_env);
   const pid_t parent = ::getpid();
   pid_ = ::fork();
   if (pid_ < 0) {
@@ -57,7 +50,7 @@ WarmSpare::WarmSpare(const std::string& program, const std::vector<std::string>&
     ::dup2(STDERR_FILENO, STDOUT_FILENO);
     ::fcntl(fds[1], F_SETFD, 0);  // the one descriptor the spare keeps across exec
     std::signal(SIGPIPE, SIG_DFL);
-    ::execve(program.c_str(), args.data(), envp.data());
+    ::execve(program.c_str(), exec.argv(), exec.envp());
     ::_exit(127);
   }
   ::setpgid(pid_, pid_);
@@ -65,7 +58,7 @@ WarmSpare::WarmSpare(const std::string& program, const std::vector<std::string>&
 }
 
 WarmSpare::~WarmSpare() {
-  client_.reset();  // the spare reads the end of its socket and exits
+  client_.reset();  // its socket closed, as at the launcher's death
   if (!reaped_) {
     ::kill(-pid_, SIGKILL);
     while (::waitpid(pid_, &status_, 0) < 0 && errno == EINTR) {
