@@ -348,7 +348,11 @@ TEST(CheckpointTrain, SavePrefixNoneWritesTheModelsOwnNames) {
 
 // Checkpoints that main at 9ae8ad7 wrote (tests/fixtures/checkpoints-9ae8ad7: each kind after one
 // epoch of the Linear demo on 2 ranks, and that commit's model.pt after a resume to epoch 2): the
-// same resume now ends with the same weights, bitwise.
+// same resume now ends with the same weights: bitwise on the kind of CPU that wrote them; on
+// another, LibTorch's and the BLAS's kernels round differently (on an AMD EPYC of family 26, 2.1
+// GHz, the resume with Adam or ZeRO ended 1.5e-8 to 6e-8 away, main at 9ae8ad7's own build too),
+// so within 1e-6. A resume that lost or misread the optimizer's state lands 1e-3 away or more (a
+// step of lr 0.01 taken without its moments).
 struct Fixture {
   std::string kind;        // the folder
   std::string checkpoint;  // in it
@@ -366,7 +370,7 @@ TEST_P(Fixtures9ae8ad7, ResumeAndTrainAsThatCommitDid) {
                                     "off",      "--resume", dir + f.checkpoint};
   extra.insert(extra.end(), f.options.begin(), f.options.end());
   expect_all_ok(ddp::testing::run_env_ranks(2, linear_job(out.path(), 2, extra), seconds(120)));
-  expect_same_weights(out.file("model.pt"), dir + "model-after-epoch-2.pt");
+  expect_close_weights(out.file("model.pt"), dir + "model-after-epoch-2.pt", 1e-6);
 }
 
 INSTANTIATE_TEST_SUITE_P(
