@@ -336,6 +336,8 @@ TEST(Elastic, LostAtTheForwardsBufferBroadcastTheOthersGoOn) {
   constexpr int kInformerEpochs = 3;  // of 4 steps (100 windows, 10 per rank)
   TempDir out, data;
   const std::string series = ddp::testing::write_short_series(data.file("ts.csv"));
+  // The survivors' steps paced (0.15 s), so that the restarted worker, a new process (2.8 s to
+  // start on a 2-core AMD EPYC), joins before they end the job.
   const ProcessResult r = ddp::testing::run_process({DDP_LAUNCHER_BIN,
                                                      "--nnodes",
                                                      "1:1",
@@ -363,7 +365,7 @@ TEST(Elastic, LostAtTheForwardsBufferBroadcastTheOthersGoOn) {
                                                      "--elastic",
                                                      "--record-samples",
                                                      "--fault-pace",
-                                                     "0.015",
+                                                     "0.15",
                                                      "--fault",
                                                      "kill",
                                                      "--fault-rank",
