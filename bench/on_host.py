@@ -15,6 +15,9 @@ split where the last rank launched the step's last bucket: before that, rank 0 w
 whose step ran slower (the ranks' own speeds differ from step to step, which two independent
 processes do not pay for); after it, the collective itself.
 
+--variant NAME=DIR and settings such as launcher@NAME run another build's binaries in the same
+rounds (a change measured against main built beside it).
+
 --config runs another workload the same way (ResNet-18: configs/fashion_mnist_resnet18_cpu.yaml,
 with --extra --train-subset 512 --batch-size 32 for a shorter epoch).
 
@@ -33,9 +36,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-def command(args, out, timeline=None):
-    cmd = [os.path.join(args.build, "ddp_train"), "--config", args.config, "--epochs", "1", "--threads",
-           "1", "--eval-every", "0", "--log-level", "warn", "--output-dir", out, *args.extra]
+def command(args, out, timeline=None, build=None):
+    cmd = [os.path.join(build or args.build, "ddp_train"), "--config", args.config, "--epochs", "1",
+           "--threads", "1", "--eval-every", "0", "--log-level", "warn", "--output-dir", out, *args.extra]
     return cmd + (["--timeline", timeline] if timeline else [])
 
 
@@ -46,7 +49,10 @@ def samples_per_s(out):
 
 def run(args, setting, timeline=None):
     """Global samples/s of one epoch (and the metrics of rank 0's run). A setting with "+view"
-    (launcher+view, mpirun-shm+view) runs with --gradient-as-bucket-view."""
+    (launcher+view, mpirun-shm+view) runs with --gradient-as-bucket-view; one with "@NAME"
+    (launcher@new) runs the binaries of the build that --variant NAME=DIR names."""
+    setting, _, name = setting.partition("@")
+    build = args.variants[name] if name else args.build
     setting, _, variant = setting.partition("+")
     view = ["--gradient-as-bucket-view"] if variant == "view" else []
     with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
@@ -57,11 +63,11 @@ def run(args, setting, timeline=None):
             return sum(samples_per_s(d)["samples_per_s"] for d in (a, b)), samples_per_s(a)
         if setting.startswith("mpirun"):
             cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl",
-                   "self,vader", "-np", "2", *command(args, a, timeline)]
+                   "self,vader", "-np", "2", *command(args, a, timeline, build)]
             cmd += ["--backend", "shm" if setting == "mpirun-shm" else "mpi"]
         else:
-            cmd = [os.path.join(args.build, "launcher"), "--nproc", "2",
-                   *command(args, a, timeline)]
+            cmd = [os.path.join(build, "launcher"), "--nproc", "2",
+                   *command(args, a, timeline, build)]
             if setting == "launcher-gloo":
                 cmd += ["--backend", "gloo"]
         subprocess.run(cmd + view, check=True, stdout=subprocess.DEVNULL)
@@ -130,8 +136,13 @@ def main():
     p.add_argument("--settings", nargs="*",
                    default=["ceiling", "mpirun", "launcher", "launcher-gloo"],
                    help="ceiling (first), mpirun, mpirun-shm, launcher, launcher-gloo; any but "
-                        "the ceiling with +view: with --gradient-as-bucket-view")
+                        "the ceiling with +view: with --gradient-as-bucket-view, with @NAME: "
+                        "another build's binaries (--variant)")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME=DIR",
+                   help="a build directory (or any with its ddp_train and launcher) that "
+                        "settings ending in @NAME run")
     args = p.parse_args()
+    args.variants = dict(v.split("=", 1) for v in args.variant)
     settings = args.settings
     got = collections.defaultdict(list)
     ratios = collections.defaultdict(list)

@@ -15,11 +15,18 @@
 #include <mutex>
 #include <thread>
 
+#include <pthread.h>
+#include <sched.h>
+
 namespace ddp::comm {
 
 class JobThread {
  public:
-  JobThread() : thread_([this] { run(); }) {}
+  // The cores the thread competes for. kShared: any, as the caller's threads do. kIdleOnly
+  // (SCHED_IDLE): a core that nothing else wants. Note [Collectives on an idle core only].
+  enum class Cores { kShared, kIdleOnly };
+
+  explicit JobThread(Cores cores = Cores::kShared) : cores_(cores), thread_([this] { run(); }) {}
   ~JobThread() { stop(std::chrono::milliseconds::max()); }
   JobThread(const JobThread&) = delete;
   JobThread& operator=(const JobThread&) = delete;
@@ -54,7 +61,10 @@ class JobThread {
     std::unique_lock<std::mutex> lock(mutex_);
     if (running_ || jobs_.empty() || jobs_.front().number != number) return false;
     run_front(lock);
-    wake_.notify_all();  // the thread, for the jobs behind it
+    // The thread, only for jobs posted behind it (or a stop asked meanwhile): waking it for
+    // nothing costs a system call and two context switches, a few microseconds each where every
+    // core is busy, on each step's bucket.
+    if (!jobs_.empty() || stop_) wake_.notify_all();
     return true;
   }
 
@@ -87,6 +97,10 @@ class JobThread {
 
   // Not while a caller runs one (run_if_next): the thread ends only after it.
   void run() {
+    if (cores_ == Cores::kIdleOnly) {
+      sched_param none{};  // SCHED_IDLE has no priorities; a refusal leaves it as it was
+      pthread_setschedparam(pthread_self(), SCHED_IDLE, &none);
+    }
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
       wake_.wait(lock, [&] { return !running_ && (stop_ || !jobs_.empty()); });
@@ -130,6 +144,7 @@ class JobThread {
   bool running_ = false;  // a job is running, on the thread or on a caller's
   bool stop_ = false;
   bool ended_ = false;
+  const Cores cores_;
   std::thread thread_;  // last: started once the rest is set
 };
 

@@ -1,15 +1,17 @@
 // The thread a group runs its collectives on (src/comm/job_thread.h): jobs in the order posted,
 // what one throws in its future, what a job captured released by the time its future is ready
 // (a collective's tensors, whose memory the caller takes again next), and a waiter that runs its
-// job itself where it is next, never out of order nor beside another.
+// job itself where it is next, never out of order nor beside another; the shm group's thread at
+// SCHED_IDLE.
 #include <gtest/gtest.h>
 
+#include <sched.h>
 #include <algorithm>
 #include <atomic>
 #include <memory>
 #include <stdexcept>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "job_thread.h"
@@ -97,3 +99,18 @@ TEST(JobThread, AJobRunByItsWaiterGivesWhatItThrew) {
 }
 
 }  // namespace
+
+// The shm group's thread takes only cores nothing else wants (Note [Collectives on an idle core
+// only]); the others' compete as the caller's threads do. A job that nobody runs in its waiter's
+// place runs on the thread, and sees the thread's policy.
+TEST(JobThread, AnIdleOnlyThreadRunsItsJobsAtSchedIdleAndADefaultOneAsItsCaller) {
+  const auto policy_of_a_job = [](JobThread& thread) {
+    int policy = -1;
+    thread.post([&policy] { policy = sched_getscheduler(0); }).get();
+    return policy;
+  };
+  JobThread idle(JobThread::Cores::kIdleOnly);
+  EXPECT_EQ(policy_of_a_job(idle), SCHED_IDLE);
+  JobThread shared;
+  EXPECT_EQ(policy_of_a_job(shared), sched_getscheduler(0));
+}

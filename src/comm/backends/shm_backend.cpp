@@ -81,6 +81,20 @@ struct SegmentName {
 // A collective posted to the group's thread: wait() runs it on the caller's own thread where the
 // group's has not started it and it is next (JobThread::run_if_next: DDP's step waits for its
 // last bucket as soon as it is launched), then reads its future, as is_completed() does.
+//
+// Note [Collectives on an idle core only]
+// A collective on shared memory is work for this host's cores: copies and sums, nothing to wait
+// for but the other ranks. It can overlap the computation only on a core that would otherwise
+// idle; on a busy one it only time-slices with it. So the group's thread is SCHED_IDLE: it runs
+// where a core is idle (more cores than ranks, or a rank waiting), and where every core computes,
+// the collective waits for its wait(), which runs it. At normal priority, each bucket posted
+// woke the thread, which preempted the computation and then fought its caller for the queue: 5-6
+// context switches a step on rank 0 for the MLP's one bucket (perf's sched_switch, 2 ranks, 2
+// cores); SCHED_IDLE halved them, and the launcher's job rose from 0.74 to 0.85 of the 2-core
+// ceiling (docs/benchmarks.md). What it costs: a caller that polls is_completed() on a core it
+// keeps busy, instead of waiting, leaves the collective a sliver of that core. The mpi backend's
+// and the hierarchical group's threads stay at normal priority: theirs wait on a network, whose
+// progress must not wait for an idle core.
 class ShmWork : public Work {
  public:
   ShmWork(const std::shared_ptr<JobThread>& thread, JobThread::Ticket ticket, CollectiveInfo info,
@@ -277,7 +291,7 @@ class ShmProcessGroup : public ProcessGroup {
   std::unique_ptr<shm::Channel> channel_;
   // Last: stopped first, before the channel and its memory go. Shared with the works, whose
   // wait() may run their collective (a work may outlive its group: it then only waits).
-  std::shared_ptr<JobThread> thread_ = std::make_shared<JobThread>();
+  std::shared_ptr<JobThread> thread_ = std::make_shared<JobThread>(JobThread::Cores::kIdleOnly);
 };
 
 void ShmProcessGroup::attach() {
