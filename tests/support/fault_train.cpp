@@ -19,7 +19,8 @@
 // it on this rank. The trigger: --fault-after-step
 // N, the first phase after optimizer step N (its --checkpoint-on-signal or parameter check, the
 // next step's fetching of its batches, or the epoch's end), or --fault-at PHASE, where the phase
-// labelled PHASE begins ("step 3: backward"), before any of its collectives; both: the first PHASE
+// labelled PHASE (a shell pattern) begins ("step 3: backward"), before any of its collectives;
+// both: the first PHASE
 // after step N
 // ("backward: bucket 0"). Only in the job's first run (a launcher's restart runs clean) and on rank
 // R (default 0), or, with --fault-worker ID, on the elastic worker ID in any run ("1.1": the
@@ -42,6 +43,7 @@
 // "elastic: generation G: state" (its transfer from the newest holder), "elastic: generation G:
 // state check" (the digests).
 #include <fmt/format.h>
+#include <fnmatch.h>
 #include <signal.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -192,11 +194,17 @@ class Faults {
     bool done = false;
   };
 
+  // --fault-at's PHASE is a shell pattern (fnmatch): "elastic: generation *: a worker joins"
+  // is the first grow whatever the generations before it.
+  static bool is_at(const Fault& fault, const std::string& phase) {
+    return fnmatch(fault.at_phase.c_str(), phase.c_str(), 0) == 0;
+  }
+
   // --fault-after-step N: a phase of step N was seen, and this one is neither its data,
   // forward, backward (micro-batches repeat them) or optimizer nor the reducer's "backward: ..."
   // (with --fault-at too: this one is PHASE).
   static bool triggered(State& s, const std::string& phase) {
-    if (s.fault.after_step == 0) return phase == s.fault.at_phase;
+    if (s.fault.after_step == 0) return is_at(s.fault, phase);
     const std::string own = fmt::format("step {}: ", s.fault.after_step);
     const bool of_step = phase.rfind(own, 0) == 0;
     const bool in_pass = phase == own + "data" || phase == own + "forward" ||
@@ -205,7 +213,7 @@ class Faults {
     // The data phase does not count as seen: at an epoch's end the trainer labels the fetch of a
     // step that does not come ("step 9: data" after step 8, the epoch's last).
     if (of_step && phase != own + "data") s.seen_step = true;
-    if (!s.fault.at_phase.empty()) return s.seen_step && !of_step && phase == s.fault.at_phase;
+    if (!s.fault.at_phase.empty()) return s.seen_step && !of_step && is_at(s.fault, phase);
     return s.seen_step && !in_pass;
   }
 
