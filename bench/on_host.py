@@ -38,7 +38,8 @@ ROOT = os.path.dirname(HERE)
 
 def command(args, out, timeline=None, build=None):
     cmd = [os.path.join(build or args.build, "ddp_train"), "--config", args.config, "--epochs", "1",
-           "--threads", "1", "--eval-every", "0", "--log-level", "warn", "--output-dir", out, *args.extra]
+           "--threads", "1", "--eval-every", "0", "--log-level", "warn", "--output-dir", out,
+           *args.extra]
     return cmd + (["--timeline", timeline] if timeline else [])
 
 

@@ -16,14 +16,12 @@
 // of it) or delay-after:S (the phase's first collective completes, then this rank waits S seconds
 // before it returns: a member late in what follows it). Under --elastic, the phase
 // "elastic: vote" is each vote's (on its own thread): fail there counts the vote and then fails
-// it on this rank. The trigger: --fault-after-step
-// N, the first phase after optimizer step N (its --checkpoint-on-signal or parameter check, the
-// next step's fetching of its batches, or the epoch's end), or --fault-at PHASE, where the phase
-// labelled PHASE (a shell pattern) begins ("step 3: backward"), before any of its collectives;
-// both: the first PHASE
-// after step N
-// ("backward: bucket 0"). Only in the job's first run (a launcher's restart runs clean) and on rank
-// R (default 0), or, with --fault-worker ID, on the elastic worker ID in any run ("1.1": the
+// it on this rank. The trigger: --fault-after-step N, the first phase after optimizer step N (its
+// --checkpoint-on-signal or parameter check, the next step's fetching of its batches, or the
+// epoch's end), or --fault-at PHASE, where the phase labelled PHASE (a shell pattern) begins
+// ("step 3: backward"), before any of its collectives; both: the first PHASE after step N
+// ("backward: bucket 0"). Only in the job's first run (a launcher's restart runs clean) and on
+// rank R (default 0), or, with --fault-worker ID, on the elastic worker ID in any run ("1.1": the
 // first restart of local rank 1). Each --fault starts another fault: several ranks can fail at
 // once, or one after another.
 //

@@ -90,9 +90,10 @@ struct SegmentName {
 // the collective waits for its wait(), which runs it. At normal priority, each bucket posted
 // woke the thread, which preempted the computation and then fought its caller for the queue: 5-6
 // context switches a step on rank 0 for the MLP's one bucket (perf's sched_switch, 2 ranks, 2
-// cores); SCHED_IDLE halved them, and the launcher's job rose from 0.74 to 0.85 of the 2-core
-// ceiling (docs/benchmarks.md). What it costs: a caller that polls is_completed() on a core it
-// keeps busy, instead of waiting, leaves the collective a sliver of that core. The mpi backend's
+// cores); SCHED_IDLE cut them to 2, and in interleaved sets against the build before it the
+// launcher's MLP ran 5-18% faster in two, level in two (docs/benchmarks.md). What it costs: a
+// caller that polls is_completed() on a core it keeps busy, instead of waiting, leaves the
+// collective a sliver of that core. The mpi backend's
 // and the hierarchical group's threads stay at normal priority: theirs wait on a network, whose
 // progress must not wait for an idle core.
 class ShmWork : public Work {
