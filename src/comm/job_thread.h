@@ -22,11 +22,14 @@ namespace ddp::comm {
 
 class JobThread {
  public:
-  // The cores the thread competes for. kShared: any, as the caller's threads do. kIdleOnly
-  // (SCHED_IDLE): a core that nothing else wants. Note [Collectives on an idle core only].
-  enum class Cores { kShared, kIdleOnly };
+  // What the thread does when a job wakes it. kPreempts: as any thread (SCHED_OTHER), it may
+  // preempt the thread running on its core. kWaitsItsTurn (SCHED_BATCH): it takes a free core at
+  // once, and on a busy one waits for its turn (the next tick, or the running thread blocking),
+  // with the same share of the core from then on. Note [A woken collective does not preempt].
+  enum class Wakeup { kPreempts, kWaitsItsTurn };
 
-  explicit JobThread(Cores cores = Cores::kShared) : cores_(cores), thread_([this] { run(); }) {}
+  explicit JobThread(Wakeup wakeup = Wakeup::kPreempts)
+      : wakeup_(wakeup), thread_([this] { run(); }) {}
   ~JobThread() { stop(std::chrono::milliseconds::max()); }
   JobThread(const JobThread&) = delete;
   JobThread& operator=(const JobThread&) = delete;
@@ -97,9 +100,9 @@ class JobThread {
 
   // Not while a caller runs one (run_if_next): the thread ends only after it.
   void run() {
-    if (cores_ == Cores::kIdleOnly) {
-      sched_param none{};  // SCHED_IDLE has no priorities; a refusal leaves it as it was
-      pthread_setschedparam(pthread_self(), SCHED_IDLE, &none);
+    if (wakeup_ == Wakeup::kWaitsItsTurn) {
+      sched_param none{};  // SCHED_BATCH has no priorities; a refusal leaves it as it was
+      pthread_setschedparam(pthread_self(), SCHED_BATCH, &none);
     }
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
@@ -144,7 +147,7 @@ class JobThread {
   bool running_ = false;  // a job is running, on the thread or on a caller's
   bool stop_ = false;
   bool ended_ = false;
-  const Cores cores_;
+  const Wakeup wakeup_;
   std::thread thread_;  // last: started once the rest is set
 };
 

@@ -2,7 +2,7 @@
 // what one throws in its future, what a job captured released by the time its future is ready
 // (a collective's tensors, whose memory the caller takes again next), and a waiter that runs its
 // job itself where it is next, never out of order nor beside another; the shm group's thread at
-// SCHED_IDLE.
+// SCHED_BATCH.
 #include <gtest/gtest.h>
 
 #include <sched.h>
@@ -100,17 +100,18 @@ TEST(JobThread, AJobRunByItsWaiterGivesWhatItThrew) {
 
 }  // namespace
 
-// The shm group's thread takes only cores nothing else wants (Note [Collectives on an idle core
-// only]); the others' compete as the caller's threads do. A job that nobody runs in its waiter's
-// place runs on the thread, and sees the thread's policy.
-TEST(JobThread, AnIdleOnlyThreadRunsItsJobsAtSchedIdleAndADefaultOneAsItsCaller) {
+// The shm group's thread does not preempt the computation when a job wakes it (Note [A woken
+// collective does not preempt]): SCHED_BATCH, not SCHED_IDLE, with which a killed rank outlived
+// its SIGKILL on a busy host. A job that nobody runs in its waiter's place runs on the thread,
+// and sees the thread's policy; a default thread's is its caller's.
+TEST(JobThread, AThreadThatWaitsItsTurnRunsItsJobsAtSchedBatchAndADefaultOneAsItsCaller) {
   const auto policy_of_a_job = [](JobThread& thread) {
     int policy = -1;
     thread.post([&policy] { policy = sched_getscheduler(0); }).get();
     return policy;
   };
-  JobThread idle(JobThread::Cores::kIdleOnly);
-  EXPECT_EQ(policy_of_a_job(idle), SCHED_IDLE);
-  JobThread shared;
-  EXPECT_EQ(policy_of_a_job(shared), sched_getscheduler(0));
+  JobThread batch(JobThread::Wakeup::kWaitsItsTurn);
+  EXPECT_EQ(policy_of_a_job(batch), SCHED_BATCH);
+  JobThread preempts;
+  EXPECT_EQ(policy_of_a_job(preempts), sched_getscheduler(0));
 }

@@ -82,20 +82,24 @@ struct SegmentName {
 // group's has not started it and it is next (JobThread::run_if_next: DDP's step waits for its
 // last bucket as soon as it is launched), then reads its future, as is_completed() does.
 //
-// Note [Collectives on an idle core only]
+// Note [A woken collective does not preempt]
 // A collective on shared memory is work for this host's cores: copies and sums, nothing to wait
 // for but the other ranks. It can overlap the computation only on a core that would otherwise
-// idle; on a busy one it only time-slices with it. So the group's thread is SCHED_IDLE: it runs
-// where a core is idle (more cores than ranks, or a rank waiting), and where every core computes,
-// the collective waits for its wait(), which runs it. At normal priority, each bucket posted
-// woke the thread, which preempted the computation and then fought its caller for the queue: 5-6
-// context switches a step on rank 0 for the MLP's one bucket (perf's sched_switch, 2 ranks, 2
-// cores); SCHED_IDLE cut them to 2, and in interleaved sets against the build before it the
-// launcher's MLP ran 5-18% faster in two, level in two (docs/benchmarks.md). What it costs: a
-// caller that polls is_completed() on a core it keeps busy, instead of waiting, leaves the
-// collective a sliver of that core. The mpi backend's
-// and the hierarchical group's threads stay at normal priority: theirs wait on a network, whose
-// progress must not wait for an idle core.
+// idle; on a busy one it only time-slices with it. At normal priority, each bucket posted woke
+// the group's thread, which preempted the computation (the scheduler favours a thread that
+// slept), then fought its caller for the queue, and mostly found the job taken by the waiter
+// (run_if_next): 5-6 context switches a step on rank 0 for the MLP's one bucket (perf's
+// sched_switch, 2 ranks, 2 cores). So the thread is SCHED_BATCH: woken, it never preempts; it
+// runs at once on a free core (more cores than ranks, a rank waiting), and on a busy one from
+// the next tick or when the caller blocks, by which time the caller's wait() has usually run the
+// job itself. About 2.4 switches a step; the launcher's MLP 3% faster in samples/s, 7 interleaved
+// rounds against the build before (docs/benchmarks.md). Not SCHED_IDLE, which cut the switches
+// further: a thread that runs only on a core nothing else wants also dies only there, and a
+// process exits when its last thread has. On a host busy with other work a SIGKILLed rank stayed
+// alive for seconds (the launcher named it 9.5 s after the kill, 0.8-1.3 s at normal priority or
+// SCHED_BATCH), and so did its robust mutex, by which the others see it gone (Note [A rank's
+// life is a robust mutex]). The mpi backend's and the hierarchical group's threads stay at
+// normal priority: they wait on a network, whose progress should not wait for a turn.
 class ShmWork : public Work {
  public:
   ShmWork(const std::shared_ptr<JobThread>& thread, JobThread::Ticket ticket, CollectiveInfo info,
@@ -292,7 +296,8 @@ class ShmProcessGroup : public ProcessGroup {
   std::unique_ptr<shm::Channel> channel_;
   // Last: stopped first, before the channel and its memory go. Shared with the works, whose
   // wait() may run their collective (a work may outlive its group: it then only waits).
-  std::shared_ptr<JobThread> thread_ = std::make_shared<JobThread>(JobThread::Cores::kIdleOnly);
+  std::shared_ptr<JobThread> thread_ =
+      std::make_shared<JobThread>(JobThread::Wakeup::kWaitsItsTurn);
 };
 
 void ShmProcessGroup::attach() {
