@@ -7,8 +7,8 @@ first a warm-up).
 
 Ours runs as ddp_train (world 1: the local backend, as a plain run; world 2: ranks started with
 the env contract on gloo and on shm, our shared memory, the env contract's default on one host,
-and also under mpirun on mpi); Python's as bench/ddp_reference.py with
-the env contract. Prints a Markdown table for docs/benchmarks.md.
+and under mpirun on Open MPI's mpi and with mpirun's default on one host, shm); Python's as
+bench/ddp_reference.py with the env contract. Prints a Markdown table for docs/benchmarks.md.
 """
 import argparse
 import json
@@ -44,8 +44,11 @@ def ours(args, world, launcher, out_dir):
     elif launcher in ("env", "shm"):
         env_job(cmd + ["--backend", "gloo" if launcher == "env" else "shm"], world)
     else:
+        # mpirun: Open MPI's own collectives; mpirun-shm: no --backend, so mpirun's default on
+        # one host (our shared memory, its rendezvous over MPI).
+        backend = ["--backend", "mpi"] if launcher == "mpirun" else []
         subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "self,vader",
-                        "-np", str(world)] + cmd + ["--backend", "mpi"], check=True)
+                        "-np", str(world)] + cmd + backend, check=True)
     with open(os.path.join(out_dir, "metrics.jsonl")) as f:
         return json.loads(f.readlines()[-1])["samples_per_s"]
 
@@ -69,9 +72,9 @@ def main():
     p.add_argument("--train-subset", type=int, default=0, help="0: the config's")
     p.add_argument("--batch-size", type=int, default=0, help="per rank; 0: the config's")
     p.add_argument("--only", nargs="*", default=None,
-                   help="of plain, env (gloo), shm, mpirun: these alone")
+                   help="of plain, env (gloo), shm, mpirun (mpi), mpirun-shm: these alone")
     args = p.parse_args()
-    configs = [(1, "plain"), (2, "env"), (2, "shm"), (2, "mpirun")]
+    configs = [(1, "plain"), (2, "env"), (2, "shm"), (2, "mpirun"), (2, "mpirun-shm")]
     configs = [c for c in configs if args.only is None or c[1] in args.only]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -81,7 +84,8 @@ def main():
                 f"world {world} {launcher}"))
     print("| world | ddp_train (backend) | ddp_train samples/s | PyTorch DDP gloo samples/s | ratio (median) | min-max |")
     print("|---|---|---|---|---|---|")
-    names = {"plain": "local", "env": "gloo", "shm": "shm", "mpirun": "mpi"}
+    names = {"plain": "local", "env": "gloo", "shm": "shm", "mpirun": "mpi (under mpirun)",
+             "mpirun-shm": "shm (under mpirun)"}
     for world, launcher, x, y, m, lo, hi in rows:
         print(f"| {world} | {names[launcher]} | {x:.0f} | {y:.0f} | {m:.2f}x | {lo:.2f}-{hi:.2f} |")
 
