@@ -8,7 +8,8 @@ excluded. The ceiling: two single-process runs of ddp_train started at once on t
 shared memory) and under our launcher with --backend gloo (gloo over loopback TCP); with
 --settings also under mpirun with --backend shm (mpirun-shm, its default on one host).
 Interleaved rounds (the order rotates); each ratio is taken within its round. A last run of
-each with --timeline gives the breakdown of a step (rank 0's means): forward, backward's
+each with --timeline (or, with --timeline-rounds, every run of the rounds, the table then
+their medians) gives the breakdown of a step (rank 0's means): forward, backward's
 computation, the wait for the all-reduces at backward's end, the optimizer, the rest (loading
 the batch, zeroing gradients); and each bucket's all-reduce from launch to completion. The wait is
 split where the last rank launched the step's last bucket: before that, rank 0 waited for a rank
@@ -127,6 +128,18 @@ def split_wait(events):
             "  of it: the last bucket once every rank launched it": statistics.mean(after)}
 
 
+def timed_run(args, setting):
+    """One run with rank 0's timeline: its global samples/s and its step's breakdown (ms by
+    row, as the table prints them; the buckets' all-reduces as one text cell)."""
+    with tempfile.TemporaryDirectory() as d:
+        trace = os.path.join(d, "trace.json")
+        value, metrics = run(args, setting, trace)
+        period, parts, reduces = breakdown(trace, metrics)
+    cells = {"step": period, **parts}
+    cells["each bucket's all-reduce"] = ", ".join(f"{ms:.2f}" for ms in reduces) or "-"
+    return value, cells
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
@@ -139,6 +152,10 @@ def main():
                    help="ceiling (first), mpirun, mpirun-shm, launcher, launcher-gloo; any but "
                         "the ceiling with +view: with --gradient-as-bucket-view, with @NAME: "
                         "another build's binaries (--variant)")
+    p.add_argument("--timeline-rounds", action="store_true",
+                   help="every run in the rounds records rank 0's timeline; the breakdown is "
+                        "then the rounds' medians (of the runs the ratios come from), each "
+                        "round's printed beside its figures")
     p.add_argument("--variant", action="append", default=[], metavar="NAME=DIR",
                    help="a build directory (or any with its ddp_train and launcher) that "
                         "settings ending in @NAME run")
@@ -147,14 +164,24 @@ def main():
     settings = args.settings
     got = collections.defaultdict(list)
     ratios = collections.defaultdict(list)
+    steps = collections.defaultdict(list)  # setting -> each timeline run's breakdown
     for r in range(args.rounds):
         order = settings[r % len(settings):] + settings[:r % len(settings)]
-        this = {s: run(args, s)[0] for s in order}
+        this = {}
+        for s in order:
+            if args.timeline_rounds:
+                this[s], cells = timed_run(args, s)
+                steps[s].append(cells)
+            else:
+                this[s] = run(args, s)[0]
         for s in settings:
             got[s].append(this[s])
         for s in settings[1:]:
             ratios[s].append(this[s] / this["ceiling"])
         print(f"round {r}: " + ", ".join(f"{s} {this[s]:.0f}" for s in settings), file=sys.stderr)
+        for s in settings if args.timeline_rounds else []:
+            print(f"  {s}: " + ", ".join(f"{k.strip()} {v:.2f}" for k, v in steps[s][-1].items()
+                                         if isinstance(v, float)), file=sys.stderr)
     print(f"options: {' '.join(args.extra) or '(defaults)'}\n")
     print("| run | samples/s (median) | of the ceiling (median) | min-max |")
     print("|---|---|---|---|")
@@ -162,18 +189,16 @@ def main():
     for s in settings[1:]:
         print(f"| {s} | {statistics.median(got[s]):.0f} | {statistics.median(ratios[s]):.2f} | "
               f"{min(ratios[s]):.2f}-{max(ratios[s]):.2f} |")
-    print("\n| ms per step (rank 0) | " + " | ".join(settings) + " |")
+    where = f"the medians of the {args.rounds} rounds" if args.timeline_rounds else "one run each"
+    print(f"\n| ms per step (rank 0, {where}) | " + " | ".join(settings) + " |")
     print("|---|" + "---|" * len(settings))
     rows = collections.defaultdict(dict)
     for s in settings:
-        with tempfile.TemporaryDirectory() as d:
-            trace = os.path.join(d, "trace.json")
-            metrics = run(args, s, trace)[1]
-            period, parts, reduces = breakdown(trace, metrics)
-        rows["step"][s] = f"{period:.2f}"
-        for name, ms in parts.items():
-            rows[name][s] = f"{ms:.2f}"
-        rows["each bucket's all-reduce"][s] = ", ".join(f"{ms:.2f}" for ms in reduces) or "-"
+        runs = steps[s] or [timed_run(args, s)[1]]
+        for name in runs[0]:
+            values = [cells[name] for cells in runs if name in cells]
+            rows[name][s] = (f"{statistics.median(values):.2f}" if isinstance(values[0], float)
+                             else values[len(values) // 2])
     for name, cells in rows.items():
         print(f"| {name} | " + " | ".join(cells.get(s, "-") for s in settings) + " |")
 
