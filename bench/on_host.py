@@ -130,13 +130,13 @@ def split_wait(events):
 
 def timed_run(args, setting):
     """One run with rank 0's timeline: its global samples/s and its step's breakdown (ms by
-    row, as the table prints them; the buckets' all-reduces as one text cell)."""
+    row, as the table prints them; each bucket's all-reduce, in bucket order, as a tuple)."""
     with tempfile.TemporaryDirectory() as d:
         trace = os.path.join(d, "trace.json")
         value, metrics = run(args, setting, trace)
         period, parts, reduces = breakdown(trace, metrics)
     cells = {"step": period, **parts}
-    cells["each bucket's all-reduce"] = ", ".join(f"{ms:.2f}" for ms in reduces) or "-"
+    cells["each bucket's all-reduce"] = tuple(reduces)
     return value, cells
 
 
@@ -197,8 +197,11 @@ def main():
         runs = steps[s] or [timed_run(args, s)[1]]
         for name in runs[0]:
             values = [cells[name] for cells in runs if name in cells]
-            rows[name][s] = (f"{statistics.median(values):.2f}" if isinstance(values[0], float)
-                             else values[len(values) // 2])
+            if isinstance(values[0], tuple):  # the buckets' medians, bucket by bucket
+                rows[name][s] = ", ".join(f"{statistics.median(ms):.2f}"
+                                          for ms in zip(*values)) or "-"
+            else:
+                rows[name][s] = f"{statistics.median(values):.2f}"
     for name, cells in rows.items():
         print(f"| {name} | " + " | ".join(cells.get(s, "-") for s in settings) + " |")
 
